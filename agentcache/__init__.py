@@ -1,0 +1,38 @@
+"""agentcache: cache-friendly prompts for agents and RAG, and a local runtime that reuses them.
+
+The SDK never imports torch or transformers at import time; the local runtime (package
+``runtime``) is an optional extra, imported lazily by the local backend.
+"""
+
+from __future__ import annotations
+
+from agentcache.exceptions import (
+    AgentCacheError,
+    AgentError,
+    BackendError,
+    BackendHTTPError,
+    BackendUnavailableError,
+    CacheError,
+    CacheScopeError,
+    CanonicalizationError,
+    ConfigError,
+    PromptError,
+)
+from agentcache.usage import Usage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentCacheError",
+    "AgentError",
+    "BackendError",
+    "BackendHTTPError",
+    "BackendUnavailableError",
+    "CacheError",
+    "CacheScopeError",
+    "CanonicalizationError",
+    "ConfigError",
+    "PromptError",
+    "Usage",
+    "__version__",
+]

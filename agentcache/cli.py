@@ -1,0 +1,117 @@
+"""The ``agentcache`` command line: demo, serve, bench, lint, diff.
+
+Argument parsing only; each subcommand's work lives in the module named in ``_HANDLERS`` /
+``_BENCHES`` and is imported lazily, so ``agentcache --help`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+__all__ = ["build_parser", "main"]
+
+# subcommand -> "module:function"; the function takes the parsed Namespace and returns an exit code.
+_HANDLERS: dict[str, str] = {
+    "demo": "agentcache.demo:run",
+    "serve": "runtime.server:run_cli",
+    "lint": "agentcache.prompt.cli:run_lint",
+    "diff": "agentcache.prompt.cli:run_diff",
+}
+
+# bench kind -> ("module:function", help). The function takes the remaining argv and returns an
+# exit code; each benchmark owns its own options (see `agentcache bench KIND --help`).
+_BENCHES: dict[str, tuple[str, str]] = {
+    "prefix": ("runtime.bench:prefix_main", "W1: TTFT miss/hit/floor vs HF recipes, decode rate"),
+    "trace": ("runtime.bench:trace_main", "W3: agent-style trace, hit rate and TTFT vs cache off"),
+    "load": ("runtime.loadtest:main", "concurrent streaming clients against a loopback server"),
+    "prompt": ("agentcache.prompt.bench:main", "prompt build time with many tools and documents"),
+    "cache": ("agentcache.cache.bench:main", "tool/retrieval result cache hit and miss latency"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser for every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="agentcache",
+        description="Cache-friendly prompts for agents and RAG, plus a prefix-caching engine.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_demo(sub)
+    _add_serve(sub)
+    _add_bench(sub)
+    _add_lint(sub)
+    _add_diff(sub)
+    return parser
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("demo", help="answer questions over real documents, show cache savings")
+    p.add_argument("--model", default="tiny", help="bundled model name, local path or HF hub id")
+    p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint instead of local")
+    p.add_argument("--docs", default=None, help="folder of .md/.txt/.py files (default: stdlib)")
+    p.add_argument("--interactive", action="store_true", help="ask your own questions")
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens generated per answer")
+    p.add_argument("--cache-dir", default=None, help="tool/retrieval cache directory")
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="run the OpenAI-compatible server on the local runtime")
+    p.add_argument("--model", default="tiny", help="bundled model name, local path or HF hub id")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--kv-cache-bytes", type=int, default=None, help="prefix cache budget, bytes")
+    p.add_argument("--no-prefix-cache", action="store_true", help="force-miss: never reuse KV")
+    p.add_argument("--api-key", default=None, help="require this bearer token")
+
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    kinds = "\n".join(f"  {name:8s} {help_}" for name, (_, help_) in _BENCHES.items())
+    p = sub.add_parser(
+        "bench",
+        help="run a benchmark (prints same-run ratios)",
+        description=f"benchmarks:\n{kinds}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("kind", choices=sorted(_BENCHES), help="which benchmark")
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="options of that benchmark")
+
+
+def _add_lint(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("lint", help="find prefix-cache hazards in a JSON request body")
+    p.add_argument("file", help="OpenAI or Anthropic request body (JSON)")
+    p.add_argument("--json", action="store_true", help="print findings as JSON")
+
+
+def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("diff", help="explain where and why two request bodies diverge")
+    p.add_argument("a", help="first request body (JSON)")
+    p.add_argument("b", help="second request body (JSON)")
+    p.add_argument("--show-content", action="store_true", help="print the divergent text")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _load(target: str) -> Callable[..., int]:
+    module_name, _, func_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = "install the local extra: pip install 'agentcache[local]'"
+        raise SystemExit(f"agentcache: cannot load {module_name!r} ({exc}); {hint}") from exc
+    func: Callable[..., int] = getattr(module, func_name)
+    return func
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``agentcache`` console script; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        target, _ = _BENCHES[args.kind]
+        return _load(target)(list(args.bench_args))
+    return _load(_HANDLERS[args.command])(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

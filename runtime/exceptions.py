@@ -1,0 +1,38 @@
+"""Exception tree of the local runtime (package ``runtime``); it never imports agentcache.
+
+RuntimeEngineError
+├── InvalidRequestError (ValueError)   bad prompt or sampling params; engine keeps serving
+│   └── PromptTooLongError             prompt + max_tokens exceed the model's context
+├── ModelLoadError                     a model, tokenizer or chat template could not be loaded
+└── EngineBusyError                    the request queue is full; retry later
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EngineBusyError",
+    "InvalidRequestError",
+    "ModelLoadError",
+    "PromptTooLongError",
+    "RuntimeEngineError",
+]
+
+
+class RuntimeEngineError(Exception):
+    """Root of every error raised on purpose by the runtime."""
+
+
+class InvalidRequestError(RuntimeEngineError, ValueError):
+    """A request's prompt or sampling parameters are invalid."""
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt (plus requested output) does not fit the model's context window."""
+
+
+class ModelLoadError(RuntimeEngineError):
+    """A model, tokenizer or chat template could not be loaded."""
+
+
+class EngineBusyError(RuntimeEngineError):
+    """The engine's bounded request queue is full."""
