@@ -12,6 +12,7 @@ from runtime.exceptions import (
     PromptTooLongError,
     RuntimeEngineError,
 )
+from runtime.models import resolve_model
 
 __all__ = [
     "EngineBusyError",
@@ -19,4 +20,5 @@ __all__ = [
     "ModelLoadError",
     "PromptTooLongError",
     "RuntimeEngineError",
+    "resolve_model",
 ]

@@ -26,6 +26,7 @@ RUNTIME_ALL = {
     "ModelLoadError",
     "PromptTooLongError",
     "RuntimeEngineError",
+    "resolve_model",
 }
 
 
