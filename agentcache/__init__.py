@@ -18,6 +18,7 @@ from agentcache.exceptions import (
     ConfigError,
     PromptError,
 )
+from agentcache.prompt import Document, Prompt, PromptBuilder
 from agentcache.usage import Usage
 
 __version__ = "0.1.0"
@@ -32,6 +33,9 @@ __all__ = [
     "CacheScopeError",
     "CanonicalizationError",
     "ConfigError",
+    "Document",
+    "Prompt",
+    "PromptBuilder",
     "PromptError",
     "Usage",
     "__version__",

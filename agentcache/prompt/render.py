@@ -1,0 +1,180 @@
+"""Render a ``Prompt`` as an OpenAI or Anthropic request body.
+
+OpenAI caches prefixes automatically; the body adds a ``prompt_cache_key`` derived from the stable
+segments' fingerprint so requests sharing that prefix are routed together. Anthropic needs explicit
+``cache_control`` breakpoints; they come from ``anthropic.plan_breakpoints`` and nowhere else.
+This module knows request shapes, not HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from agentcache.canonical import JSONValue, canonical_json, stable_hash
+from agentcache.exceptions import PromptError
+from agentcache.prompt.anthropic import Tier, TierSpan, Ttl, plan_breakpoints
+from agentcache.prompt.segments import STABLE_KINDS
+from agentcache.tokens import estimate_tokens
+
+if TYPE_CHECKING:
+    from agentcache.prompt.builder import Prompt
+
+__all__ = ["anthropic_body", "anthropic_messages", "openai_body", "prompt_cache_key"]
+
+ANTHROPIC_DEFAULT_MAX_TOKENS = 1024
+"""``max_tokens`` is required by the Messages API; this is used when the caller gives none."""
+
+
+def prompt_cache_key(prompt: Prompt) -> str:
+    """``prompt_cache_key`` for OpenAI: a hash of the namespace and the stable prefix fingerprint.
+
+    The key reveals neither the namespace nor any prompt content.
+    """
+    stable = [fp for kind, fp in prompt.fingerprints.items() if kind in STABLE_KINDS]
+    return "ac-" + stable_hash(prompt.namespace, stable[-1] if stable else "")[:32]
+
+
+def openai_body(prompt: Prompt, *, model: str, **params: Any) -> dict[str, Any]:
+    """OpenAI Chat Completions body: ``model``, ``messages``, ``tools``, ``prompt_cache_key``.
+
+    ``params`` (``max_tokens``, ``temperature``, or an explicit ``prompt_cache_key``) are added
+    last and win.
+    """
+    body: dict[str, Any] = {"model": model, "messages": prompt.to_messages()}
+    if prompt.tools:
+        body["tools"] = prompt.tool_schemas()
+    body["prompt_cache_key"] = prompt_cache_key(prompt)
+    body.update(params)
+    return _sorted(body)
+
+
+def _sorted(body: dict[str, Any]) -> dict[str, Any]:
+    """The body with every object's keys in canonical order, whatever serializer runs next."""
+    result: dict[str, Any] = json.loads(canonical_json(body))
+    return result
+
+
+def anthropic_body(
+    prompt: Prompt,
+    *,
+    model: str,
+    ttl: Mapping[Tier, Ttl] | None = None,
+    count_tokens: Callable[[str], int] = estimate_tokens,
+    **params: Any,
+) -> dict[str, Any]:
+    """Anthropic Messages body with ``cache_control`` breakpoints at stability-tier boundaries.
+
+    Args:
+        prompt: The built prompt.
+        model: Anthropic model id (selects the minimum cacheable length).
+        ttl: Tier -> ``"5m"``/``"1h"`` (default 5m everywhere); see ``plan_breakpoints``.
+        count_tokens: Token counter for the minimum-length rule. Anthropic publishes no local
+            tokenizer, so the default is the labelled estimate of ``agentcache.tokens``.
+        **params: Extra body fields (``max_tokens`` defaults to 1024).
+
+    Raises:
+        PromptError: the history holds a ``system``/``developer`` message (Anthropic takes the
+            system prompt only as the top-level ``system`` field).
+    """
+    tools: list[dict[str, Any]] = [tool.anthropic() for tool in prompt.tools]
+    system: list[dict[str, Any]] = [
+        {"type": "text", "text": text} for text in (prompt.system, prompt.documents_block()) if text
+    ]
+    messages, anchor = anthropic_messages(prompt)
+    spans = [
+        TierSpan("tools", _count(tools, count_tokens), ("tools", len(tools) - 1)),
+        TierSpan("system", count_tokens(prompt.system), ("system", 0)),
+        TierSpan("documents", count_tokens(prompt.documents_block()), ("system", len(system) - 1)),
+        TierSpan("conversation", _count(messages, count_tokens), anchor),
+    ]
+    body: dict[str, Any] = {"model": model, "max_tokens": ANTHROPIC_DEFAULT_MAX_TOKENS}
+    if tools:
+        body["tools"] = tools
+    if system:
+        body["system"] = system
+    body["messages"] = messages
+    for bp in plan_breakpoints(spans, model=model, ttl=ttl).breakpoints:
+        _block_at(body, bp.location)["cache_control"] = bp.cache_control
+    body.update(params)
+    return _sorted(body)
+
+
+def _count(value: list[dict[str, Any]], count_tokens: Callable[[str], int]) -> int:
+    return count_tokens(canonical_json(value)) if value else 0
+
+
+def _block_at(body: dict[str, Any], location: tuple[str | int, ...]) -> dict[str, Any]:
+    node: Any = body
+    for key in location:
+        node = node[key]
+    assert isinstance(node, dict), f"breakpoint location {location} is not a block"
+    return node
+
+
+def anthropic_messages(prompt: Prompt) -> tuple[list[dict[str, Any]], tuple[str | int, ...]]:
+    """Convert history + user/volatile tail to Anthropic messages (all content as blocks).
+
+    Returns:
+        The messages and the location of the conversation tier's last stable block: the user
+        turn's text block when there is one (the volatile block after it is never cached), else
+        the last history block.
+    """
+    messages: list[dict[str, Any]] = []
+    for index, message in enumerate(prompt.history):
+        role, blocks = _convert(message, index)
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"].extend(blocks)  # NOTE: the API merges same-role turns anyway.
+        elif blocks:
+            messages.append({"role": role, "content": blocks})
+    anchor: tuple[str | int, ...] = ()
+    if messages:
+        anchor = ("messages", len(messages) - 1, "content", len(messages[-1]["content"]) - 1)
+    tail = [{"type": "text", "text": t} for t in (prompt.user, prompt.volatile) if t is not None]
+    if tail:
+        if not (messages and messages[-1]["role"] == "user"):
+            messages.append({"role": "user", "content": []})
+        content = messages[-1]["content"]
+        content.extend(tail)
+        if prompt.user is not None:
+            anchor = ("messages", len(messages) - 1, "content", len(content) - len(tail))
+    return messages, anchor
+
+
+def _convert(message: Mapping[str, JSONValue], index: int) -> tuple[str, list[dict[str, Any]]]:
+    role = message["role"]
+    content = message.get("content")
+    if role == "tool":
+        block = {
+            "type": "tool_result",
+            "tool_use_id": message.get("tool_call_id"),
+            "content": content,
+        }
+        return "user", [block]
+    if role not in ("user", "assistant"):
+        raise PromptError(
+            f"history[{index}]: Anthropic has no {role!r} messages; put it in .system() instead"
+        )
+    blocks: list[dict[str, Any]] = []
+    if isinstance(content, str) and content:
+        blocks.append({"type": "text", "text": content})
+    elif isinstance(content, list):
+        blocks.extend(dict(part) for part in content if isinstance(part, dict))
+    for call in message.get("tool_calls") or []:  # type: ignore[union-attr]
+        blocks.append(_tool_use(call, index))
+    return str(role), blocks
+
+
+def _tool_use(call: Any, index: int) -> dict[str, Any]:
+    try:
+        function = call["function"]
+        arguments = function.get("arguments") or "{}"
+        return {
+            "type": "tool_use",
+            "id": call["id"],
+            "name": function["name"],
+            "input": json.loads(arguments) if isinstance(arguments, str) else arguments,
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PromptError(f"history[{index}]: malformed tool call {call!r}: {exc}") from exc

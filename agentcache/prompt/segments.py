@@ -1,0 +1,143 @@
+"""Segment kinds, documents and chat messages in canonical form.
+
+A prompt is a sequence of segments in stability order (system, tools, documents, history, user,
+volatile). This module defines those records and the canonical form of documents and OpenAI-style
+chat messages; it knows nothing about fingerprints, providers or tokenizers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from agentcache.canonical import JSONValue, canonical_json, normalize_text, to_canonical
+from agentcache.exceptions import PromptError
+
+__all__ = [
+    "STABLE_KINDS",
+    "Document",
+    "Message",
+    "Segment",
+    "SegmentKind",
+    "normalize_documents",
+    "normalize_message",
+]
+
+SegmentKind: TypeAlias = Literal["system", "tools", "documents", "history", "user", "volatile"]
+STABLE_KINDS: tuple[SegmentKind, ...] = ("system", "tools", "documents")
+"""Segments expected to stay byte-identical across turns and requests."""
+Message: TypeAlias = dict[str, JSONValue]
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+@dataclass(frozen=True)
+class Document:
+    """A retrieved or pinned document placed in the documents segment.
+
+    Attributes:
+        id: Stable identifier (e.g. ``path#chunk-3``); documents are ordered and de-duplicated
+            by it.
+        text: Document text; rendered NFC with trailing whitespace removed.
+        source: Optional origin shown to the model (path, URL).
+        metadata: Caller data (scores, timestamps); never rendered into the prompt, only linted.
+    """
+
+    id: str
+    text: str
+    source: str | None = None
+    metadata: dict[str, Any] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One rendered segment of a prompt.
+
+    Attributes:
+        kind: Which stability tier this is.
+        text: The canonical text of the segment; its UTF-8 bytes are what is fingerprinted.
+    """
+
+    kind: SegmentKind
+    text: str
+
+    @property
+    def data(self) -> bytes:
+        """UTF-8 bytes of ``text``."""
+        return self.text.encode("utf-8")
+
+
+def normalize_documents(docs: Iterable[Document], *, pinned_order: bool) -> tuple[Document, ...]:
+    """Normalize text, drop exact duplicates and sort by id (unless ``pinned_order``).
+
+    Raises:
+        PromptError: two documents share an id but differ in text or source.
+    """
+    seen: dict[str, Document] = {}
+    for doc in docs:
+        if not isinstance(doc, Document):
+            raise PromptError(f"documents must be Document instances, got {type(doc).__name__}")
+        norm = Document(
+            id=normalize_text(doc.id),
+            text=normalize_text(doc.text),
+            source=None if doc.source is None else normalize_text(doc.source),
+            metadata=doc.metadata,
+        )
+        previous = seen.get(norm.id)
+        if previous is not None and previous != norm:
+            raise PromptError(f"two documents share id {norm.id!r} with different content")
+        seen.setdefault(norm.id, norm)
+    ordered = list(seen.values())
+    if not pinned_order:
+        ordered.sort(key=lambda d: d.id)
+    return tuple(ordered)
+
+
+def normalize_message(message: Mapping[str, Any], index: int) -> Message:
+    """Return one OpenAI chat message in canonical form.
+
+    Text is NFC with trailing whitespace removed; tool-call ``arguments`` JSON is re-rendered
+    canonically; stale ``cache_control`` markers are stripped.
+
+    Raises:
+        PromptError: the message has no valid ``role``.
+        CanonicalizationError: a value has no JSON form.
+    """
+    role = message.get("role")
+    if role not in _ROLES:
+        raise PromptError(f"history[{index}]: role {role!r} is not one of {sorted(_ROLES)}")
+    out: dict[str, Any] = {k: v for k, v in message.items() if k != "cache_control"}
+    content = out.get("content")
+    if isinstance(content, str):
+        out["content"] = normalize_text(content)
+    elif isinstance(content, list):
+        out["content"] = [_normalize_part(part) for part in content]
+    if isinstance(out.get("tool_calls"), list):
+        out["tool_calls"] = [_normalize_tool_call(call) for call in out["tool_calls"]]
+    result = to_canonical(out, f"history[{index}]")
+    assert isinstance(result, dict), "a mapping canonicalizes to a dict"
+    sorted_result: Message = json.loads(json.dumps(result, sort_keys=True))  # NOTE: sorted keys.
+    return sorted_result
+
+
+def _normalize_part(part: Any) -> Any:
+    if not isinstance(part, Mapping):
+        return part
+    out = {k: v for k, v in part.items() if k != "cache_control"}
+    if isinstance(out.get("text"), str):
+        out["text"] = normalize_text(out["text"])
+    return out
+
+
+def _normalize_tool_call(call: Any) -> Any:
+    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
+        return call
+    function = dict(call["function"])
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            function["arguments"] = canonical_json(json.loads(arguments))
+        except (ValueError, TypeError):
+            pass  # NOTE: not JSON; the model's text is kept byte for byte.
+    return {**call, "function": function}
