@@ -8,7 +8,8 @@ mistakes also derive from ``ValueError`` or ``TypeError`` so generic handlers st
     ├── PromptError (ValueError)            a prompt cannot be built or rendered
     │   └── CanonicalizationError (TypeError)  a value has no canonical JSON form
     ├── CacheError                          tool / retrieval result caches
-    │   └── CacheScopeError (ValueError)    a scoped tool called without its scope
+    │   ├── CacheScopeError (ValueError)    a scoped tool called without its scope
+    │   └── CacheIntegrityError             a store's internal invariant does not hold
     ├── BackendError                        a model backend failed
     │   ├── BackendHTTPError                a remote endpoint answered 4xx/5xx
     │   └── BackendUnavailableError         an optional dependency or model is missing
@@ -24,6 +25,7 @@ __all__ = [
     "BackendHTTPError",
     "BackendUnavailableError",
     "CacheError",
+    "CacheIntegrityError",
     "CacheScopeError",
     "CanonicalizationError",
     "ConfigError",
@@ -53,6 +55,10 @@ class CacheError(AgentCacheError):
 
 class CacheScopeError(CacheError, ValueError):
     """A tenant-, user- or session-scoped cache was used without that scope set."""
+
+
+class CacheIntegrityError(CacheError):
+    """A cache store's internal invariant does not hold (reported by ``check_integrity()``)."""
 
 
 class BackendError(AgentCacheError):

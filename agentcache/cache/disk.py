@@ -1,0 +1,273 @@
+"""On-disk ``CacheStore`` built on diskcache (SQLite in WAL mode plus value files), shared safely by
+threads and processes that open the same directory.
+
+Each value is wrapped in a small envelope (magic, expiry time, BLAKE2b checksum over key, expiry
+and payload) so a damaged entry is detected and dropped instead of returned. A vanished or corrupt
+directory is recreated with a ``CacheRecoveryWarning``. Knows nothing about what the bytes mean.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import sqlite3
+import struct
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple, TypeVar
+
+import diskcache
+
+from agentcache.cache.base import (
+    CacheRecoveryWarning,
+    CacheStats,
+    CacheWarning,
+    Clock,
+    validate_size_limit,
+    validate_ttl,
+)
+from agentcache.exceptions import CacheError, CacheIntegrityError
+
+__all__ = ["DiskStore"]
+
+T = TypeVar("T")
+
+_DEFAULT_SIZE_LIMIT = 512 * 1024 * 1024
+_DB_NAME = "cache.db"  # NOTE: diskcache.core.DBNAME; the -wal/-shm files sit next to it.
+_VALUE_DIR = re.compile(r"^[0-9a-f]{2}$")  # diskcache's value-file folders (two hex digits)
+_MAGIC = b"AC1\x00"
+_HEADER = struct.Struct("<4sd16s")  # magic, expire_at in clock seconds (0.0 = never), checksum
+_TRANSIENT = ("locked", "busy")  # sqlite OperationalError texts that are contention, not damage
+
+
+class _Handle(NamedTuple):
+    cache: diskcache.Cache
+    file_id: tuple[int, int] | None  # (st_dev, st_ino) of cache.db when opened
+
+
+class DiskStore:
+    """Persistent ``CacheStore`` in ``directory``; safe across threads and processes.
+
+    Eviction is least-recently-stored (diskcache's default) so that a hit is a pure read: readers
+    in other processes never contend for the write lock. SQLite runs in WAL mode with
+    ``synchronous=NORMAL``, so a process killed mid-write leaves the last committed state readable.
+
+    Args:
+        directory: Cache folder; created if missing. Only files diskcache creates there
+            (``cache.db*`` and two-hex-digit value folders) are ever deleted.
+        size_limit_bytes: Budget for the on-disk size, SQLite pages included (default 512 MiB).
+            diskcache culls at most 10 entries per write, so the size can briefly overshoot.
+        clock: Time source for TTLs, seconds since the epoch (default ``time.time``).
+        timeout_s: How long one SQLite operation waits for another process's lock (default 10 s);
+            on timeout the read answers a miss / the write is skipped, with a ``CacheWarning``.
+
+    Raises:
+        ValueError: ``size_limit_bytes`` is not a positive int.
+        CacheError: the directory cannot be created or opened even after recreating it.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        size_limit_bytes: int = _DEFAULT_SIZE_LIMIT,
+        clock: Clock = time.time,
+        timeout_s: float = 10.0,
+    ) -> None:
+        validate_size_limit(size_limit_bytes)
+        self.directory = Path(directory)
+        self._db_path = os.path.join(str(self.directory), _DB_NAME)  # str: stat() on every call
+        self.size_limit_bytes = size_limit_bytes
+        self._clock = clock
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()  # guards reopening and the counters
+        self._hits = 0
+        self._misses = 0
+        try:
+            self._handle = self._connect()
+        except (sqlite3.DatabaseError, OSError) as exc:
+            self._wipe()
+            self._handle = self._connect_or_raise()
+            _warn_recovered(f"cache at {str(self.directory)!r} was unreadable ({exc}); recreated")
+
+    def get(self, key: str) -> bytes | None:
+        """See ``CacheStore.get``. A hit does not change eviction order (least-recently-stored)."""
+        raw = self._call(lambda cache: cache.get(key, default=None), None)
+        value = None if raw is None else self._unpack(key, raw)
+        with self._lock:
+            if value is None:
+                self._misses += 1
+            else:
+                self._hits += 1
+        return value
+
+    def set(self, key: str, value: bytes, *, ttl_s: float | None = None) -> None:
+        """See ``CacheStore.set``."""
+        validate_ttl(ttl_s)
+        expire_at = 0.0 if ttl_s is None else self._clock() + ttl_s
+        envelope = _HEADER.pack(_MAGIC, expire_at, _checksum(key, expire_at, value)) + value
+        if len(envelope) > self.size_limit_bytes:
+            self.delete(key)
+            return
+        self._call(lambda cache: cache.set(key, envelope, expire=ttl_s), None)
+
+    def delete(self, key: str) -> bool:
+        """See ``CacheStore.delete``."""
+        return bool(self._call(lambda cache: cache.delete(key), False))
+
+    def clear(self) -> None:
+        """See ``CacheStore.clear``."""
+        self._call(lambda cache: cache.clear(), 0)
+
+    def stats(self) -> CacheStats:
+        """See ``CacheStore.stats``; ``entries`` and ``bytes`` cover every process's entries."""
+        entries = int(self._call(len, 0))
+        num_bytes = int(self._call(lambda cache: cache.volume(), 0))
+        with self._lock:
+            return CacheStats(self._hits, self._misses, entries, num_bytes)
+
+    def check_integrity(self) -> None:
+        """Run SQLite's integrity check, diskcache's file check and every entry's checksum.
+
+        Reads every entry: O(entries); meant for tests and post-mortems.
+
+        Raises:
+            CacheIntegrityError: the database, a value file or an envelope is damaged.
+        """
+        cache = self._current().cache
+        try:
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                problems = [str(w.message) for w in cache.check(fix=False, retry=True)]
+            for key in cache.iterkeys():
+                raw = cache.get(key, default=None)
+                if raw is not None and _verify(key, raw) is None:
+                    problems.append(f"entry {key!r} fails its checksum")
+        except (sqlite3.DatabaseError, OSError) as exc:
+            raise CacheIntegrityError(f"cache at {str(self.directory)!r}: {exc}") from exc
+        if problems:
+            raise CacheIntegrityError(f"cache at {str(self.directory)!r}: {'; '.join(problems)}")
+
+    def close(self) -> None:
+        """Close this thread's database connection (see ``CacheStore.close``)."""
+        self._handle.cache.close()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _file_id(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self._db_path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def _connect(self) -> _Handle:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        cache = diskcache.Cache(
+            str(self.directory),
+            timeout=self._timeout_s,
+            size_limit=self.size_limit_bytes,
+            eviction_policy="least-recently-stored",
+            statistics=0,
+            tag_index=0,
+        )
+        return _Handle(cache, self._file_id())
+
+    def _connect_or_raise(self) -> _Handle:
+        try:
+            return self._connect()
+        except (sqlite3.DatabaseError, OSError) as exc:
+            raise CacheError(f"cannot open cache directory {str(self.directory)!r}: {exc}") from exc
+
+    def _current(self) -> _Handle:
+        """The open handle, reopened first if cache.db vanished or another process replaced it."""
+        handle = self._handle
+        file_id = self._file_id()
+        if file_id is not None and file_id == handle.file_id:
+            return handle
+        with self._lock:
+            if self._handle is not handle:
+                return self._handle
+            _close_quietly(handle.cache)
+            self._handle = self._connect_or_raise()
+        if file_id is None:  # NOTE: a replaced file is another process's recovery; it warned.
+            _warn_recovered(f"cache at {str(self.directory)!r} disappeared; recreated it empty")
+        return self._handle
+
+    def _call(self, op: Callable[[diskcache.Cache], T], default: T) -> T:
+        handle = self._current()
+        try:
+            return op(handle.cache)
+        except diskcache.Timeout:
+            warnings.warn(f"cache at {str(self.directory)!r} busy; skipped", CacheWarning, 3)
+        except sqlite3.OperationalError as exc:
+            if any(word in str(exc) for word in _TRANSIENT):
+                warnings.warn(f"cache {str(self.directory)!r}: {exc}; skipped", CacheWarning, 3)
+            else:
+                self._recover(handle, exc)
+        except (sqlite3.DatabaseError, OSError) as exc:
+            self._recover(handle, exc)
+        return default
+
+    def _recover(self, handle: _Handle, exc: BaseException) -> None:
+        with self._lock:
+            if self._handle is not handle:
+                return  # another thread already recovered
+            _close_quietly(handle.cache)
+            self._wipe()
+            self._handle = self._connect_or_raise()
+        _warn_recovered(f"cache at {str(self.directory)!r} was damaged ({exc}); recreated empty")
+
+    def _wipe(self) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            (self.directory / f"{_DB_NAME}{suffix}").unlink(missing_ok=True)
+        if self.directory.is_dir():
+            for child in self.directory.iterdir():
+                if child.is_dir() and _VALUE_DIR.match(child.name):
+                    shutil.rmtree(child, ignore_errors=True)
+
+    def _unpack(self, key: str, raw: object) -> bytes | None:
+        verified = _verify(key, raw)
+        if verified is None:
+            self.delete(key)
+            _warn_recovered(f"cache entry {key[:16]}… failed its checksum; dropped it")
+            return None
+        payload, expire_at = verified
+        if expire_at and expire_at <= self._clock():
+            self.delete(key)
+            return None
+        return payload
+
+
+def _checksum(key: str, expire_at: float, payload: bytes) -> bytes:
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=16)
+    digest.update(struct.pack("<d", expire_at))
+    digest.update(payload)
+    return digest.digest()
+
+
+def _verify(key: str, raw: object) -> tuple[bytes, float] | None:
+    """(payload, expire_at) of a well-formed envelope whose checksum matches, else ``None``."""
+    if not isinstance(raw, bytes) or len(raw) < _HEADER.size:
+        return None
+    magic, expire_at, digest = _HEADER.unpack_from(raw)
+    payload = raw[_HEADER.size :]
+    if magic != _MAGIC or digest != _checksum(key, expire_at, payload):
+        return None
+    return payload, expire_at
+
+
+def _close_quietly(cache: diskcache.Cache) -> None:
+    try:
+        cache.close()
+    except (sqlite3.Error, OSError):
+        pass
+
+
+def _warn_recovered(message: str) -> None:
+    warnings.warn(message, CacheRecoveryWarning, stacklevel=4)
