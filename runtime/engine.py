@@ -1,0 +1,388 @@
+"""Engine: the public entry of the local runtime (generate, stream, chat rendering, cache control).
+
+It owns the model runner, the prefix cache and one lock; a request moves admit -> prefill ->
+decode* -> release, one locked step at a time, so concurrent streams interleave token by token.
+It does not know HTTP or the SDK.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from runtime._detokenizer import Detokenizer
+from runtime.exceptions import InvalidRequestError, PromptTooLongError
+from runtime.kv_pool import KVPool
+from runtime.model_runner import ModelRunner, load_model, reuse_blocker
+from runtime.outputs import CacheStats, Completion, Metrics, StreamDelta, Usage
+from runtime.prefix_cache import PrefixCache, namespace_of
+from runtime.request import Request, RequestStatus
+from runtime.sampling import SamplingParams, sample
+
+__all__ = ["DEFAULT_KV_CACHE_BYTES", "Engine", "Prompt"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+"""Prefix cache budget when none is given: 1 GiB of KV blocks."""
+
+Prompt = str | Sequence[int] | list[dict[str, Any]]
+"""Text (tokenized as is), token ids, or chat messages (rendered with the chat template)."""
+
+
+class Engine:
+    """A causal LM with a per-request KV cache and an exact cross-request prefix cache.
+
+    Thread-safe: ``generate``/``stream`` may run from many threads; model steps are serialized.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        revision: str | None = None,
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
+        block_size: int = 16,
+        prefix_cache: bool = True,
+        debug_integrity: bool = False,
+    ) -> None:
+        """Wrap an already loaded model; prefer ``from_pretrained``.
+
+        Raises:
+            ValueError: for a non-positive block_size or negative kv_cache_bytes.
+            ModelLoadError: when the model exposes no usable per-layer KV cache.
+        """
+        if block_size < 1 or kv_cache_bytes < 0:
+            raise ValueError(
+                f"need block_size >= 1 and kv_cache_bytes >= 0, got {block_size!r}, "
+                f"{kv_cache_bytes!r}"
+            )
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.revision = revision
+        self.runner = ModelRunner(model)
+        self.max_context_len = _context_len(model.config, tokenizer)
+        self.vocab_size = int(model.config.get_text_config(decoder=True).vocab_size)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.debug_integrity = debug_integrity
+        self._dtype_name = str(self.runner.dtype).removeprefix("torch.")
+        self._lock = threading.Lock()
+        self.prefix_cache = self._make_prefix_cache(kv_cache_bytes, block_size, prefix_cache)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str,
+        *,
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
+        block_size: int = 16,
+        prefix_cache: bool = True,
+        dtype: str = "float32",
+        device: str = "cpu",
+        revision: str | None = None,
+    ) -> Engine:
+        """Load a model and its tokenizer (local path, bundled name, or hub id).
+
+        Args:
+            model: local directory, name known to ``runtime.models.resolve_model``, or hub id.
+            kv_cache_bytes: byte budget of the prefix cache's KV pool.
+            block_size: tokens per cached block (prefixes are reused in whole blocks).
+            prefix_cache: False = force-miss (same code path, no reuse).
+            dtype: ``"float32" | "float16" | "bfloat16"``.
+            device: torch device string.
+
+        Raises:
+            ModelLoadError: the model or tokenizer cannot be loaded.
+        """
+        lm, tokenizer = load_model(str(model), dtype=dtype, device=device, revision=revision)
+        return cls(
+            lm,
+            tokenizer,
+            model_id=str(model),
+            revision=revision,
+            kv_cache_bytes=kv_cache_bytes,
+            block_size=block_size,
+            prefix_cache=prefix_cache,
+        )
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """Token ids of ``messages`` rendered with the model's chat template.
+
+        Raises:
+            InvalidRequestError: no chat template, or the template rejects the messages.
+        """
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidRequestError(
+                f"model {self.model_id!r} has no chat template; pass text or token ids instead"
+            )
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
+        except Exception as exc:  # jinja errors are not a stable type
+            raise InvalidRequestError(f"chat template failed on these messages: {exc}") from exc
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def generate(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, cache_salt: str | None = None
+    ) -> Completion:
+        """Generate a completion (blocking).
+
+        Raises:
+            InvalidRequestError: empty prompt, bad token ids, unknown stop ids.
+            PromptTooLongError: the prompt leaves no room in the context.
+        """
+        return _last_completion(self.stream(prompt, params, cache_salt=cache_salt))
+
+    def stream(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, cache_salt: str | None = None
+    ) -> Iterator[StreamDelta]:
+        """Generate incrementally; the last delta carries ``finish_reason`` and the Completion.
+
+        The prompt is validated now (errors raise here, not on first ``next``). Closing the
+        iterator early (``.close()``) cancels the request and releases everything it pinned.
+
+        Raises:
+            InvalidRequestError, PromptTooLongError: as ``generate``.
+        """
+        return self._run(self.make_request(prompt, params, cache_salt=cache_salt))
+
+    def cache_stats(self) -> CacheStats:
+        """Prefix cache counters and occupancy."""
+        pc = self.prefix_cache
+        with self._lock:
+            used = pc.radix.num_blocks
+            return CacheStats(
+                queried_tokens=pc.queried_tokens,
+                hit_tokens=pc.hit_tokens,
+                bytes_used=used * pc.pool.block_bytes,
+                bytes_total=pc.pool.bytes_total,
+                num_blocks_used=used,
+                num_blocks_total=pc.pool.num_blocks,
+                num_evictions=pc.num_evictions,
+                is_enabled=pc.is_enabled,
+                disabled_reason=pc.disabled_reason,
+            )
+
+    def flush_cache(self) -> int:
+        """Drop every cached block not pinned by a running request; returns blocks freed."""
+        with self._lock:
+            return self.prefix_cache.flush()
+
+    def check_integrity(self) -> None:
+        """Assert the pool and tree agree: free + evictable + in-use == total blocks."""
+        with self._lock:
+            self.prefix_cache.check_integrity()
+
+    def make_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        cache_salt: str | None = None,
+        use_prefix_cache: bool = True,
+        record_logits: bool = False,
+    ) -> Request:
+        """Validate and tokenize a prompt into a waiting Request (nothing is pinned yet).
+
+        ``use_prefix_cache=False`` forces a miss for this request; ``record_logits`` keeps the
+        ``[vocab]`` logits of every step in ``request.logits_log`` (exactness tests).
+        """
+        params = params or SamplingParams()
+        ids = self._prompt_ids(prompt)
+        self._validate(ids, params)
+        seed = params.seed if params.seed is not None else int(torch.seed() % (1 << 63))
+        return Request(
+            prompt_ids=ids,
+            params=params,
+            namespace=namespace_of(self.model_id, self.revision, self._dtype_name, cache_salt),
+            max_total_len=min(self.max_context_len, len(ids) + params.max_tokens),
+            stop_ids=frozenset(params.stop_token_ids) | self.eos_ids,
+            detokenizer=Detokenizer(self.tokenizer, list(params.stop)),
+            generator=torch.Generator(device="cpu").manual_seed(seed),
+            use_prefix_cache=use_prefix_cache,
+            logits_log=[] if record_logits else None,
+        )
+
+    def run(self, request: Request) -> Iterator[StreamDelta]:
+        """Drive a request made by ``make_request`` to completion (what ``stream`` returns)."""
+        return self._run(request)
+
+    # --- steps (each called with the lock held) -------------------------------------------
+
+    def _admit(self, req: Request) -> None:
+        req.t_start = time.perf_counter()
+        req.kv = self.runner.new_cache(req.max_total_len)
+        hit = self.prefix_cache.match(
+            req.namespace, req.prompt_ids, req.kv, use_cache=req.use_prefix_cache
+        )
+        req.cached_len, req.node = hit.cached_len, hit.node
+        req.status = RequestStatus.RUNNING
+
+    def _prefill(self, req: Request) -> int:
+        assert req.kv is not None, "admit before prefill"
+        logits = self.runner.forward(req.prompt_ids[req.cached_len :], req.kv)
+        req.node = self.prefix_cache.insert(req.namespace, req.prompt_ids, req.kv, req.node)
+        return self._sample(req, logits)
+
+    def _decode(self, req: Request) -> int:
+        assert req.kv is not None, "admit before decode"
+        return self._sample(req, self.runner.forward(req.output_ids[-1:], req.kv))
+
+    def _release(self, req: Request, *, keep: bool) -> None:
+        if req.status is RequestStatus.RELEASED:
+            return
+        if keep and req.kv is not None:
+            req.node = self.prefix_cache.insert(req.namespace, req.all_ids, req.kv, req.node)
+        self.prefix_cache.release(req.node)
+        req.node, req.kv, req.status = None, None, RequestStatus.RELEASED
+        if self.debug_integrity:
+            self.prefix_cache.check_integrity()
+
+    def _sample(self, req: Request, logits: torch.Tensor) -> int:
+        if req.logits_log is not None:
+            req.logits_log.append(logits.float().clone())
+        return sample(logits, req.params, req.generator)
+
+    # --- the request loop ---------------------------------------------------------------
+
+    def _run(self, req: Request) -> Iterator[StreamDelta]:
+        keep = False
+        try:
+            with self._lock:
+                self._admit(req)
+                token = self._prefill(req)
+            req.t_first = time.perf_counter()
+            while True:
+                text = self._accept(req, token)
+                if req.finish_reason is not None:
+                    break
+                yield StreamDelta(token_ids=[token], text=text)
+                with self._lock:
+                    token = self._decode(req)
+            keep = True
+        except GeneratorExit:
+            keep = True
+            raise
+        finally:
+            with self._lock:
+                self._release(req, keep=keep)
+        req.t_end = time.perf_counter()
+        text += req.detokenizer.flush()
+        completion = self._completion(req)
+        yield StreamDelta([token], text, req.finish_reason, completion)
+
+    def _accept(self, req: Request, token: int) -> str:
+        """Append a sampled token; set ``finish_reason`` when generation must end."""
+        req.output_ids.append(token)
+        text = req.detokenizer.push(token)
+        if token in req.stop_ids or req.detokenizer.is_stopped:
+            req.finish_reason = "stop"
+        elif len(req.prompt_ids) + len(req.output_ids) >= req.max_total_len:
+            req.finish_reason = "length"
+        return text
+
+    def _completion(self, req: Request) -> Completion:
+        n_out = len(req.output_ids)
+        decode_s = req.t_end - req.t_first
+        return Completion(
+            token_ids=list(req.output_ids),
+            text=req.detokenizer.text,
+            finish_reason=req.finish_reason or "length",
+            usage=Usage(len(req.prompt_ids), req.cached_len, n_out),
+            metrics=Metrics(
+                ttft_s=req.t_first - req.t_start,
+                decode_tokens_per_s=(n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0,
+                prefill_tokens_computed=len(req.prompt_ids) - req.cached_len,
+            ),
+        )
+
+    # --- input checks -------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt, add_special_tokens=True)) if prompt else []
+        items = list(prompt)
+        if items and all(isinstance(m, dict) for m in items):
+            return self.render_chat(items)  # type: ignore[arg-type]
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+            raise InvalidRequestError("prompt must be text, a list of token ids or chat messages")
+        return [int(t) for t in items if isinstance(t, int)]
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise InvalidRequestError("prompt is empty; give at least one token")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt token ids {bad[:5]!r} are outside the vocabulary [0, {self.vocab_size})"
+            )
+        unknown = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if unknown:
+            raise InvalidRequestError(
+                f"stop_token_ids {unknown!r} are not in the vocabulary (size {self.vocab_size})"
+            )
+        if len(ids) >= self.max_context_len:
+            raise PromptTooLongError(
+                f"prompt has {len(ids)} tokens but the model's context is {self.max_context_len}; "
+                "shorten it so at least one token can be generated"
+            )
+
+    def _make_prefix_cache(self, budget: int, block_size: int, enabled: bool) -> PrefixCache:
+        shape = self.runner.kv_shape
+        pool = KVPool(
+            num_layers=shape.num_layers,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            block_size=block_size,
+            budget_bytes=budget if enabled else 0,
+            dtype=self.runner.dtype,
+            device=self.runner.device,
+        )
+        reason = None if enabled else "prefix_cache=False (force-miss)"
+        blocker = reuse_blocker(self.runner.model.config)
+        if enabled and blocker is not None:
+            logger.warning("prefix cache disabled for %r: %s", self.model_id, blocker)
+            reason, enabled = blocker, False
+        return PrefixCache(pool, is_enabled=enabled, disabled_reason=reason)
+
+
+def _last_completion(deltas: Iterator[StreamDelta]) -> Completion:
+    for delta in deltas:
+        if delta.completion is not None:
+            return delta.completion
+    raise AssertionError("stream ended without a completion")
+
+
+def _context_len(config: Any, tokenizer: Any) -> int:
+    text = config.get_text_config(decoder=True)
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return int(limit) if isinstance(limit, int) and 0 < limit < 10**7 else 2048
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for value in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(v for v in value if isinstance(v, int))
+    return frozenset(ids)

@@ -1,0 +1,144 @@
+"""Model runner: loads a Hugging Face causal LM + tokenizer and runs forward steps on a KV cache.
+
+It sees token ids, positions and a ``RequestKVCache``; it never sees the radix tree or the pool.
+It also decides, from the model's layer types, whether resuming from a cached prefix is exact.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from runtime.exceptions import ModelLoadError
+from runtime.kv_cache import RequestKVCache
+
+__all__ = ["KVShape", "ModelRunner", "load_model", "reuse_blocker"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Layer kinds whose KV at position p depends only on tokens <= p, kept whole by RequestKVCache.
+_RESUMABLE_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
+
+
+class KVShape(NamedTuple):
+    """Per-layer KV geometry discovered by a probe forward."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """Map ``"float32" | "float16" | "bfloat16"`` to a torch dtype (ValueError otherwise)."""
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; valid: {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def _resolve(model: str) -> str:
+    """A bundled model name (``runtime.models.resolve_model``) or the path / hub id unchanged."""
+    if Path(model).exists():
+        return model
+    try:
+        models = importlib.import_module("runtime.models")
+    except ImportError:
+        return model
+    resolve = getattr(models, "resolve_model", None)
+    if resolve is None:
+        return model
+    try:
+        return str(resolve(model))
+    except (KeyError, ValueError, LookupError, FileNotFoundError):
+        return model
+
+
+def load_model(model: str, *, dtype: str, device: str, revision: str | None) -> tuple[Any, Any]:
+    """Load model + tokenizer from a local path, bundled name or hub id.
+
+    Raises:
+        ModelLoadError: when either cannot be loaded.
+    """
+    path = _resolve(model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+        lm: Any = AutoModelForCausalLM.from_pretrained(
+            path, revision=revision, dtype=torch_dtype(dtype)
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load model {model!r} (resolved to {path!r}): {exc}") from exc
+    lm.to(torch.device(device))
+    lm.eval()
+    return lm, tokenizer
+
+
+def reuse_blocker(config: Any) -> str | None:
+    """Why resuming from a cached prefix would not be exact for this model, or None if it is."""
+    text = config.get_text_config(decoder=True)
+    layer_types = getattr(text, "layer_types", None) or []
+    odd = sorted(set(layer_types) - _RESUMABLE_LAYER_TYPES)
+    if odd:
+        return f"layer types {odd} keep state that cannot be resumed from stored KV blocks"
+    if getattr(text, "model_type", "") in {"mamba", "mamba2", "rwkv", "jamba", "falcon_mamba"}:
+        return f"model type {text.model_type!r} is recurrent (SSM state, no per-token KV)"
+    return None
+
+
+class ModelRunner:
+    """Forward passes of one model on per-request KV caches (batch size 1)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.kv_shape = self._probe()
+
+    def new_cache(self, capacity: int) -> RequestKVCache:
+        """An empty ``RequestKVCache`` able to hold ``capacity`` positions before growing."""
+        return RequestKVCache(
+            num_layers=self.kv_shape.num_layers,
+            num_kv_heads=self.kv_shape.num_kv_heads,
+            head_dim=self.kv_shape.head_dim,
+            capacity=capacity,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    @torch.no_grad()
+    def forward(self, token_ids: list[int], kv: RequestKVCache) -> torch.Tensor:
+        """Run ``token_ids`` at positions ``[kv.length, kv.length + n)``; commit their KV.
+
+        Returns:
+            ``[vocab]`` float logits of the last position.
+        """
+        start, n = kv.length, len(token_ids)
+        kv.reserve(start + n)
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
+        positions = torch.arange(start, start + n, device=self.device).unsqueeze(0)  # [1, n]
+        out = self.model(
+            input_ids=ids, position_ids=positions, cache=kv, use_cache=True, logits_to_keep=1
+        )
+        kv.advance(n)
+        logits: torch.Tensor = out.logits[0, -1]
+        return logits
+
+    @torch.no_grad()
+    def _probe(self) -> KVShape:
+        """Run one token through a ``DynamicCache`` to read each layer's KV shape."""
+        probe = DynamicCache()
+        ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        try:
+            self.model(input_ids=ids, cache=probe, use_cache=True)
+            layers: list[Any] = list(probe.layers)
+            shapes = {(layer.keys.shape[1], layer.keys.shape[3]) for layer in layers}
+        except (AttributeError, TypeError, RuntimeError) as exc:
+            raise ModelLoadError(f"model does not expose a per-layer KV cache: {exc}") from exc
+        if len(shapes) != 1:
+            raise ModelLoadError(f"layers with different KV shapes are not supported: {shapes}")
+        heads, head_dim = shapes.pop()
+        return KVShape(len(layers), int(heads), int(head_dim))

@@ -1,0 +1,95 @@
+"""Result records of the local runtime: Completion, StreamDelta, Usage, Metrics, CacheStats.
+
+Plain frozen data; they know nothing about tensors, the tree or the model. Field names follow the
+OpenAI usage fields (``prompt_tokens``, ``cached_tokens``, ``completion_tokens``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["CacheStats", "Completion", "FinishReason", "Metrics", "StreamDelta", "Usage"]
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one request."""
+
+    prompt_tokens: int
+    """Tokens in the prompt after rendering and tokenization."""
+    cached_tokens: int
+    """Prompt tokens whose KV came from the prefix cache (not recomputed)."""
+    completion_tokens: int
+    """Tokens generated, including a final stop token id if one was sampled."""
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """Timings of one request, in seconds and tokens per second."""
+
+    ttft_s: float
+    """Time to first token: from admission to the first sampled token, seconds."""
+    decode_tokens_per_s: float
+    """Generated tokens after the first, divided by the time spent producing them (0.0 if none)."""
+    prefill_tokens_computed: int
+    """Prompt tokens that went through the model (``prompt_tokens - cached_tokens``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The full result of ``Engine.generate`` (also carried by the last ``StreamDelta``)."""
+
+    token_ids: list[int]
+    """Generated token ids (the stop token id included when one ended the request)."""
+    text: str
+    """Decoded text of ``token_ids`` without special tokens, cut before any stop string."""
+    finish_reason: FinishReason
+    """``"stop"``: a stop string, stop token id or EOS; ``"length"``: max_tokens or context full."""
+    usage: Usage
+    metrics: Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """One increment of ``Engine.stream``: new token ids and the text they completed."""
+
+    token_ids: list[int]
+    """Token ids generated since the previous delta (may be empty on the last delta)."""
+    text: str
+    """Text made final since the previous delta (held back while it may start a stop string)."""
+    finish_reason: FinishReason | None = None
+    """Set on the last delta only."""
+    completion: Completion | None = None
+    """The whole Completion, on the last delta only."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """Prefix cache counters since the engine started (or since ``flush_cache`` for occupancy)."""
+
+    queried_tokens: int
+    """Prompt tokens looked up in the prefix cache."""
+    hit_tokens: int
+    """Prompt tokens served from the prefix cache."""
+    bytes_used: int
+    """Bytes of KV blocks currently holding cached tokens."""
+    bytes_total: int
+    """Byte budget of the KV pool actually allocated (whole blocks)."""
+    num_blocks_used: int
+    """Blocks holding cached tokens (in use or evictable)."""
+    num_blocks_total: int
+    """Blocks in the pool."""
+    num_evictions: int
+    """Blocks evicted to make room, since the engine started."""
+    is_enabled: bool
+    """False when prefix reuse is off (``prefix_cache=False`` or an unsafe model)."""
+    disabled_reason: str | None
+    """Why reuse is off, when it is."""
+
+    @property
+    def hit_rate(self) -> float:
+        """``hit_tokens / queried_tokens`` (0.0 before any query)."""
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0

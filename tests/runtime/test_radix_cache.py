@@ -1,0 +1,172 @@
+"""Scenario tests of the radix tree, the KV pool and the prefix cache that joins them.
+
+Exact token lists, block ids and eviction order; integrity is checked after every scenario.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.kv_cache import RequestKVCache
+from runtime.kv_pool import KVPool, contiguous_runs
+from runtime.prefix_cache import PrefixCache, namespace_of
+from runtime.radix_cache import RadixCache, TreeNode
+
+BS = 4
+NS = namespace_of("m", None, "float32", None)
+
+
+def make_pool(num_blocks: int, *, layers: int = 2, heads: int = 2, dim: int = 3) -> KVPool:
+    block_bytes = layers * 2 * heads * BS * dim * 4
+    return KVPool(
+        num_layers=layers,
+        num_kv_heads=heads,
+        head_dim=dim,
+        block_size=BS,
+        budget_bytes=num_blocks * block_bytes,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+
+
+def make_kv(tokens: list[int], *, layers: int = 2, heads: int = 2, dim: int = 3) -> RequestKVCache:
+    """A request cache whose KV at position p encodes token p (so copies can be checked)."""
+    kv = RequestKVCache(
+        num_layers=layers,
+        num_kv_heads=heads,
+        head_dim=dim,
+        capacity=len(tokens) + 8,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    values = torch.tensor(tokens, dtype=torch.float32).view(1, 1, 1, -1, 1)
+    kv.buffer[:, :, :, : len(tokens)] = values.expand(layers, 2, heads, -1, dim)
+    kv.length = len(tokens)
+    return kv
+
+
+def store(pc: PrefixCache, tokens: list[int]) -> TreeNode | None:
+    """Match then insert ``tokens`` as one request would; returns the node it keeps pinned."""
+    hit = pc.match(NS, tokens, make_kv([]), use_cache=True)
+    return pc.insert(NS, tokens, make_kv(tokens), hit.node)
+
+
+def check(pc: PrefixCache) -> None:
+    pc.check_integrity()
+
+
+def test_match_splits_node_on_partial_block_match() -> None:
+    tree = RadixCache(BS)
+    node, unused = tree.insert(NS, list(range(12)), [7, 8, 9])
+    assert unused == [] and node.block_ids == [7, 8, 9]
+    # A query sharing the first two blocks, then diverging inside the third, splits the edge.
+    hit = tree.match(NS, [0, 1, 2, 3, 4, 5, 6, 7, 8, 99, 10, 11])
+    assert hit.cached_len == 8 and hit.block_ids == [7, 8]
+    assert hit.node.key == tuple(range(8)) and list(hit.node.children.values())[0].block_ids == [9]
+    # A partial block at the end is never matched.
+    assert tree.match(NS, [0, 1, 2]).cached_len == 0
+    tree.check_integrity()
+
+
+def test_insert_reuses_existing_prefix_and_returns_unused_ids() -> None:
+    tree = RadixCache(BS)
+    tree.insert(NS, list(range(8)), [0, 1])
+    node, unused = tree.insert(NS, list(range(12)), [5, 6, 2])
+    assert unused == [5, 6] and node.block_ids == [2] and tree.num_blocks == 3
+    tree.check_integrity()
+
+
+def test_eviction_is_lru_over_unpinned_leaves() -> None:
+    tree = RadixCache(BS)
+    a, _ = tree.insert(NS, [1] * 4 + [2] * 4, [0, 1])  # shared [1]*4 then a
+    b, _ = tree.insert(NS, [1] * 4 + [3] * 4, [2, 3])  # branch b; block 2 unused
+    c, _ = tree.insert(NS, [4] * 8, [4, 5])
+    tree.match(NS, [1] * 4 + [2] * 4)  # a is now more recent than b and c
+    tree.lock(c)
+    assert tree.evict(1) == [3]  # b's leaf block: least recent unpinned leaf
+    assert tree.evict(10) == [1, 0]  # then a's leaf, then the shared parent; c is pinned
+    assert tree.num_in_use_blocks == 2 and tree.num_blocks == 2
+    tree.unlock(c)
+    assert tree.evict(10) == [4, 5]
+    tree.check_integrity()
+
+
+def test_namespaces_never_share_nodes() -> None:
+    tree = RadixCache(BS)
+    tenant_a = namespace_of("m", None, "float32", "a")
+    tenant_b = namespace_of("m", None, "float32", "b")
+    tree.insert(tenant_a, list(range(8)), [0, 1])
+    assert tree.match(tenant_b, list(range(8))).cached_len == 0
+    assert tree.match(tenant_a, list(range(8))).cached_len == 8
+    assert namespace_of("m", None, "bfloat16", "a") != tenant_a
+    assert namespace_of("m", "rev2", "float32", "a") != tenant_a
+
+
+def test_contiguous_runs() -> None:
+    assert contiguous_runs([3, 4, 5, 9, 10, 2]) == [(0, 3, 3), (3, 9, 2), (5, 2, 1)]
+    assert contiguous_runs([]) == []
+
+
+def test_prefix_cache_roundtrip_copies_exact_kv() -> None:
+    pc = PrefixCache(make_pool(8), is_enabled=True, disabled_reason=None)
+    tokens = list(range(10, 23))  # 13 tokens -> 3 whole blocks stored
+    writer = make_kv(tokens)
+    hit = pc.match(NS, tokens, make_kv([]), use_cache=True)
+    node = pc.insert(NS, tokens, writer, hit.node)
+    assert node is not None and pc.radix.num_blocks == 3
+    pc.release(node)
+    reader = make_kv([])
+    hit = pc.match(NS, tokens + [99], reader, use_cache=True)
+    assert hit.cached_len == 12
+    assert torch.equal(reader.span(0, 12), writer.span(0, 12))
+    # The reader writing its own positions never touches stored blocks (copy-out).
+    reader.buffer.zero_()
+    again = make_kv([])
+    pc.release(hit.node)
+    hit2 = pc.match(NS, tokens, again, use_cache=True)
+    assert torch.equal(again.span(0, 12), writer.span(0, 12))
+    pc.release(hit2.node)
+    check(pc)
+
+
+def test_full_prompt_hit_leaves_last_token_to_compute() -> None:
+    pc = PrefixCache(make_pool(8), is_enabled=True, disabled_reason=None)
+    tokens = list(range(8))
+    node = pc.insert(
+        NS, tokens, make_kv(tokens), pc.match(NS, tokens, make_kv([]), use_cache=True).node
+    )
+    pc.release(node)
+    kv = make_kv([])
+    hit = pc.match(NS, tokens, kv, use_cache=True)
+    assert hit.cached_len == 7 and kv.length == 7
+    pc.release(hit.node)
+    check(pc)
+
+
+def test_budget_never_exceeded_and_pinned_blocks_survive() -> None:
+    pc = PrefixCache(make_pool(4), is_enabled=True, disabled_reason=None)
+    first = [1] * 8
+    pinned = store(pc, first)
+    second = [2] * 16  # 4 blocks wanted, 2 free: only 2 are stored, the pinned ones stay
+    held = store(pc, second)
+    assert pc.radix.num_blocks == 4 and pc.pool.num_free == 0 and pc.num_evictions == 0
+    check(pc)
+    pc.release(pinned)
+    third = [3] * 8  # now the first prefix is evictable: it goes, LRU
+    held3 = store(pc, third)
+    assert pc.num_evictions == 2 and pc.radix.match(NS, first).cached_len == 0
+    assert pc.radix.match(NS, second).cached_len == 8
+    check(pc)
+    pc.release(held)
+    pc.release(held3)
+    assert pc.flush() == 4 and pc.pool.num_free == 4
+    check(pc)
+
+
+def test_disabled_cache_is_a_force_miss() -> None:
+    pc = PrefixCache(make_pool(4), is_enabled=False, disabled_reason="off")
+    tokens = list(range(8))
+    hit = pc.match(NS, tokens, make_kv([]), use_cache=True)
+    assert hit == (0, None) and pc.insert(NS, tokens, make_kv(tokens), None) is None
+    assert pc.queried_tokens == 8 and pc.hit_tokens == 0
+    check(pc)
