@@ -591,7 +591,7 @@ def main(argv: list[str] | None = None) -> None:
     """Parse arguments and train, or only re-evaluate the shipped weights."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--steps", type=int, default=TrainConfig.num_steps)
+    parser.add_argument("--steps", type=int, default=TrainConfig().num_steps)
     parser.add_argument("--eval-only", action="store_true", help="recompute the val loss only")
     parser.add_argument("--max-windows", type=int, default=EVAL_MAX_WINDOWS)
     args = parser.parse_args(argv)
