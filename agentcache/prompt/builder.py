@@ -133,6 +133,12 @@ class PromptBuilder:
         self._user: str | None = None
         self._volatile: str | None = None
 
+    def copy(self) -> PromptBuilder:
+        """A new builder with the same parts (keep a base builder, copy it per turn)."""
+        other = PromptBuilder(namespace=self._namespace)
+        other.__dict__.update(self.__dict__)
+        return other
+
     def system(self, text: str) -> PromptBuilder:
         """Set the system prompt (NFC, trailing whitespace removed)."""
         self._system = normalize_text(_require_str(text, "system"))
