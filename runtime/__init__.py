@@ -5,6 +5,9 @@ Importable as ``runtime``; it never imports the agentcache SDK.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from runtime.exceptions import (
     EngineBusyError,
     InvalidRequestError,
@@ -14,11 +17,41 @@ from runtime.exceptions import (
 )
 from runtime.models import resolve_model
 
+if TYPE_CHECKING:
+    from runtime.engine import Engine
+    from runtime.outputs import CacheStats, Completion, Metrics, StreamDelta, Usage
+    from runtime.sampling import SamplingParams
+
+# NOTE: torch/transformers load on first use of these names, not on `import runtime`.
+_LAZY = {
+    "Engine": "runtime.engine",
+    "CacheStats": "runtime.outputs",
+    "Completion": "runtime.outputs",
+    "Metrics": "runtime.outputs",
+    "StreamDelta": "runtime.outputs",
+    "Usage": "runtime.outputs",
+    "SamplingParams": "runtime.sampling",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+
+
 __all__ = [
+    "CacheStats",
+    "Completion",
+    "Engine",
     "EngineBusyError",
     "InvalidRequestError",
+    "Metrics",
     "ModelLoadError",
     "PromptTooLongError",
     "RuntimeEngineError",
+    "SamplingParams",
+    "StreamDelta",
+    "Usage",
     "resolve_model",
 ]

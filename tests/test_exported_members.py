@@ -24,11 +24,18 @@ AGENTCACHE_ALL = {
 }
 
 RUNTIME_ALL = {
+    "CacheStats",
+    "Completion",
+    "Engine",
     "EngineBusyError",
     "InvalidRequestError",
+    "Metrics",
     "ModelLoadError",
     "PromptTooLongError",
     "RuntimeEngineError",
+    "SamplingParams",
+    "StreamDelta",
+    "Usage",
     "resolve_model",
 }
 
