@@ -1,0 +1,202 @@
+"""Backend for Anthropic's Messages API, with the prompt builder's ``cache_control`` breakpoints.
+
+Streams over SSE (``message_start`` ... ``message_stop``) and maps ``cache_read_input_tokens`` /
+``cache_creation_input_tokens`` into ``Usage``. Knows the wire format only; the request body
+(including where breakpoints go) comes from the prompt's ``to_anthropic`` renderer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+
+from agentcache import env
+from agentcache.backends._http import RetryPolicy, iter_sse, open_stream
+from agentcache.backends._usage import anthropic_usage, estimate_cost
+from agentcache.backends.base import (
+    BaseBackend,
+    Capabilities,
+    GenerationOptions,
+    ModelResponse,
+    PromptLike,
+    StreamEvent,
+    ToolCall,
+)
+from agentcache.exceptions import BackendError
+
+__all__ = ["AnthropicBackend"]
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+API_VERSION = "2023-06-01"
+"""``anthropic-version`` header value (Anthropic API versioning docs)."""
+
+
+class AnthropicBackend(BaseBackend):
+    """Messages API over httpx, streaming, with bounded retries on 429/5xx/529."""
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        """Create the backend.
+
+        Args:
+            model: Model name sent as ``model``.
+            base_url: API root without ``/v1`` (default ``https://api.anthropic.com``).
+            api_key: Key sent as ``x-api-key``; default ``agentcache.env.api_key("anthropic")``.
+            timeout_s: Per-request timeout, seconds.
+            retry: Retry policy for 429/5xx/529 and connection errors.
+            transport: httpx transport override (tests, proxies).
+        """
+        self._model = model
+        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        self._api_key = api_key if api_key is not None else env.api_key("anthropic")
+        self._retry = retry or RetryPolicy()
+        self._client = httpx.Client(timeout=timeout_s, transport=transport)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Prompt caching via ``cache_control``; reads and writes are reported."""
+        return Capabilities(supports_prefix_cache=True, reports_cached_tokens=True)
+
+    @property
+    def model(self) -> str:
+        """The model name sent with each request."""
+        return self._model
+
+    def request_body(self, prompt: PromptLike, options: GenerationOptions) -> dict[str, Any]:
+        """The exact JSON body ``stream`` sends for ``prompt``."""
+        params: dict[str, Any] = {
+            "max_tokens": options.max_tokens,
+            "temperature": options.temperature,
+            "stream": True,
+        }
+        if options.stop:
+            params["stop_sequences"] = list(options.stop)
+        return prompt.to_anthropic(model=self._model, **params)
+
+    def stream(
+        self, prompt: PromptLike, options: GenerationOptions | None = None
+    ) -> Iterator[StreamEvent]:
+        """Stream a completion (contract in ``BaseBackend.stream``)."""
+        body = self.request_body(prompt, options or GenerationOptions())
+        headers = {"anthropic-version": API_VERSION}
+        if self._api_key:
+            headers["x-api-key"] = self._api_key
+        url = f"{self.base_url}/v1/messages"
+        state = _MessageState(start_s=time.perf_counter())
+        with open_stream(self._client, url, body=body, headers=headers, retry=self._retry) as resp:
+            for event in iter_sse(resp.iter_lines()):
+                delta = state.feed(event.event, _decode(event.data))
+                if delta:
+                    yield StreamEvent(delta)
+                if event.event == "message_stop":
+                    break
+        yield StreamEvent("", state.response(self._model))
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._client.close()
+
+
+def _decode(data: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise BackendError(f"Anthropic sent a non-JSON event: {data[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise BackendError(f"Anthropic sent a non-object event: {data[:200]!r}")
+    return value
+
+
+@dataclass(slots=True)
+class _MessageState:
+    """Accumulates Messages API stream events into one response."""
+
+    start_s: float
+    text: list[str] = field(default_factory=list)
+    blocks: dict[int, dict[str, str]] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)
+    stop_reason: str | None = None
+    model: str = ""
+    first_s: float | None = None
+
+    def feed(self, kind: str, data: dict[str, Any]) -> str:
+        if kind == "error" or data.get("type") == "error":
+            raise BackendError(f"Anthropic reported an error mid-stream: {data.get('error')!r}")
+        if kind == "message_start":
+            message = data.get("message") or {}
+            self.model = message.get("model") or ""
+            self.usage.update(message.get("usage") or {})
+        elif kind == "content_block_start":
+            self._start_block(int(data.get("index", 0)), data.get("content_block") or {})
+        elif kind == "content_block_delta":
+            return self._delta(int(data.get("index", 0)), data.get("delta") or {})
+        elif kind == "message_delta":
+            self.stop_reason = (data.get("delta") or {}).get("stop_reason") or self.stop_reason
+            self.usage.update(data.get("usage") or {})
+        return ""
+
+    def _start_block(self, index: int, block: dict[str, Any]) -> None:
+        if block.get("type") == "tool_use":
+            self._mark_first()
+            initial = block.get("input") or {}
+            self.blocks[index] = {
+                "id": str(block.get("id", "")),
+                "name": str(block.get("name", "")),
+                "args": "",
+                "initial": json.dumps(initial) if initial else "",
+            }
+        text = block.get("text")
+        if block.get("type") == "text" and text:
+            self._mark_first()
+            self.text.append(text)
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> str:
+        if delta.get("type") == "text_delta":
+            self._mark_first()
+            text = str(delta.get("text", ""))
+            self.text.append(text)
+            return text
+        if delta.get("type") == "input_json_delta" and index in self.blocks:
+            self.blocks[index]["args"] += str(delta.get("partial_json", ""))
+        return ""
+
+    def _mark_first(self) -> None:
+        if self.first_s is None:
+            self.first_s = time.perf_counter()
+
+    def response(self, requested_model: str) -> ModelResponse:
+        end = time.perf_counter()
+        usage = anthropic_usage(self.usage)
+        ttft = None if self.first_s is None else self.first_s - self.start_s
+        rate = None
+        if self.first_s is not None and usage.completion_tokens and end > self.first_s:
+            rate = max(usage.completion_tokens - 1, 0) / (end - self.first_s)
+        usage = replace(usage, ttft_s=ttft, decode_tokens_per_s=rate)
+        calls = tuple(
+            ToolCall(id=b["id"], name=b["name"], arguments=b["args"] or b["initial"] or "{}")
+            for _, b in sorted(self.blocks.items())
+        )
+        model = self.model or requested_model
+        return ModelResponse(
+            text="".join(self.text),
+            tool_calls=calls,
+            finish_reason=self.stop_reason,
+            usage=usage,
+            cost_usd=estimate_cost(model, usage),
+            model=model,
+        )

@@ -1,0 +1,220 @@
+"""The backend contract: one interface for the local engine, OpenAI-compatible and Anthropic APIs.
+
+A backend turns a built prompt into a streamed completion plus one honest ``Usage`` record. It knows
+nothing about agents, tools' Python functions or retrieval: tool calls come back as data
+(``ToolCall``) or, for local chat templates, as text the agent loop parses.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, NamedTuple, Protocol, Self, runtime_checkable
+
+from agentcache.usage import Usage
+
+__all__ = [
+    "BaseBackend",
+    "Capabilities",
+    "GenerationOptions",
+    "ModelResponse",
+    "PromptLike",
+    "StreamEvent",
+    "ToolCall",
+    "ToolCallFormat",
+]
+
+ToolCallFormat = Literal["native", "hermes"]
+"""How tool calls come back: ``native`` (structured ``tool_calls`` in the API response) or
+``hermes`` (``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` inside the generated text,
+the format of Hermes/Qwen ChatML chat templates)."""
+
+
+@runtime_checkable
+class PromptLike(Protocol):
+    """What a backend needs from a built prompt (``agentcache.prompt.Prompt`` satisfies it)."""
+
+    def to_messages(self) -> list[dict[str, Any]]:
+        """OpenAI-style chat messages, system first, in canonical form."""
+        ...
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI tool schemas (``{"type": "function", "function": {...}}``), in stable order."""
+        ...
+
+    def to_openai(self, *, model: str, **params: Any) -> dict[str, Any]:
+        """A Chat Completions request body."""
+        ...
+
+    def to_anthropic(self, *, model: str, **params: Any) -> dict[str, Any]:
+        """A Messages API request body with ``cache_control`` breakpoints planned."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call requested by the model.
+
+    ``arguments`` is the raw JSON text the model produced; it may be malformed, which the agent
+    loop reports back to the model instead of crashing.
+    """
+
+    id: str
+    """Call id (the provider's, or a deterministic one the backend assigned)."""
+    name: str
+    """Tool (function) name."""
+    arguments: str
+    """Arguments as JSON text, exactly as produced."""
+
+    def to_openai(self) -> dict[str, Any]:
+        """The call as an OpenAI assistant ``tool_calls`` item."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+    def parsed_arguments(self) -> dict[str, Any]:
+        """Decode ``arguments``.
+
+        Raises:
+            ValueError: The text is not a JSON object (``json.JSONDecodeError`` is a ValueError).
+        """
+        value = json.loads(self.arguments) if self.arguments.strip() else {}
+        if not isinstance(value, dict):
+            raise ValueError(f"tool arguments must be a JSON object, got {type(value).__name__}")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOptions:
+    """Sampling options shared by every backend."""
+
+    max_tokens: int = 256
+    """Upper bound on generated tokens."""
+    temperature: float = 0.0
+    """0 means greedy (deterministic on the local engine)."""
+    stop: tuple[str, ...] = ()
+    """Extra stop strings."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResponse:
+    """The result of one backend call."""
+
+    text: str
+    """Generated text (for ``hermes`` backends this still contains any ``<tool_call>`` markup)."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Native tool calls (always empty for ``hermes`` backends: the agent parses ``text``)."""
+    finish_reason: str | None = None
+    """``stop``, ``length``, ``tool_calls``... as reported; ``None`` if unknown."""
+    usage: Usage = field(default_factory=Usage)
+    """Tokens, cached tokens and timing of this call."""
+    cost_usd: float | None = None
+    """Estimated price in US dollars from the price table; 0.0 for local; ``None`` if unknown."""
+    model: str = ""
+    """Model name as reported by the backend."""
+
+
+class StreamEvent(NamedTuple):
+    """One streamed piece: a text delta, and on the last event the complete response."""
+
+    text: str
+    response: ModelResponse | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do; the agent and demo adapt to it."""
+
+    supports_prefix_cache: bool
+    """Repeated prompt prefixes are served from a KV/prompt cache."""
+    reports_cached_tokens: bool
+    """``Usage.cached_tokens`` is filled in (otherwise it stays ``None``)."""
+    tool_call_format: ToolCallFormat = "native"
+    """How tool calls come back (see ``ToolCallFormat``)."""
+    is_local: bool = False
+    """Runs in this process (no network)."""
+
+
+class BaseBackend(ABC):
+    """A model endpoint that streams completions for built prompts.
+
+    Contract for implementations:
+
+    - ``stream`` yields zero or more ``StreamEvent`` with text deltas and exactly one final event
+      whose ``response`` is set; the concatenated deltas equal ``response.text``.
+    - Usage is honest: counts the backend does not know stay ``None``; ``ttft_s`` is measured
+      from the call to the first generated text or tool-call delta.
+    - Errors: ``BackendHTTPError`` (status + message) for HTTP errors left after bounded retries,
+      ``BackendUnavailableError`` when a dependency, model or endpoint is missing,
+      ``BackendError`` for anything else the backend detects. Never a bare library exception.
+    - Backends may keep state between calls (the local backend carries token ids forward); they
+      are not safe for concurrent calls from several threads unless documented.
+    """
+
+    name: str = "base"
+    """Registry name of the backend kind."""
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What this backend supports."""
+
+    @property
+    @abstractmethod
+    def model(self) -> str:
+        """Model name or path requests are sent to."""
+
+    @abstractmethod
+    def stream(
+        self, prompt: PromptLike, options: GenerationOptions | None = None
+    ) -> Iterator[StreamEvent]:
+        """Stream a completion for ``prompt``.
+
+        Args:
+            prompt: A built prompt (messages + tool schemas).
+            options: Sampling options; defaults to ``GenerationOptions()``.
+
+        Yields:
+            Text deltas, then one final event carrying the ``ModelResponse``.
+
+        Raises:
+            BackendHTTPError: A remote endpoint answered 4xx, or 429/5xx after all retries.
+            BackendUnavailableError: The endpoint cannot be reached or a dependency is missing.
+            BackendError: Any other failure detected by the backend.
+        """
+
+    def complete(
+        self, prompt: PromptLike, options: GenerationOptions | None = None
+    ) -> ModelResponse:
+        """Run ``stream`` to the end and return the final response (same errors as ``stream``)."""
+        final: ModelResponse | None = None
+        for event in self.stream(prompt, options):
+            if event.response is not None:
+                final = event.response
+        assert final is not None, f"{type(self).__name__}.stream ended without a final response"
+        return final
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release connections or models held by the backend; idempotent."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,200 @@
+"""Backend for any OpenAI-compatible Chat Completions endpoint (ours, vLLM, llama.cpp, OpenAI...).
+
+Streams over SSE with ``stream_options.include_usage`` so the final chunk carries usage including
+``prompt_tokens_details.cached_tokens``. Knows the wire format only; the request body comes from
+the prompt's own ``to_openai`` renderer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+
+from agentcache import env
+from agentcache.backends._http import RetryPolicy, iter_sse, open_stream
+from agentcache.backends._usage import estimate_cost, openai_usage
+from agentcache.backends.base import (
+    BaseBackend,
+    Capabilities,
+    GenerationOptions,
+    ModelResponse,
+    PromptLike,
+    StreamEvent,
+    ToolCall,
+)
+from agentcache.exceptions import BackendError
+from agentcache.usage import Usage
+
+__all__ = ["OpenAIBackend"]
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+
+class OpenAIBackend(BaseBackend):
+    """Chat Completions over httpx, streaming, with bounded retries on 429/5xx."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.BaseTransport | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        """Create the backend.
+
+        Args:
+            model: Model name sent as ``model``.
+            base_url: Endpoint root ending in ``/v1``; default ``AGENTCACHE_BASE_URL`` or OpenAI.
+            api_key: Bearer token; default from ``agentcache.env.api_key("openai")`` (may be none
+                for local servers).
+            timeout_s: Per-request timeout, seconds.
+            retry: Retry policy for 429/5xx and connection errors.
+            transport: httpx transport override (tests, proxies).
+            extra_body: Extra request fields (e.g. ``prompt_cache_key``), merged last.
+        """
+        self._model = model
+        self.base_url = (base_url or env.base_url() or DEFAULT_BASE_URL).rstrip("/")
+        self._api_key = api_key if api_key is not None else env.api_key("openai")
+        self._retry = retry or RetryPolicy()
+        self._extra = dict(extra_body or {})
+        self._client = httpx.Client(timeout=timeout_s, transport=transport)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Servers may cache prefixes; ``cached_tokens`` is used when reported."""
+        return Capabilities(supports_prefix_cache=True, reports_cached_tokens=True)
+
+    @property
+    def model(self) -> str:
+        """The model name sent with each request."""
+        return self._model
+
+    def request_body(self, prompt: PromptLike, options: GenerationOptions) -> dict[str, Any]:
+        """The exact JSON body ``stream`` sends for ``prompt`` (useful for lint/diff)."""
+        params: dict[str, Any] = {
+            "max_tokens": options.max_tokens,
+            "temperature": options.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if options.stop:
+            params["stop"] = list(options.stop)
+        body = prompt.to_openai(model=self._model, **params)
+        body.update(self._extra)
+        return body
+
+    def stream(
+        self, prompt: PromptLike, options: GenerationOptions | None = None
+    ) -> Iterator[StreamEvent]:
+        """Stream a completion (contract in ``BaseBackend.stream``)."""
+        body = self.request_body(prompt, options or GenerationOptions())
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        url = f"{self.base_url}/chat/completions"
+        start = time.perf_counter()
+        state = _StreamState(start_s=start)
+        with open_stream(self._client, url, body=body, headers=headers, retry=self._retry) as resp:
+            for event in iter_sse(resp.iter_lines()):
+                if event.data.strip() == "[DONE]":
+                    break
+                delta = state.feed(_decode(event.data))
+                if delta:
+                    yield StreamEvent(delta)
+        yield StreamEvent("", state.response(self._model))
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._client.close()
+
+
+def _decode(data: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise BackendError(f"endpoint sent a non-JSON stream chunk: {data[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise BackendError(f"endpoint sent a non-object stream chunk: {data[:200]!r}")
+    if "error" in value:
+        raise BackendError(f"endpoint reported an error mid-stream: {value['error']!r}")
+    return value
+
+
+@dataclass(slots=True)
+class _StreamState:
+    """Accumulates Chat Completions chunks into one response."""
+
+    start_s: float
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    finish_reason: str | None = None
+    model: str = ""
+    usage_payload: dict[str, Any] | None = None
+    first_s: float | None = None
+
+    def feed(self, chunk: dict[str, Any]) -> str:
+        self.model = chunk.get("model") or self.model
+        if chunk.get("usage"):
+            self.usage_payload = chunk["usage"]
+        choices = chunk.get("choices") or []
+        if not choices:
+            return ""
+        choice = choices[0]
+        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        delta = choice.get("delta") or {}
+        for item in delta.get("tool_calls") or []:
+            self._mark_first()
+            empty = {"id": "", "name": "", "args": ""}
+            slot = self.calls.setdefault(int(item.get("index", 0)), empty)
+            function = item.get("function") or {}
+            slot["id"] = item.get("id") or slot["id"]
+            slot["name"] += function.get("name") or ""
+            slot["args"] += function.get("arguments") or ""
+        content = delta.get("content") or ""
+        if content:
+            self._mark_first()
+            self.text.append(content)
+        return content
+
+    def _mark_first(self) -> None:
+        if self.first_s is None:
+            self.first_s = time.perf_counter()
+
+    def response(self, requested_model: str) -> ModelResponse:
+        end = time.perf_counter()
+        usage = openai_usage(self.usage_payload) if self.usage_payload else Usage()
+        ttft = None if self.first_s is None else self.first_s - self.start_s
+        rate = None
+        if self.first_s is not None and usage.completion_tokens and end > self.first_s:
+            rate = max(usage.completion_tokens - 1, 0) / (end - self.first_s)
+        usage = _with_timing(usage, ttft, rate)
+        calls = tuple(
+            ToolCall(id=slot["id"] or f"call_{index}", name=slot["name"], arguments=slot["args"])
+            for index, slot in sorted(self.calls.items())
+        )
+        model = self.model or requested_model
+        return ModelResponse(
+            text="".join(self.text),
+            tool_calls=calls,
+            finish_reason=self.finish_reason,
+            usage=usage,
+            cost_usd=estimate_cost(model, usage),
+            model=model,
+        )
+
+
+def _with_timing(usage: Usage, ttft_s: float | None, rate: float | None) -> Usage:
+    return replace(
+        usage,
+        ttft_s=usage.ttft_s if usage.ttft_s is not None else ttft_s,
+        decode_tokens_per_s=usage.decode_tokens_per_s if usage.decode_tokens_per_s else rate,
+    )

