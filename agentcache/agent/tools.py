@@ -1,0 +1,154 @@
+"""Tools from plain Python functions, and running tool calls safely through the tool cache.
+
+Schemas come from the prompt builder's ``tool_spec`` (type hints + Google-style docstrings); this
+module only registers functions, wraps them in ``ToolCache`` and turns every failure (unknown
+tool, bad JSON, wrong arguments, an exception in the tool) into a message for the model.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from agentcache.canonical import canonical_json
+from agentcache.exceptions import AgentCacheError, ConfigError
+from agentcache.prompt.tools import ToolSpec, tool_spec
+
+if TYPE_CHECKING:
+    from agentcache.backends.base import ToolCall
+    from agentcache.cache import ToolCache
+
+__all__ = ["Tool", "ToolOutcome", "ToolRegistry"]
+
+MAX_RESULT_CHARS = 8000
+"""Tool results longer than this are cut (with a note) so one call cannot flood the context."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A registered tool."""
+
+    spec: ToolSpec
+    """Canonical schema (name, description, parameters)."""
+    fn: Callable[..., Any]
+    """The callable that runs (the ``ToolCache`` wrapper when cached)."""
+    is_cached: bool
+    """Results go through the tool cache."""
+
+
+class ToolOutcome(NamedTuple):
+    """The text sent back to the model for one call, and whether it reports an error."""
+
+    content: str
+    is_error: bool
+
+
+class ToolRegistry:
+    """Name -> tool; executes calls and never raises for model mistakes."""
+
+    def __init__(self, tool_cache: ToolCache | None = None) -> None:
+        """Create an empty registry; ``tool_cache`` wraps tools registered with ``cache=True``."""
+        self._tools: dict[str, Tool] = {}
+        self.tool_cache = tool_cache
+
+    def add(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        cache: bool = True,
+        version: str | None = None,
+        ttl_s: float | None = None,
+    ) -> Tool:
+        """Register ``fn`` as a tool.
+
+        Args:
+            fn: Function with type hints and a Google-style docstring.
+            name: Tool name (default: the function name).
+            cache: Run through the tool cache (needs one; ignored without it). Use ``False`` for
+                tools with side effects or with their own cache (retrieval).
+            version: Bump to invalidate cached results when the tool's behaviour changes.
+            ttl_s: Time to live of cached results, seconds.
+
+        Raises:
+            ConfigError: A tool with that name is already registered.
+            PromptError: No JSON Schema can be derived from ``fn``.
+        """
+        spec = tool_spec(fn)
+        if name is not None and name != spec.name:
+            spec = _renamed(spec, name)
+        if spec.name in self._tools:
+            raise ConfigError(f"tool {spec.name!r} is already registered; pick another name=")
+        runner = fn
+        is_cached = cache and self.tool_cache is not None
+        if is_cached:
+            assert self.tool_cache is not None
+            runner = self.tool_cache.wrap(fn, name=spec.name, version=version, ttl_s=ttl_s)
+        tool = Tool(spec=spec, fn=runner, is_cached=is_cached)
+        self._tools[spec.name] = tool
+        return tool
+
+    def extend(self, fns: Iterable[Callable[..., Any]]) -> None:
+        """Register several functions with default options."""
+        for fn in fns:
+            self.add(fn)
+
+    def specs(self) -> list[ToolSpec]:
+        """Every tool's schema (the prompt builder sorts them by name)."""
+        return [tool.spec for tool in self._tools.values()]
+
+    def names(self) -> list[str]:
+        """Registered tool names, sorted."""
+        return sorted(self._tools)
+
+    def run(self, call: ToolCall) -> ToolOutcome:
+        """Execute one tool call; every failure becomes an error message for the model."""
+        tool = self._tools.get(call.name)
+        if tool is None:
+            return ToolOutcome(
+                f"error: unknown tool {call.name!r}; available tools: {', '.join(self.names())}",
+                True,
+            )
+        try:
+            arguments = call.parsed_arguments()
+        except ValueError as exc:
+            return ToolOutcome(
+                f"error: arguments of {call.name!r} are not a JSON object: {exc}", True
+            )
+        problem = _check_arguments(tool.fn, arguments)
+        if problem:
+            return ToolOutcome(f"error: bad arguments for {call.name!r}: {problem}", True)
+        try:
+            result = tool.fn(**arguments)
+        except AgentCacheError:
+            raise  # NOTE: cache/scope misconfiguration is the caller's bug, not the model's.
+        except Exception as exc:  # noqa: BLE001 - any tool failure is reported to the model
+            return ToolOutcome(
+                f"error: tool {call.name!r} raised {type(exc).__name__}: {exc}", True
+            )
+        return ToolOutcome(_to_text(result), False)
+
+
+def _renamed(spec: ToolSpec, name: str) -> ToolSpec:
+    function = spec.openai()["function"]
+    assert isinstance(function, dict), "ToolSpec.openai() holds a function object"
+    return tool_spec({"type": "function", "function": {**function, "name": name}})
+
+
+def _check_arguments(fn: Callable[..., Any], arguments: dict[str, Any]) -> str:
+    try:
+        inspect.signature(fn).bind(**arguments)
+    except TypeError as exc:
+        return str(exc)
+    except ValueError:
+        return ""  # NOTE: no introspectable signature (some builtins): let the call decide.
+    return ""
+
+
+def _to_text(result: Any) -> str:
+    text = result if isinstance(result, str) else canonical_json(result)
+    if len(text) > MAX_RESULT_CHARS:
+        text = text[:MAX_RESULT_CHARS] + f"\n[truncated: {len(text)} characters in total]"
+    return text

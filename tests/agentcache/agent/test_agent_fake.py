@@ -1,0 +1,145 @@
+"""The agent loop on the scripted fake backend: tools, caching, bad calls, step limit, prefixes."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentcache.agent import Agent, AgentConfig, parse_hermes
+from agentcache.agent.parsing import MarkupFilter
+from agentcache.backends import ToolCall
+from agentcache.backends.fake import FakeBackend, prompt_units
+from agentcache.cache import MemoryStore, ToolCache
+from agentcache.exceptions import AgentError
+from agentcache.prompt import Document
+
+CALLS: list[str] = []
+
+
+def get_weather(city: str, unit: str = "C") -> str:
+    """Current weather of a city.
+
+    Args:
+        city: City name.
+        unit: "C" or "F".
+    """
+    CALLS.append(city)
+    return f"{city}: 21{unit}"
+
+
+def broken(x: int) -> int:
+    """Always fails.
+
+    Args:
+        x: Anything.
+    """
+    raise RuntimeError("database down")
+
+
+def make_agent(backend: FakeBackend, **kw: object) -> Agent:
+    CALLS.clear()
+    return Agent(
+        backend,
+        system="You are a weather bot.",
+        tools=[get_weather, broken],
+        documents=[Document("d1", "Paris is in France.")],
+        tool_cache=ToolCache(MemoryStore()),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_tool_round_then_answer_with_append_only_history() -> None:
+    backend = FakeBackend(
+        [ToolCall("c1", "get_weather", '{"city": "Paris"}'), "It is 21C in Paris."]
+    )
+    agent = make_agent(backend)
+    streamed: list[str] = []
+    result = agent.run("Weather in Paris?", on_text=streamed.append)
+    assert result.output == "It is 21C in Paris." == "".join(streamed)
+    assert result.finish_reason == "stop" and CALLS == ["Paris"]
+    roles = [m["role"] for m in agent.history]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert agent.history[2] == {"role": "tool", "tool_call_id": "c1", "content": "Paris: 21C"}
+    # Append-only: the second model call's prompt extends the first one unit for unit.
+    first, second = (prompt_units(p) for p in backend.prompts)
+    assert second[: len(first)] == first
+    assert result.usages[1].cached_tokens == len(first)
+
+
+def test_repeated_tool_call_is_served_from_the_tool_cache() -> None:
+    call = ToolCall("c1", "get_weather", '{"city": "Oslo"}')
+    backend = FakeBackend([call, "cold", ToolCall("c2", "get_weather", '{"city":"Oslo"}'), "still"])
+    agent = make_agent(backend)
+    first = agent.run("Oslo?")
+    second = agent.run("Oslo again?")
+    assert CALLS == ["Oslo"]
+    assert first.tool_cache_stats is not None and first.tool_cache_stats.misses == 1
+    assert second.tool_cache_stats is not None and second.tool_cache_stats.hits == 1
+    assert agent.history[-2]["content"] == "Oslo: 21C"
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (ToolCall("c", "nope", "{}"), "unknown tool 'nope'; available tools: broken, get_weather"),
+        (ToolCall("c", "get_weather", '{"city": '), "are not a JSON object"),
+        (ToolCall("c", "get_weather", '{"town": "X"}'), "bad arguments for 'get_weather'"),
+        (ToolCall("c", "broken", '{"x": 1}'), "raised RuntimeError: database down"),
+    ],
+)
+def test_model_mistakes_become_messages_not_crashes(call: ToolCall, expected: str) -> None:
+    agent = make_agent(FakeBackend([call, "sorry"]))
+    result = agent.run("go")
+    assert result.output == "sorry"
+    assert expected in agent.history[2]["content"] and result.steps[0].outcomes[0].is_error
+
+
+def test_malformed_hermes_call_is_reported_back_to_the_model() -> None:
+    bad = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>'
+    turns = [bad, ToolCall("c", "get_weather", '{"city": "Rome"}'), "ok"]
+    backend = FakeBackend(turns, tool_call_format="hermes")
+    agent = make_agent(backend)
+    streamed: list[str] = []
+    result = agent.run("Rome?", on_text=streamed.append)
+    assert result.output == "ok" and CALLS == ["Rome"]
+    assert agent.history[1] == {"role": "assistant", "content": bad}
+    assert (
+        agent.history[2]["role"] == "user"
+        and "could not parse tool call" in agent.history[2]["content"]
+    )
+    assert agent.history[3]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert "<tool_call>" not in "".join(streamed)
+
+
+def test_step_limit_raises_or_returns() -> None:
+    loop = [ToolCall(f"c{i}", "get_weather", '{"city": "A"}') for i in range(3)]
+    with pytest.raises(AgentError, match="max_steps=2"):
+        make_agent(FakeBackend(loop), config=AgentConfig(max_steps=2)).run("x")
+    soft = make_agent(FakeBackend(loop), config=AgentConfig(max_steps=2, raise_on_step_limit=False))
+    result = soft.run("x")
+    assert result.finish_reason == "max_steps" and len(result.steps) == 2
+
+
+def test_planner_calls_run_through_the_same_path_and_cache() -> None:
+    backend = FakeBackend(["answer one", "answer two"])
+    agent = make_agent(backend, planner=lambda text: [("get_weather", {"city": text})])
+    agent.run("Lima")
+    second = agent.run("Lima")
+    assert CALLS == ["Lima"] and second.tool_cache_stats is not None
+    assert second.tool_cache_stats.hits == 1
+    ids = [m["tool_calls"][0]["id"] for m in agent.history if m.get("tool_calls")]
+    assert ids == ["call_0", "call_1"]
+    first_prompt, second_prompt = (prompt_units(p) for p in backend.prompts)
+    assert second_prompt[: len(first_prompt)] == first_prompt
+
+
+def test_parse_hermes_and_markup_filter() -> None:
+    text = 'Let me check.<tool_call>{"name": "f", "arguments": {"b": 1, "a": 2}}</tool_call>'
+    parsed = parse_hermes(text)
+    assert parsed.content == "Let me check." and parsed.calls[0].arguments == '{"a":2,"b":1}'
+    assert parse_hermes("<tool_call>[1]</tool_call>").errors
+    assert parse_hermes('<tool_call>{"name": "f", "arguments": {}}').calls[0].name == "f"
+    markup = MarkupFilter()
+    shown = [markup.feed(p) for p in ["Hi <to", "ol_call>{", "}</tool_call>"]]
+    assert "".join(shown) + markup.flush() == "Hi "
+    plain = MarkupFilter()
+    assert plain.feed("a <t") + plain.feed("able>") + plain.flush() == "a <table>"
