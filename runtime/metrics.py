@@ -1,0 +1,117 @@
+"""Prometheus metrics of the HTTP server, in a per-app ``CollectorRegistry``.
+
+Per-request counters and histograms are fed by the server; prefix-cache figures are read from
+``engine.cache_stats()`` at scrape time (the engine keeps the totals). Names follow vLLM/SGLang
+(prompt/cached tokens, prefix cache queries/hits, TTFT, TPOT, running/waiting requests) under
+the ``agentcache_`` prefix. It knows no HTTP and no tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from runtime.outputs import CacheStats, Completion
+
+__all__ = ["CONTENT_TYPE", "Outcome", "ServerMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PREFIX = "agentcache"
+Outcome = Literal[
+    "stop", "length", "tool_calls", "cancelled", "invalid", "unauthorized", "rejected", "error"
+]
+# Bucket edges (seconds) as in vLLM's TTFT / TPOT histograms, trimmed to a CPU runtime's range.
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+
+
+class _CacheCollector(Collector):
+    """Reads the engine's cumulative prefix-cache counters on every scrape."""
+
+    def __init__(self, read: Callable[[], CacheStats]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._read()
+        yield _counter("prefix_cache_queries", "Prompt tokens looked up", stats.queried_tokens)
+        yield _counter("prefix_cache_hits", "Prompt tokens served from cache", stats.hit_tokens)
+        yield _counter("prefix_cache_evictions", "KV blocks evicted", stats.num_evictions)
+        yield _gauge("prefix_cache_hit_rate", "Hit tokens / queried tokens", stats.hit_rate)
+        yield _gauge("kv_cache_bytes_used", "Bytes of cached KV blocks", stats.bytes_used)
+        yield _gauge("kv_cache_bytes_total", "KV pool byte budget", stats.bytes_total)
+        yield _gauge("kv_cache_blocks_used", "KV blocks holding tokens", stats.num_blocks_used)
+        yield _gauge("kv_cache_blocks_total", "KV blocks in the pool", stats.num_blocks_total)
+        usage = stats.bytes_used / stats.bytes_total if stats.bytes_total else 0.0
+        yield _gauge("kv_cache_usage_perc", "KV pool fraction in use (0-1)", usage)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+class ServerMetrics:
+    """All metrics of one app; each instance owns its own registry (never the global one).
+
+    Args:
+        read_cache_stats: returns the engine's current ``CacheStats``; called per scrape.
+        read_queue: returns ``(num_running, num_waiting)`` requests; called per scrape.
+    """
+
+    def __init__(
+        self,
+        read_cache_stats: Callable[[], CacheStats],
+        read_queue: Callable[[], tuple[int, int]],
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens", registry=reg)
+        self.cached_tokens = Counter(
+            f"{PREFIX}_cached_tokens", "Prompt tokens served from the prefix cache", registry=reg
+        )
+        self.generation_tokens = Counter(
+            f"{PREFIX}_generation_tokens", "Generated tokens", registry=reg
+        )
+        self.outcomes = Counter(
+            f"{PREFIX}_request_outcomes", "Finished requests by outcome", ["outcome"], registry=reg
+        )
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds", "TTFT", buckets=_TTFT_BUCKETS, registry=reg
+        )
+        self.tpot = Histogram(
+            f"{PREFIX}_time_per_output_token_seconds",
+            "Decode time per output token after the first (TPOT)",
+            buckets=_TPOT_BUCKETS,
+            registry=reg,
+        )
+        running = Gauge(f"{PREFIX}_num_requests_running", "Requests admitted", registry=reg)
+        waiting = Gauge(f"{PREFIX}_num_requests_waiting", "Requests queued", registry=reg)
+        running.set_function(lambda: float(read_queue()[0]))
+        waiting.set_function(lambda: float(read_queue()[1]))
+        reg.register(_CacheCollector(read_cache_stats))
+
+    def observe_completion(self, completion: Completion, outcome: Outcome) -> None:
+        """Count one finished request's tokens and timings."""
+        usage, timing = completion.usage, completion.metrics
+        self.prompt_tokens.inc(usage.prompt_tokens)
+        self.cached_tokens.inc(usage.cached_tokens)
+        self.generation_tokens.inc(usage.completion_tokens)
+        self.ttft.observe(timing.ttft_s)
+        if timing.decode_tokens_per_s > 0:
+            self.tpot.observe(1.0 / timing.decode_tokens_per_s)
+        self.outcomes.labels(outcome=outcome).inc()
+
+    def count(self, outcome: Outcome) -> None:
+        """Count a request that ended without a completion (cancelled, rejected, invalid)."""
+        self.outcomes.labels(outcome=outcome).inc()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this registry (reads the engine; may block)."""
+        return generate_latest(self.registry)

@@ -1,0 +1,250 @@
+"""OpenAI wire format for the server: request models, error bodies and response/chunk builders.
+
+Validates ``/v1/chat/completions`` and ``/v1/completions`` bodies (pydantic) and builds the
+JSON the official ``openai`` client expects. It knows field names and shapes only; it never
+calls the engine, and it does not know HTTP routing or tenants.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from runtime.outputs import Usage
+from runtime.tool_parser import ParsedToolCall
+
+__all__ = [
+    "ApiError",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "StreamOptions",
+    "ToolSpec",
+    "error_body",
+    "usage_dict",
+    "validation_error",
+]
+
+# Function names as OpenAI accepts them (a-z, A-Z, 0-9, underscores and dashes, max 64).
+_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+ErrorType = Literal[
+    "invalid_request_error", "authentication_error", "not_found_error", "server_error"
+]
+
+
+class ApiError(Exception):
+    """An error to answer with an OpenAI-style body ``{"error": {...}}`` and an HTTP status."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        type: ErrorType = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def error_body(
+    message: str, *, type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """Build the OpenAI error object (same four keys on every error)."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def validation_error(exc: ValidationError) -> ApiError:
+    """Turn a pydantic error into a 400 naming the first offending field (dotted path)."""
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first["loc"]) or None
+    message = f"{param}: {first['msg']}" if param else str(first["msg"])
+    return ApiError(400, message, param=param, code="invalid_value")
+
+
+class _Lenient(BaseModel):
+    # NOTE: clients send fields we do not use (user, metadata, prompt_cache_key, ...): ignore them.
+    model_config = ConfigDict(extra="ignore")
+
+
+class FunctionSpec(_Lenient):
+    """``tools[i].function``: a callable the model may name."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _FUNCTION_NAME.match(value):
+            raise ValueError(f"function name {value!r} must match ^[A-Za-z0-9_-]{{1,64}}$")
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _check_parameters(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type", "object") != "object":
+            raise ValueError("parameters must be a JSON Schema with type 'object'")
+        props = (value or {}).get("properties", {})
+        if not isinstance(props, dict):
+            raise ValueError("parameters.properties must be an object")
+        return value
+
+
+class ToolSpec(_Lenient):
+    """One entry of ``tools``: only ``{"type": "function", "function": {...}}`` exists."""
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class ChatMessage(_Lenient):
+    """One chat message; ``content`` may be a string or a list of text parts."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _only_text_parts(
+        cls, value: str | list[dict[str, Any]] | None
+    ) -> str | list[dict[str, Any]] | None:
+        if isinstance(value, list):
+            for part in value:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError("only text content parts are supported")
+        return value
+
+    def to_template(self) -> dict[str, Any]:
+        """The message as the chat template expects it (text parts joined, developer=system)."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part["text"] for part in content)
+        out: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": content or "",
+        }
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+class StreamOptions(_Lenient):
+    """``stream_options``: ``include_usage`` adds a last chunk with usage and no choices."""
+
+    include_usage: bool = False
+
+
+class _SamplingFields(_Lenient):
+    model: str
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """Per-tenant prefix-cache namespace (vLLM's field); combined with the API key server-side."""
+
+    def stop_list(self) -> list[str]:
+        """``stop`` as a list (OpenAI accepts one string or a list)."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        """True when the client asked for a final usage chunk."""
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """Body of ``POST /v1/chat/completions`` (the subset this runtime serves)."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    logprobs: Literal[False] | None = None
+
+    def effective_max_tokens(self) -> int | None:
+        """``max_completion_tokens`` (current name) or the legacy ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+    def tools_for_template(self) -> list[dict[str, Any]] | None:
+        """Tools as plain dicts for the chat template, or None."""
+        if not self.tools:
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in self.tools]
+
+    def named_tool_choice(self) -> str | None:
+        """The function name of a ``{"type": "function", "function": {"name": ...}}`` choice."""
+        if isinstance(self.tool_choice, dict):
+            name = self.tool_choice.get("function", {}).get("name")
+            return name if isinstance(name, str) else ""
+        return None
+
+
+class CompletionRequest(_SamplingFields):
+    """Body of ``POST /v1/completions``: one prompt, as text or token ids."""
+
+    prompt: (
+        str
+        | Annotated[list[int], Field(min_length=1)]
+        | Annotated[list[str], Field(min_length=1, max_length=1)]
+    )
+    echo: Literal[False] = False
+    logprobs: None = None
+    suffix: None = None
+
+    def prompt_value(self) -> str | list[int]:
+        """The single prompt (a one-element list of strings is unwrapped)."""
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            return str(self.prompt[0])
+        return self.prompt  # type: ignore[return-value]
+
+
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    """OpenAI ``usage`` with ``prompt_tokens_details.cached_tokens``."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def tool_call_dicts(calls: list[ParsedToolCall], id_prefix: str) -> list[dict[str, Any]]:
+    """Calls in the OpenAI message shape, with ids ``call_<request>_<i>`` unique per response."""
+    return [
+        {
+            "index": i,
+            "id": f"call_{id_prefix}_{i}",
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for i, call in enumerate(calls)
+    ]

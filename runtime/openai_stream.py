@@ -1,0 +1,150 @@
+"""Response bodies: the final JSON of a request and its SSE chunk stream (chat and completions).
+
+Builds ``chat.completion`` / ``text_completion`` objects and ``data: {...}`` events in the shape
+the official ``openai`` client parses, splitting tool calls out of the text. It knows the plan
+and the engine call it reads from; it never validates input or decides admission.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from runtime.engine_call import EngineCall
+from runtime.openai_protocol import error_body, tool_call_dicts, usage_dict
+from runtime.outputs import Completion, StreamDelta
+from runtime.request_plan import RequestPlan
+from runtime.tool_parser import ParsedToolCall
+
+__all__ = ["ChoiceStream", "final_json"]
+
+_log = logging.getLogger(__name__)
+DONE = "data: [DONE]\n\n"
+
+
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _head(plan: RequestPlan, *, chunk: bool) -> dict[str, Any]:
+    kinds = {"chat": "chat.completion", "completion": "text_completion"}
+    kind = kinds[plan.kind] + (".chunk" if chunk and plan.kind == "chat" else "")
+    return {"id": plan.id, "object": kind, "created": plan.created, "model": plan.model}
+
+
+def final_json(plan: RequestPlan, completion: Completion) -> dict[str, Any]:
+    """The non-streaming response body for a finished request."""
+    body = _head(plan, chunk=False)
+    finish: str = completion.finish_reason
+    if plan.kind == "completion":
+        choice: dict[str, Any] = {"index": 0, "text": completion.text, "logprobs": None}
+    else:
+        content, calls = completion.text, list[ParsedToolCall]()
+        if plan.parser is not None:
+            content, calls = plan.parser.parse(completion.text)
+        message: dict[str, Any] = {"role": "assistant", "content": content or None}
+        if calls:
+            plan.has_tool_calls = True
+            finish = "tool_calls"
+            message["tool_calls"] = tool_call_dicts(calls, plan.id)
+            for call in message["tool_calls"]:
+                del call["index"]
+        else:
+            message["content"] = content
+        choice = {"index": 0, "message": message, "logprobs": None}
+    choice["finish_reason"] = finish
+    body["choices"] = [choice]
+    body["usage"] = usage_dict(completion.usage)
+    return body
+
+
+class ChoiceStream:
+    """SSE events of one streaming request, starting from its first engine delta.
+
+    With a tool parser, text is streamed only up to a possible ``<tool_call>`` tag; the rest is
+    held and parsed when the request finishes (calls are then sent whole, one chunk).
+    """
+
+    def __init__(self, plan: RequestPlan, call: EngineCall, first: StreamDelta | None) -> None:
+        self._plan = plan
+        self._call = call
+        self._first = first
+        self._text = ""
+        self._sent = 0
+
+    def _chunk(
+        self, *, text: str | None = None, extra: dict[str, Any] | None = None, finish: str | None
+    ) -> str:
+        body = _head(self._plan, chunk=True)
+        if self._plan.kind == "chat":
+            delta: dict[str, Any] = dict(extra or {})
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text or ""}
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish
+        body["choices"] = [choice]
+        if self._plan.include_usage:
+            body["usage"] = None
+        return _event(body)
+
+    def _feed(self, text: str) -> str:
+        """Add new text; return the part that can be sent as content now."""
+        self._text += text
+        parser = self._plan.parser
+        safe = len(self._text) if parser is None else parser.safe_prefix_len(self._text)
+        out = self._text[self._sent : max(safe, self._sent)]
+        self._sent += len(out)
+        return out
+
+    def _finish(self, completion: Completion) -> list[str]:
+        """Events after the last delta: held text, tool calls, finish and usage chunks."""
+        events: list[str] = []
+        rest = self._text[self._sent :]
+        finish: str = completion.finish_reason
+        if self._plan.parser is not None and rest:
+            rest, calls = self._plan.parser.parse(rest)
+            if calls:
+                self._plan.has_tool_calls = True
+                finish = "tool_calls"
+                if rest:
+                    events.append(self._chunk(text=rest, finish=None))
+                rest = ""
+                extra = {"tool_calls": tool_call_dicts(calls, self._plan.id)}
+                events.append(self._chunk(extra=extra, finish=None))
+        if rest:
+            events.append(self._chunk(text=rest, finish=None))
+        events.append(self._chunk(text=None if self._plan.kind == "chat" else "", finish=finish))
+        if self._plan.include_usage:
+            usage = _head(self._plan, chunk=True)
+            usage["choices"] = []
+            usage["usage"] = usage_dict(completion.usage)
+            events.append(_event(usage))
+        return events
+
+    async def events(self) -> AsyncIterator[str]:
+        """Yield ``data: ...`` events, ending with ``data: [DONE]``."""
+        if self._plan.kind == "chat":
+            yield self._chunk(text="", extra={"role": "assistant"}, finish=None)
+        try:
+            delta = self._first
+            while delta is not None:
+                out = self._feed(delta.text)
+                if out:
+                    yield self._chunk(text=out, finish=None)
+                if delta.completion is not None:
+                    break
+                delta = await self._call.next()
+            if self._call.completion is None:
+                raise RuntimeError("engine stream ended without a completion")
+            for event in self._finish(self._call.completion):
+                yield event
+        except Exception as exc:  # the engine failed mid-stream: tell the client, keep serving
+            _log.exception("stream %s failed", self._plan.id)
+            self._plan.is_failed = True
+            yield _event(error_body(f"generation failed: {exc}", type="server_error"))
+        yield DONE

@@ -1,0 +1,212 @@
+"""Turn a validated OpenAI request into a ``RequestPlan``: prompt, sampling params, namespace.
+
+Renders chat messages and tools through the model's chat template (in a worker thread), checks
+lengths against the context window and picks the tool-call parser. It knows the engine's serving
+methods only through the server; it never streams, answers HTTP or touches the cache.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Literal
+
+from anyio.to_thread import run_sync
+from jinja2 import TemplateError
+
+from runtime.exceptions import InvalidRequestError
+from runtime.openai_protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from runtime.sampling import SamplingParams
+from runtime.tool_parser import ToolCallParser, detect_tool_parser
+
+if TYPE_CHECKING:
+    from runtime.server import ServingEngine
+
+__all__ = ["RequestPlan", "chat_plan", "completion_plan"]
+
+
+@dataclass(slots=True)
+class RequestPlan:
+    """Everything needed to run and answer one request."""
+
+    kind: Literal["chat", "completion"]
+    id: str
+    created: int
+    """Unix seconds (the ``created`` field)."""
+    model: str
+    prompt: str | list[int]
+    params: SamplingParams
+    cache_salt: str | None
+    """The engine namespace derived from the API key and the client's ``cache_salt``."""
+    stream: bool
+    include_usage: bool
+    parser: ToolCallParser | None
+    """Set when the request has tools, tool_choice is not "none" and the template has a format."""
+    prompt_param: str
+    """Request field blamed for an over-long prompt (``messages`` or ``prompt``)."""
+    has_tool_calls: bool = False
+    is_failed: bool = False
+    """True once an error answer was chosen (so a close is not counted as a cancel)."""
+
+
+def _new_plan(
+    kind: Literal["chat", "completion"],
+    req: ChatCompletionRequest | CompletionRequest,
+    prompt: str | list[int],
+    params: SamplingParams,
+    cache_salt: str | None,
+    parser: ToolCallParser | None,
+) -> RequestPlan:
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    return RequestPlan(
+        kind=kind,
+        id=f"{prefix}-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=req.model,
+        prompt=prompt,
+        params=params,
+        cache_salt=cache_salt,
+        stream=req.stream,
+        include_usage=req.include_usage,
+        parser=parser,
+        prompt_param="messages" if kind == "chat" else "prompt",
+    )
+
+
+def sampling_params(
+    engine: ServingEngine,
+    req: ChatCompletionRequest | CompletionRequest,
+    *,
+    max_tokens: int | None,
+    prompt_len: int | None,
+    default_max_tokens: int,
+) -> SamplingParams:
+    """Sampling parameters with OpenAI defaults (temperature 1, top_p 1).
+
+    Raises:
+        ApiError: 400 when prompt + ``max_tokens`` exceed the context, or a value is invalid.
+    """
+    limit = engine.max_context_len
+    if max_tokens is None:
+        max_tokens = max(1, min(default_max_tokens, limit - (prompt_len or 0)))
+    elif prompt_len is not None and prompt_len + max_tokens > limit:
+        raise ApiError(
+            400,
+            f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
+            f"context of {limit} tokens; lower max_tokens or shorten the prompt",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+            seed=req.seed,
+            stop=req.stop_list(),
+        )
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc), code="invalid_value") from exc
+
+
+def _check_prompt_len(num_tokens: int, limit: int, param: str) -> None:
+    if num_tokens >= limit:
+        raise ApiError(
+            400,
+            f"prompt has {num_tokens} tokens; the model's context is {limit} tokens "
+            "(prompt + at least one generated token must fit)",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def _tool_parser(engine: ServingEngine, req: ChatCompletionRequest) -> ToolCallParser | None:
+    names = {tool.function.name for tool in req.tools or []}
+    if len(names) != len(req.tools or []):
+        raise ApiError(400, "tool names must be unique", param="tools", code="invalid_value")
+    chosen = req.named_tool_choice()
+    if not names and (req.tool_choice == "required" or chosen is not None):
+        raise ApiError(400, "tool_choice needs tools", param="tool_choice", code="invalid_value")
+    if chosen is not None and chosen not in names:
+        raise ApiError(
+            400,
+            f"tool_choice names {chosen!r}, which is not in tools {sorted(names)!r}",
+            param="tool_choice",
+            code="invalid_value",
+        )
+    if not names or req.tool_choice == "none":
+        return None
+    return detect_tool_parser(getattr(engine.tokenizer, "chat_template", None))
+
+
+async def chat_plan(
+    engine: ServingEngine,
+    req: ChatCompletionRequest,
+    cache_salt: str | None,
+    *,
+    default_max_tokens: int,
+) -> RequestPlan:
+    """Render the chat through the template and plan it.
+
+    NOTE: tools stay in the prompt even with ``tool_choice="none"`` (masking, not removing,
+    keeps the prefix cacheable); "required" and named choices are not enforced by decoding.
+
+    Raises:
+        ApiError: 400 for messages the template rejects, an over-long prompt or bad tools.
+    """
+    parser = _tool_parser(engine, req)
+    messages = [message.to_template() for message in req.messages]
+    render = partial(engine.render_chat, messages, tools=req.tools_for_template())
+    try:
+        ids = await run_sync(render)
+    except (TemplateError, ValueError, TypeError, KeyError) as exc:
+        raise ApiError(
+            400,
+            f"the chat template cannot render these messages: {exc}",
+            param="messages",
+            code="invalid_messages",
+        ) from exc
+    _check_prompt_len(len(ids), engine.max_context_len, "messages")
+    params = sampling_params(
+        engine,
+        req,
+        max_tokens=req.effective_max_tokens(),
+        prompt_len=len(ids),
+        default_max_tokens=default_max_tokens,
+    )
+    return _new_plan("chat", req, ids, params, cache_salt, parser)
+
+
+def completion_plan(
+    engine: ServingEngine,
+    req: CompletionRequest,
+    cache_salt: str | None,
+    *,
+    default_max_tokens: int,
+) -> RequestPlan:
+    """Plan a text completion (text prompts are tokenized by the engine).
+
+    Raises:
+        ApiError: 400 for token ids outside the vocabulary or an over-long prompt.
+    """
+    prompt = req.prompt_value()
+    prompt_len: int | None = None
+    if isinstance(prompt, list):
+        vocab_size = len(engine.tokenizer)
+        if any(not 0 <= tok < vocab_size for tok in prompt):
+            raise ApiError(
+                400, f"token ids must be in [0, {vocab_size})", param="prompt", code="invalid_value"
+            )
+        prompt_len = len(prompt)
+        _check_prompt_len(prompt_len, engine.max_context_len, "prompt")
+    params = sampling_params(
+        engine,
+        req,
+        max_tokens=req.max_tokens,
+        prompt_len=prompt_len,
+        default_max_tokens=default_max_tokens,
+    )
+    return _new_plan("completion", req, prompt, params, cache_salt, None)

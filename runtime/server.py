@@ -1,0 +1,349 @@
+"""OpenAI-compatible HTTP front-end over an Engine (FastAPI): chat, completions, models, metrics.
+
+Thin by design: it validates bodies, maps the API key and ``cache_salt`` to a private prefix
+cache namespace, admits a bounded number of requests, runs every blocking engine call in worker
+threads and turns deltas into JSON or SSE. Scheduling, batching and caching live in the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+import anyio
+from anyio.to_thread import run_sync
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.types import Receive, Scope, Send
+
+from runtime.admission import Admission, AdmissionFullError
+from runtime.engine_call import EngineCall
+from runtime.exceptions import InvalidRequestError, PromptTooLongError
+from runtime.metrics import CONTENT_TYPE, ServerMetrics
+from runtime.openai_protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    error_body,
+    validation_error,
+)
+from runtime.openai_stream import ChoiceStream, final_json
+from runtime.outputs import CacheStats, Completion, StreamDelta
+from runtime.request_plan import RequestPlan, chat_plan, completion_plan
+from runtime.sampling import SamplingParams
+
+__all__ = ["ServingEngine", "create_app", "run_cli", "tenant_salt"]
+
+_SALT_DOMAIN = b"agentcache.runtime.tenant.v1"
+
+
+class ServingEngine(Protocol):
+    """What the server needs from ``runtime.Engine`` (a fake engine can stand in for tests)."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def max_context_len(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]: ...
+
+    def stream(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        cache_salt: str | None = None,
+    ) -> Iterator[StreamDelta]: ...
+
+    def cache_stats(self) -> CacheStats: ...
+
+
+def tenant_salt(api_key: str | None, cache_salt: str | None) -> str | None:
+    """The engine's ``cache_salt`` for a request: a hash of the caller's key and its salt.
+
+    The key and the client's ``cache_salt`` are framed (length-prefixed) and hashed together
+    with SHA-256, so the same ``cache_salt`` sent with two keys gives two namespaces, and no key
+    can name another key's namespace. Returns None (the shared namespace) when both are None.
+    """
+    if api_key is None and cache_salt is None:
+        return None
+    digest = hashlib.sha256(_SALT_DOMAIN)
+    for part in (api_key, cache_salt):
+        raw = b"\xff" if part is None else b"\x00" + part.encode()
+        digest.update(len(raw).to_bytes(8, "big") + raw)
+    return digest.hexdigest()
+
+
+class _SSEResponse(StreamingResponse):
+    """A streaming response that always closes its engine call, even if never iterated."""
+
+    def __init__(self, content: AsyncIterator[str], call: EngineCall) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self._call = call
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._call.aclose()
+
+
+class _Server:
+    """State and handlers of one app."""
+
+    def __init__(
+        self,
+        engine: ServingEngine,
+        *,
+        api_keys: Sequence[str],
+        max_concurrency: int,
+        max_queue: int,
+    ) -> None:
+        self.engine = engine
+        self.api_keys = [key.encode() for key in api_keys]
+        self.admission = Admission(max_running=max_concurrency, max_waiting=max_queue)
+        self.limiter = anyio.CapacityLimiter(max_concurrency)
+        self.metrics = ServerMetrics(engine.cache_stats, self.admission.snapshot)
+
+    def authorize(self, request: Request) -> str | None:
+        """The bearer token of the request; with keys configured it must be one of them."""
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        key = token.strip() if scheme.lower() == "bearer" and token.strip() else None
+        if self.api_keys and (
+            key is None or not any(hmac.compare_digest(key.encode(), k) for k in self.api_keys)
+        ):
+            self.metrics.count("unauthorized")
+            raise ApiError(
+                401,
+                "invalid or missing API key",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+        return key
+
+    async def parse(self, request: Request, model: type[BaseModel]) -> Any:
+        """Read and validate a JSON body.
+
+        Raises:
+            ApiError: 400 on malformed JSON or invalid fields, 404 on an unknown model.
+        """
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(
+                400, f"request body is not valid JSON: {exc}", code="invalid_json"
+            ) from exc
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+        try:
+            parsed = model.model_validate(body)
+        except ValidationError as exc:
+            raise validation_error(exc) from exc
+        if parsed.model != self.engine.model_id:  # type: ignore[attr-defined]
+            raise ApiError(
+                404,
+                f"model {parsed.model!r} does not exist; this server serves "  # type: ignore[attr-defined]
+                f"{self.engine.model_id!r}",
+                type="not_found_error",
+                param="model",
+                code="model_not_found",
+            )
+        return parsed
+
+    async def serve(self, request: Request, plan: RequestPlan) -> Response:
+        """Admit, run and answer one planned request (JSON or SSE)."""
+        call = EngineCall(
+            lambda: self.engine.stream(plan.prompt, plan.params, cache_salt=plan.cache_salt),
+            admission=self.admission,
+            limiter=self.limiter,
+            on_close=lambda completion: self._record(completion, plan),
+        )
+        is_handed_off = False
+        try:
+            first = await _unless_disconnected(request, call.start)
+            if plan.stream:
+                stream = ChoiceStream(plan, call, first)
+                is_handed_off = True
+                return _SSEResponse(stream.events(), call)
+            completion = await _unless_disconnected(request, lambda: call.drain(first))
+            return JSONResponse(final_json(plan, completion))
+        except _Disconnected:
+            return Response(status_code=499)
+        except AdmissionFullError as exc:
+            plan.is_failed = True
+            self.metrics.count("rejected")
+            raise ApiError(429, str(exc), type="server_error", code="server_busy") from exc
+        except PromptTooLongError as exc:
+            plan.is_failed = True
+            raise ApiError(
+                400, str(exc), param=plan.prompt_param, code="context_length_exceeded"
+            ) from exc
+        except InvalidRequestError as exc:
+            plan.is_failed = True
+            raise ApiError(400, str(exc), code="invalid_value") from exc
+        finally:
+            if not is_handed_off:
+                await call.aclose()
+
+    def _record(self, completion: Completion | None, plan: RequestPlan) -> None:
+        if completion is None:
+            if not plan.is_failed:
+                self.metrics.count("cancelled")
+            return
+        outcome = "tool_calls" if plan.has_tool_calls else completion.finish_reason
+        self.metrics.observe_completion(completion, outcome)
+
+
+class _Disconnected(Exception):
+    """The client went away before the response started."""
+
+
+async def _unless_disconnected(request: Request, work: Callable[[], Any]) -> Any:
+    """Run ``work()``; cancel it (after the current engine step) if the client disconnects."""
+    result: list[Any] = []
+    errors: list[BaseException] = []
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(watch, group.cancel_scope)
+        try:
+            result.append(await work())
+        except Exception as exc:  # re-raised below, outside the task group
+            errors.append(exc)
+        group.cancel_scope.cancel()
+    if errors:
+        raise errors[0]
+    if not result:
+        raise _Disconnected()
+    return result[0]
+
+
+def create_app(
+    engine: ServingEngine,
+    *,
+    api_key: str | Sequence[str] | None = None,
+    max_concurrency: int = 16,
+    max_queue: int = 256,
+    default_max_tokens: int = 256,
+) -> FastAPI:
+    """Build the FastAPI app serving ``engine``.
+
+    Args:
+        engine: the loaded engine (``runtime.Engine`` or anything with its serving methods).
+        api_key: one key or several; when set, every ``/v1`` call needs ``Bearer <key>``
+            (else 401). Each key is its own prefix-cache tenant.
+        max_concurrency: requests running in the engine at once; also the worker-thread pool.
+        max_queue: requests waiting for a slot; beyond it the server answers 429 at once.
+        default_max_tokens: ``max_tokens`` when a request gives none (capped by the context).
+
+    Returns:
+        The app; ``app.state.server`` holds the admission counters and metrics.
+    """
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+    server = _Server(
+        engine,
+        api_keys=keys,
+        max_concurrency=max_concurrency,
+        max_queue=max_queue,
+    )
+    app = FastAPI(title="agentcache runtime", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError), f"unexpected {type(exc).__name__}"
+        if exc.status_code == 400:
+            server.metrics.count("invalid")
+        return JSONResponse(exc.body(), status_code=exc.status_code)
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        status = int(getattr(exc, "status_code", 500))
+        detail = str(getattr(exc, "detail", "error"))
+        return JSONResponse(error_body(detail, type="invalid_request_error"), status_code=status)
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(404, on_http_error)
+    app.add_exception_handler(405, on_http_error)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        key = server.authorize(request)
+        req = await server.parse(request, ChatCompletionRequest)
+        salt = tenant_salt(key, req.cache_salt)
+        plan = await chat_plan(engine, req, salt, default_max_tokens=default_max_tokens)
+        return await server.serve(request, plan)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        key = server.authorize(request)
+        req = await server.parse(request, CompletionRequest)
+        salt = tenant_salt(key, req.cache_salt)
+        plan = completion_plan(engine, req, salt, default_max_tokens=default_max_tokens)
+        return await server.serve(request, plan)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        server.authorize(request)
+        card = {"id": engine.model_id, "object": "model", "created": 0, "owned_by": "agentcache"}
+        card["max_model_len"] = engine.max_context_len
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        running, waiting = server.admission.snapshot()
+        return JSONResponse({"status": "ok", "running": running, "waiting": waiting})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(await run_sync(server.metrics.render), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``agentcache serve``: load the engine and serve until interrupted.
+
+    Returns:
+        0 after a clean shutdown, 2 when the model cannot be loaded.
+    """
+    import uvicorn
+
+    from runtime.engine import Engine
+    from runtime.exceptions import ModelLoadError
+
+    try:
+        from runtime.models import resolve_model
+
+        model = str(resolve_model(args.model))
+    except (ImportError, ModelLoadError, ValueError, KeyError):
+        model = args.model
+    kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}
+    if args.kv_cache_bytes is not None:
+        kwargs["kv_cache_bytes"] = args.kv_cache_bytes
+    try:
+        engine = Engine.from_pretrained(model, **kwargs)
+    except ModelLoadError as exc:
+        print(f"agentcache serve: cannot load {args.model!r}: {exc}")
+        return 2
+    app = create_app(engine, api_key=args.api_key)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0

@@ -1,0 +1,136 @@
+"""A scripted stand-in for ``runtime.Engine`` so server tests run without a model.
+
+Characters are tokens; the output is a fixed list of text pieces; ``cached_tokens`` is the longest
+common prefix with an earlier prompt of the same ``cache_salt`` (so tenant isolation is visible).
+It counts open streams, the fake's equivalent of pinned blocks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from runtime.exceptions import InvalidRequestError, PromptTooLongError
+from runtime.outputs import CacheStats, Completion, FinishReason, Metrics, StreamDelta, Usage
+from runtime.sampling import SamplingParams
+
+HERMES_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %} ... <tool_call> ..."
+
+
+class CharTokenizer:
+    """One token per character (code point), with a Hermes-style template marker."""
+
+    chat_template = HERMES_TEMPLATE
+
+    def __len__(self) -> int:
+        return 0x110000
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+
+class ScriptedEngine:
+    """Streams ``script`` pieces (one per token) for every request."""
+
+    model_id = "fake-model"
+
+    def __init__(
+        self, script: list[str] | None = None, *, max_context_len: int = 400, step_s: float = 0.0
+    ) -> None:
+        self.script = script if script is not None else ["Hello", ",", " world", "!"]
+        self.max_context_len = max_context_len
+        self.step_s = step_s
+        self.tokenizer = CharTokenizer()
+        self.seen: list[tuple[str | None, list[int]]] = []
+        self.salts: list[str | None] = []
+        self.params: list[SamplingParams] = []
+        self.num_open = 0
+        self.num_closed_early = 0
+        self._lock = threading.Lock()
+        self._queried = 0
+        self._hits = 0
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        if any("RAISE" in str(m.get("content")) for m in messages):
+            raise InvalidRequestError("template rejects RAISE")
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        text = f"tools={tools!r}" + text if tools else text
+        return self.tokenizer.encode(text + ("<assistant>" if add_generation_prompt else ""))
+
+    def stream(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        cache_salt: str | None = None,
+    ) -> Iterator[StreamDelta]:
+        params = params or SamplingParams()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if len(ids) + params.max_tokens > self.max_context_len:
+            raise PromptTooLongError(f"{len(ids)} + {params.max_tokens} > {self.max_context_len}")
+        self.salts.append(cache_salt)
+        self.params.append(params)
+        return self._run(ids, params, cache_salt)
+
+    def _cached_len(self, ids: list[int], salt: str | None) -> int:
+        best = 0
+        for other_salt, other in self.seen:
+            if other_salt != salt:
+                continue
+            n = 0
+            while n < min(len(ids), len(other)) - 1 and ids[n] == other[n]:
+                n += 1
+            best = max(best, n)
+        return best
+
+    def _run(
+        self, ids: list[int], params: SamplingParams, salt: str | None
+    ) -> Iterator[StreamDelta]:
+        t0 = time.perf_counter()
+        with self._lock:
+            self.num_open += 1
+            cached = self._cached_len(ids, salt)
+            self.seen.append((salt, ids))
+            self._queried += len(ids)
+            self._hits += cached
+        finished = False
+        try:
+            pieces = self.script[: params.max_tokens]
+            for i, piece in enumerate(pieces[:-1]):
+                time.sleep(self.step_s)
+                yield StreamDelta([i], piece)
+            reason: FinishReason = "length" if len(self.script) > params.max_tokens else "stop"
+            completion = Completion(
+                token_ids=list(range(len(pieces))),
+                text="".join(pieces),
+                finish_reason=reason,
+                usage=Usage(len(ids), cached, len(pieces)),
+                metrics=Metrics(time.perf_counter() - t0, 100.0, len(ids) - cached),
+            )
+            finished = True
+            yield StreamDelta([len(pieces) - 1], pieces[-1], reason, completion)
+        finally:
+            with self._lock:
+                self.num_open -= 1
+                self.num_closed_early += 0 if finished else 1
+
+    def cache_stats(self) -> CacheStats:
+        return CacheStats(
+            queried_tokens=self._queried,
+            hit_tokens=self._hits,
+            bytes_used=0,
+            bytes_total=1024,
+            num_blocks_used=0,
+            num_blocks_total=8,
+            num_evictions=0,
+            is_enabled=True,
+            disabled_reason=None,
+        )

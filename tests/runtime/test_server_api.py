@@ -1,0 +1,325 @@
+"""OpenAI-compatible server on a scripted engine: shapes, streaming, tools, tenants, errors, auth.
+
+The fake engine (tests/runtime/server_fakes.py) makes outputs exact, so these tests check the
+wire format byte for byte; tests/runtime/test_server_e2e.py runs the real engine.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from openai import OpenAI
+
+from runtime.server import create_app, tenant_salt
+from tests.runtime.server_fakes import ScriptedEngine
+
+MODEL = ScriptedEngine.model_id
+TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+TOOL_SCRIPT = [
+    "Sure",
+    ". <tool",
+    '_call>{"name": "get_weather", ',
+    '"arguments": {"city": "Paris"}}',
+    "</tool_call>",
+]
+
+
+def make_client(engine: ScriptedEngine | None = None, **kwargs: Any) -> TestClient:
+    return TestClient(create_app(engine or ScriptedEngine(), **kwargs))
+
+
+def chat_body(**overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    body.update(overrides)
+    return body
+
+
+def sse_events(text: str) -> list[Any]:
+    events = [line.removeprefix("data: ") for line in text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def assert_openai_error(resp: Any, status: int, param: str | None = None) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return dict(error)
+
+
+# --- happy paths ------------------------------------------------------------------------------
+
+
+def test_chat_completion_body_and_usage() -> None:
+    client = make_client()
+    resp = client.post("/v1/chat/completions", json=chat_body(temperature=0))
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["object"] == "chat.completion" and body["model"] == MODEL
+    choice = body["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "Hello, world!"}
+    assert choice["finish_reason"] == "stop"
+    prompt_len = len("<user>hi<assistant>")
+    assert body["usage"] == {
+        "prompt_tokens": prompt_len,
+        "completion_tokens": 4,
+        "total_tokens": prompt_len + 4,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def test_chat_stream_concatenates_to_the_same_text_and_reports_usage_last() -> None:
+    client = make_client()
+    body = chat_body(stream=True, stream_options={"include_usage": True}, max_tokens=3)
+    resp = client.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(resp.text)
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    assert text == "Hello, world"
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
+    assert all(e["usage"] is None for e in events[:-1])
+
+
+def test_completions_text_and_token_id_prompts() -> None:
+    client = make_client()
+    resp = client.post("/v1/completions", json={"model": MODEL, "prompt": "abc", "max_tokens": 2})
+    body = resp.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == "Hello,"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["prompt_tokens"] == 3
+    resp = client.post("/v1/completions", json={"model": MODEL, "prompt": [97, 98], "stream": True})
+    events = sse_events(resp.text)
+    assert "".join(e["choices"][0]["text"] for e in events) == "Hello, world!"
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_sampling_fields_reach_the_engine() -> None:
+    engine = ScriptedEngine()
+    client = make_client(engine)
+    body = chat_body(temperature=0.5, top_p=0.9, top_k=7, seed=3, stop="x", max_completion_tokens=9)
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    params = engine.params[-1]
+    assert (params.temperature, params.top_p, params.top_k, params.seed) == (0.5, 0.9, 7, 3)
+    assert params.stop == ["x"] and params.max_tokens == 9
+    client.post("/v1/chat/completions", json=chat_body())
+    assert engine.params[-1].temperature == 1.0  # the OpenAI default
+
+
+def test_models_health_and_metrics() -> None:
+    client = make_client()
+    models = client.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    assert client.get("/health").json()["status"] == "ok"
+    client.post("/v1/chat/completions", json=chat_body())
+    client.post("/v1/chat/completions", json=chat_body())
+    text = client.get("/metrics").text
+    n = len("<user>hi<assistant>")  # the fake renders one token per character
+    assert f"agentcache_prompt_tokens_total {2 * n}.0" in text
+    assert f"agentcache_cached_tokens_total {n - 1}.0" in text  # all but the last token reused
+    assert 'agentcache_request_outcomes_total{outcome="stop"} 2.0' in text
+    assert "agentcache_time_to_first_token_seconds_count 2.0" in text
+    assert "agentcache_num_requests_running 0.0" in text
+    assert f"agentcache_prefix_cache_hit_rate {(n - 1) / (2 * n)!r}" in text
+
+
+def test_each_app_has_its_own_registry() -> None:
+    first, second = make_client(), make_client()
+    first.post("/v1/chat/completions", json=chat_body())
+    assert 'outcome="stop"} 1.0' in first.get("/metrics").text
+    assert 'outcome="stop"' not in second.get("/metrics").text
+
+
+# --- tools ------------------------------------------------------------------------------------
+
+
+def test_tool_call_is_parsed_into_tool_calls() -> None:
+    client = make_client(ScriptedEngine(TOOL_SCRIPT))
+    resp = client.post("/v1/chat/completions", json=chat_body(tools=TOOLS))
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Sure."
+    [call] = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+
+def test_tool_call_stream_holds_back_the_tag_and_sends_the_call_whole() -> None:
+    client = make_client(ScriptedEngine(TOOL_SCRIPT))
+    resp = client.post("/v1/chat/completions", json=chat_body(tools=TOOLS, stream=True))
+    events = sse_events(resp.text)
+    deltas = [e["choices"][0]["delta"] for e in events]
+    content = "".join(d.get("content") or "" for d in deltas)
+    assert "<tool" not in content and content.startswith("Sure.")
+    [call_delta] = [d for d in deltas if "tool_calls" in d]
+    assert call_delta["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_without_tools_or_with_tool_choice_none_the_text_is_left_alone() -> None:
+    client = make_client(ScriptedEngine(TOOL_SCRIPT))
+    for body in (chat_body(), chat_body(tools=TOOLS, tool_choice="none")):
+        message = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        assert "tool_calls" not in message and "<tool_call>" in message["content"]
+
+
+def test_openai_client_parses_tool_calls_and_streams() -> None:
+    client = OpenAI(
+        base_url="http://testserver/v1",
+        api_key="k",
+        http_client=make_client(ScriptedEngine(TOOL_SCRIPT)),
+    )
+    messages: Any = [{"role": "user", "content": "x"}]
+    out = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+    [call] = out.choices[0].message.tool_calls or []
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, stream=True
+    )
+    names = [
+        tc.function.name
+        for chunk in stream
+        for tc in (chunk.choices[0].delta.tool_calls or [] if chunk.choices else [])
+        if tc.function
+    ]
+    assert names == ["get_weather"]
+
+
+# --- tenants ----------------------------------------------------------------------------------
+
+
+def test_tenant_salt_combines_key_and_salt() -> None:
+    assert tenant_salt(None, None) is None
+    salts = {
+        tenant_salt("A", None),
+        tenant_salt(None, "A"),
+        tenant_salt("A", "s"),
+        tenant_salt("B", "s"),
+        tenant_salt("As", None),
+        tenant_salt("A", ""),
+    }
+    assert len(salts) == 6 and None not in salts
+    assert tenant_salt("A", "s") == tenant_salt("A", "s")
+
+
+def test_same_cache_salt_under_two_keys_never_shares_the_prefix() -> None:
+    engine = ScriptedEngine()
+    client = make_client(engine, api_key=["key-a", "key-b"])
+    body = chat_body(cache_salt="team", messages=[{"role": "user", "content": "x" * 50}])
+
+    def cached(key: str) -> int:
+        resp = client.post(
+            "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
+        return int(resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    assert cached("key-a") == 0
+    assert cached("key-b") == 0  # same salt, other key: separate namespace
+    assert cached("key-a") > 0  # same key and salt: reuse
+    assert engine.salts[0] == engine.salts[2] != engine.salts[1]
+    assert "team" not in str(engine.salts) and "key-a" not in str(engine.salts)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (chat_body(model="nope"), 404, "model"),
+        (chat_body(max_tokens=0), 400, "max_tokens"),
+        (chat_body(max_tokens=-5), 400, "max_tokens"),
+        (chat_body(max_tokens="ten"), 400, "max_tokens"),
+        (chat_body(max_tokens=10_000), 400, "max_tokens"),
+        (chat_body(temperature=-1), 400, "temperature"),
+        (chat_body(messages=[]), 400, "messages"),
+        (chat_body(messages=[{"role": "robot", "content": "x"}]), 400, None),
+        (chat_body(messages=[{"role": "user", "content": "y" * 500}]), 400, "messages"),
+        (chat_body(messages=[{"role": "user", "content": "RAISE"}]), 400, "messages"),
+        (chat_body(n=2), 400, "n"),
+        (chat_body(tools=[{"type": "function"}]), 400, "tools.0.function"),
+        (chat_body(tools=[{"type": "fn", "function": {"name": "a"}}]), 400, "tools.0.type"),
+        (chat_body(tools=[{"type": "function", "function": {"name": "bad name"}}]), 400, None),
+        (
+            chat_body(
+                tools=[
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "string"}},
+                    }
+                ]
+            ),
+            400,
+            None,
+        ),
+        (chat_body(tools="all"), 400, "tools"),
+        (chat_body(tools=TOOLS + TOOLS), 400, "tools"),
+        (
+            chat_body(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "zzz"}}),
+            400,
+            "tool_choice",
+        ),
+        (chat_body(tool_choice="required"), 400, "tool_choice"),
+        ({"model": MODEL, "prompt": [1, -1]}, 400, "prompt"),
+    ],
+)
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
+    body: dict[str, Any], status: int, param: str | None
+) -> None:
+    engine = ScriptedEngine()
+    client = make_client(engine)
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    assert_openai_error(client.post(path, json=body), status, param)
+    assert engine.num_open == 0
+    assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"\xff\xfe", b""])
+def test_malformed_json_is_400(raw: bytes) -> None:
+    client = make_client()
+    resp = client.post(
+        "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+    )
+    assert assert_openai_error(resp, 400)["code"] == "invalid_json"
+
+
+def test_prompt_too_long_from_the_engine_is_400() -> None:
+    client = make_client()
+    resp = client.post("/v1/completions", json={"model": MODEL, "prompt": "z" * 399})
+    assert assert_openai_error(resp, 400, "prompt")["code"] == "context_length_exceeded"
+
+
+def test_unknown_route_and_method_use_the_error_shape() -> None:
+    client = make_client()
+    assert_openai_error(client.get("/v1/nothing"), 404)
+    assert_openai_error(client.get("/v1/chat/completions"), 405)
+
+
+def test_api_key_is_required_when_configured() -> None:
+    client = make_client(api_key="secret")
+    assert assert_openai_error(client.get("/v1/models"), 401)["code"] == "invalid_api_key"
+    bad = {"Authorization": "Bearer nope"}
+    assert_openai_error(client.post("/v1/chat/completions", json=chat_body(), headers=bad), 401)
+    good = {"Authorization": "Bearer secret"}
+    assert client.post("/v1/chat/completions", json=chat_body(), headers=good).status_code == 200
+    assert client.get("/health").status_code == 200
+    assert 'outcome="unauthorized"} 2.0' in client.get("/metrics").text
