@@ -6,6 +6,7 @@ The SDK never imports torch or transformers at import time; the local runtime (p
 
 from __future__ import annotations
 
+from agentcache.cache import RetrievalCache, ToolCache, cache_scope
 from agentcache.exceptions import (
     AgentCacheError,
     AgentError,
@@ -37,6 +38,9 @@ __all__ = [
     "Prompt",
     "PromptBuilder",
     "PromptError",
+    "RetrievalCache",
+    "ToolCache",
     "Usage",
     "__version__",
+    "cache_scope",
 ]

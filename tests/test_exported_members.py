@@ -19,8 +19,11 @@ AGENTCACHE_ALL = {
     "Prompt",
     "PromptBuilder",
     "PromptError",
+    "RetrievalCache",
+    "ToolCache",
     "Usage",
     "__version__",
+    "cache_scope",
 }
 
 RUNTIME_ALL = {

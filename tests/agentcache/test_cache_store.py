@@ -7,14 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agentcache.cache import (
-    CacheStore,
-    ConfigError,
-    DiskStore,
-    MemoryStore,
-    create_store,
-)
-from agentcache.cache.base import CacheStats
+from agentcache.cache import CacheStats, CacheStore, DiskStore, MemoryStore, create_store
+from agentcache.exceptions import ConfigError
 
 
 class FakeClock:

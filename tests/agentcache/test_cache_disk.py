@@ -1,0 +1,151 @@
+"""DiskStore resilience: vanished or corrupt directories, damaged entries, several processes,
+and a writer killed mid-write."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from agentcache.cache import CacheIntegrityError, CacheRecoveryWarning, DiskStore, ToolCache
+
+
+def test_directory_deleted_while_in_use(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c")
+    calls: list[int] = []
+
+    def tool_fn(x: int) -> dict[str, int]:
+        calls.append(x)
+        return {"x": x}
+
+    tool = ToolCache(store).wrap(tool_fn, name="t")
+    assert tool(1) == {"x": 1}
+    shutil.rmtree(tmp_path / "c")
+    with pytest.warns(CacheRecoveryWarning, match="disappeared"):
+        assert tool(1) == {"x": 1}  # the real result, from running the tool again
+    assert tool(1) == {"x": 1}
+    assert calls == [1, 1]
+    assert (tmp_path / "c" / "cache.db").exists()
+    store.check_integrity()
+
+
+def test_database_corrupted_while_in_use(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c")
+    store.set("k", b"v")
+    store.close()  # NOTE: a fresh connection must read the damaged header
+    (tmp_path / "c" / "cache.db").write_bytes(b"this is not a database" * 100)
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / "c" / f"cache.db{suffix}").unlink(missing_ok=True)
+    with pytest.warns(CacheRecoveryWarning, match="damaged"):
+        assert store.get("k") is None
+    store.set("k", b"v2")
+    assert store.get("k") == b"v2"
+    store.check_integrity()
+
+
+def test_corrupt_database_at_open_is_recreated(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "cache.db").write_bytes(b"\x00garbage" * 500)
+    (folder / "keep.txt").write_text("user file")
+    with pytest.warns(CacheRecoveryWarning, match="unreadable"):
+        store = DiskStore(folder)
+    store.set("k", b"v")
+    assert store.get("k") == b"v"
+    assert (folder / "keep.txt").read_text() == "user file"  # only diskcache's files are removed
+
+
+def test_damaged_value_file_is_dropped_not_returned(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c")
+    store.set("big", b"a" * 100_000)  # above diskcache's 32 kB threshold: lives in a .val file
+    (value_file,) = (tmp_path / "c").rglob("*.val")
+    data = bytearray(value_file.read_bytes())
+    data[50_000] ^= 0xFF  # one flipped bit-pattern in the middle
+    value_file.write_bytes(bytes(data))
+    with pytest.raises(CacheIntegrityError, match="checksum"):
+        store.check_integrity()
+    with pytest.warns(CacheRecoveryWarning, match="checksum"):
+        assert store.get("big") is None
+    assert store.stats().entries == 0
+    store.check_integrity()
+
+
+def _hammer(directory: str, worker: int, seconds: float, queue: mp.Queue[tuple[int, int]]) -> None:
+    store = DiskStore(directory)
+    cache = ToolCache(store)
+    runs = 0
+
+    def square(n: int) -> dict[str, int]:
+        nonlocal runs
+        runs += 1
+        return {"n": n, "square": n * n, "pad": worker * 0}
+
+    tool = cache.wrap(square, name="square", version="1")
+    deadline = time.monotonic() + seconds
+    calls = 0
+    while time.monotonic() < deadline:
+        n = calls % 50
+        assert tool(n) == {"n": n, "square": n * n, "pad": 0}
+        if calls % 97 == 0:
+            store.set(f"raw-{worker}-{calls}", os.urandom(40_000))  # some value files too
+        calls += 1
+    queue.put((calls, runs))
+
+
+def test_two_processes_share_one_directory(tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    queue: mp.Queue[tuple[int, int]] = ctx.Queue()
+    procs = [ctx.Process(target=_hammer, args=(str(tmp_path), w, 2.0, queue)) for w in range(2)]
+    for proc in procs:
+        proc.start()
+    results = [queue.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+    total_calls = sum(calls for calls, _ in results)
+    total_runs = sum(runs for _, runs in results)
+    assert total_calls > 100
+    # Each of the 50 inputs ran at least once and at most once per process.
+    assert 50 <= total_runs <= 100
+    store = DiskStore(tmp_path)
+    store.check_integrity()
+    tool = ToolCache(store).wrap(lambda n: None, name="square", version="1")
+    assert tool(7) == {"n": 7, "square": 49, "pad": 0}
+
+
+def _writer(directory: str, ready: str) -> None:
+    store = DiskStore(directory)
+    i = 0
+    while True:
+        store.set(f"k{i % 200}", bytes([i % 256]) * (1000 + 37 * (i % 1500)))
+        if i == 50:
+            Path(ready).touch()
+        i += 1
+
+
+def test_writer_killed_mid_write_leaves_cache_readable(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=_writer, args=(str(tmp_path / "c"), str(ready)))
+    proc.start()
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # let it write a while longer, then kill it without warning
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(timeout=30)
+    store = DiskStore(tmp_path / "c")
+    store.check_integrity()
+    found = 0
+    for k in range(200):
+        value = store.get(f"k{k}")
+        if value is not None:
+            found += 1
+            assert len(set(value)) == 1  # a whole value written by one set(), never a torn one
+    assert found > 0
