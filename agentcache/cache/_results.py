@@ -4,6 +4,7 @@ Single-flight: concurrent callers of one key in this process (threads or asyncio
 event loop) wait for the one running call through a ``concurrent.futures.Future``. If that call
 fails, nothing is stored or shared: each waiter retries (one becomes the next runner). Across
 processes nothing is locked; at worst the work is duplicated and the last equal write wins.
+NOTE: a tool that calls itself with the same key in the same thread would wait on itself forever.
 Knows nothing about tools, arguments or retrievers: only keys and callables.
 """
 

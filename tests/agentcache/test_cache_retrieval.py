@@ -127,3 +127,21 @@ def test_tenant_scoped_retrieval_is_isolated() -> None:
     with cache_scope(tenant="b"):
         retrieve_all(cache, "q", fp, calls)
     assert calls == ["q", "q"]
+
+
+def test_bench_cache_runs_and_ends_with_json(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from agentcache.cache.bench import main
+
+    assert main(["--iterations", "20", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(report["rows"]) == {
+        "direct",
+        "disk_miss",
+        "disk_hit",
+        "memory_miss",
+        "memory_hit",
+        "disk_retrieval_hit",
+    }
+    assert all(row["p99_ms"] >= row["p50_ms"] > 0 for row in report["rows"].values())
