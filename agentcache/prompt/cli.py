@@ -1,0 +1,92 @@
+"""``agentcache lint FILE`` and ``agentcache diff A B`` on JSON request bodies.
+
+Exit codes: 0 clean (lint: no warnings, info findings are printed; diff: identical or B extends
+A), 1 warnings or divergence, 2 bad input (missing file,
+invalid JSON, not a chat body) with a one-line message and never a traceback. Output is a rich
+table, or one JSON object with ``--json``. Argument parsing lives in ``agentcache/cli.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from agentcache.exceptions import PromptError
+from agentcache.prompt.diff import diff
+from agentcache.prompt.lint import lint
+
+__all__ = ["run_diff", "run_lint"]
+
+
+class _BadInput(Exception):
+    pass
+
+
+def _load(path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise _BadInput(f"no such file: {path}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _BadInput(f"cannot read {path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise _BadInput(f"{path} is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+    if not isinstance(data, dict):
+        raise _BadInput(f"{path}: expected a JSON object (an OpenAI or Anthropic request body)")
+    return data
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"agentcache {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def run_lint(args: argparse.Namespace) -> int:
+    """Lint one request body; print findings; exit 0 (no warnings), 1 (warnings), 2 (bad input)."""
+    try:
+        findings = lint(_load(args.file))
+    except (_BadInput, PromptError) as exc:
+        return _fail("lint", str(exc))
+    if args.json:
+        print(json.dumps({"file": args.file, "findings": [f.to_dict() for f in findings]}))
+    elif not findings:
+        Console(soft_wrap=True).print(f"[green]{args.file}: no prefix-cache hazards found[/green]")
+    else:
+        table = Table(title=f"{args.file}: {len(findings)} finding(s)")
+        for column in ("code", "segment", "part", "offset", "message", "fix"):
+            table.add_column(column)
+        for f in findings:
+            table.add_row(f.code, f.segment, f.part, str(f.offset), f.message, f.hint)
+        Console(width=160).print(table)
+    return 1 if any(f.severity == "warning" for f in findings) else 0
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    """Diff two request bodies; return 0 (identical or extension), 1 (divergence), 2 (bad input)."""
+    try:
+        result = diff(_load(args.a), _load(args.b), show_content=args.show_content)
+    except (_BadInput, PromptError) as exc:
+        return _fail("diff", str(exc))
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return 1 if result.is_divergent else 0
+    console = Console(soft_wrap=True)
+    if not result.is_divergent:
+        console.print(f"[green]prefix kept:[/green] {result.reason}")
+        return 0
+    approx = "~" if result.token_offset_is_estimate else ""
+    console.print(f"[red]diverges[/red] in {result.segment} / {result.part}", markup=True)
+    console.print(
+        f"  byte offset {result.byte_offset}, token offset {approx}{result.token_offset}",
+        markup=False,
+    )
+    console.print(f"  {result.reason}", markup=False)
+    if args.show_content:
+        console.print(f"  A: {result.excerpt_a!r}\n  B: {result.excerpt_b!r}", markup=False)
+    return 1
