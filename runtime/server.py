@@ -330,18 +330,12 @@ def run_cli(args: argparse.Namespace) -> int:
     from runtime.engine import Engine
     from runtime.exceptions import ModelLoadError
 
-    try:
-        from runtime.models import resolve_model
-
-        model = str(resolve_model(args.model))
-    except (ImportError, ModelLoadError, ValueError, KeyError):
-        model = args.model
     kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}
     if args.kv_cache_bytes is not None:
         kwargs["kv_cache_bytes"] = args.kv_cache_bytes
     try:
-        engine = Engine.from_pretrained(model, **kwargs)
-    except ModelLoadError as exc:
+        engine = Engine.from_pretrained(args.model, **kwargs)
+    except (ModelLoadError, FileNotFoundError) as exc:
         print(f"agentcache serve: cannot load {args.model!r}: {exc}")
         return 2
     app = create_app(engine, api_key=args.api_key)
