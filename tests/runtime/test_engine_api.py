@@ -1,0 +1,229 @@
+"""Engine behaviour around the model: inputs, errors, streaming, cancel, threads, salts, stats.
+
+One tiny random Llama saved with its tokenizer and loaded through ``Engine.from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+
+from runtime import (
+    Engine,
+    InvalidRequestError,
+    ModelLoadError,
+    PromptTooLongError,
+    SamplingParams,
+)
+from runtime.model_runner import reuse_blocker
+from tests.runtime.factories import EOS_ID, VOCAB_SIZE, make_config, save_tiny_model
+
+PROMPT = [(3 * i + 5) % (VOCAB_SIZE - 3) + 3 for i in range(30)]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    path = save_tiny_model("llama", Path(tmp_path_factory.mktemp("llama")))
+    eng = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 20, block_size=4)
+    eng.eos_ids = frozenset()  # NOTE: random weights; stop only where a test asks for it.
+    return eng
+
+
+def test_from_pretrained_loads_tokenizer_and_template(engine: Engine) -> None:
+    ids = engine.render_chat([{"role": "user", "content": "w1 w2"}])
+    assert (
+        engine.tokenizer.decode(ids) == "<|im_start|> user w1 w2 <|im_end|> <|im_start|> assistant"
+    )
+    assert engine.max_context_len == 256 and "llama" in engine.model_id
+    completion = engine.generate(
+        [{"role": "user", "content": "w1 w2"}], SamplingParams(max_tokens=3)
+    )
+    assert completion.usage.prompt_tokens == len(ids)
+
+
+def test_missing_model_is_a_load_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="cannot load model"):
+        Engine.from_pretrained(str(tmp_path / "nope"))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "error", "match"),
+    [
+        ([], None, InvalidRequestError, "empty"),
+        ("", None, InvalidRequestError, "empty"),
+        ([1] * 300, None, PromptTooLongError, "context is 256"),
+        ([VOCAB_SIZE + 5], None, InvalidRequestError, "outside the vocabulary"),
+        ([5, 6], SamplingParams(stop_token_ids=[10_000]), InvalidRequestError, "not in the vocab"),
+    ],
+)
+def test_bad_input_raises_and_engine_keeps_serving(
+    engine: Engine,
+    prompt: list[int] | str,
+    params: SamplingParams | None,
+    error: type[Exception],
+    match: str,
+) -> None:
+    with pytest.raises(error, match=match):
+        engine.generate(prompt, params)
+    assert isinstance(error(), ValueError)
+    assert engine.generate(PROMPT, SamplingParams(max_tokens=2)).usage.completion_tokens >= 1
+    engine.check_integrity()
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_tokens": -1}, {"max_tokens": 0}, {"temperature": -1.0}, {"top_p": 0.0}]
+)
+def test_bad_sampling_params(kwargs: dict[str, float]) -> None:
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_usage_metrics_and_stats(engine: Engine) -> None:
+    engine.flush_cache()
+    before = engine.cache_stats()
+    first = engine.generate(PROMPT, SamplingParams(max_tokens=5, stop_token_ids=[EOS_ID]))
+    second = engine.generate(PROMPT, SamplingParams(max_tokens=5))
+    assert first.usage.cached_tokens == 0 and first.metrics.prefill_tokens_computed == 30
+    assert second.usage.cached_tokens == 28 and second.metrics.prefill_tokens_computed == 2
+    assert second.metrics.ttft_s > 0 and second.token_ids[: len(first.token_ids)] == first.token_ids
+    stats = engine.cache_stats()
+    assert stats.queried_tokens - before.queried_tokens == 60
+    assert stats.hit_tokens - before.hit_tokens == 28 and stats.num_blocks_used > 0
+    assert stats.bytes_used == stats.num_blocks_used * engine.prefix_cache.pool.block_bytes
+    assert engine.flush_cache() == stats.num_blocks_used and engine.cache_stats().bytes_used == 0
+    engine.check_integrity()
+
+
+def test_salts_isolate_tenants(engine: Engine) -> None:
+    engine.flush_cache()
+    engine.generate(PROMPT, SamplingParams(max_tokens=1), cache_salt="tenant-a")
+    other = engine.generate(PROMPT, SamplingParams(max_tokens=1), cache_salt="tenant-b")
+    unsalted = engine.generate(PROMPT, SamplingParams(max_tokens=1))
+    same = engine.generate(PROMPT, SamplingParams(max_tokens=1), cache_salt="tenant-a")
+    assert other.usage.cached_tokens == 0 and unsalted.usage.cached_tokens == 0
+    assert same.usage.cached_tokens == 28
+
+
+def test_stream_deltas_add_up_to_the_completion(engine: Engine) -> None:
+    deltas = list(engine.stream(PROMPT, SamplingParams(max_tokens=6)))
+    last = deltas[-1].completion
+    assert last is not None and deltas[-1].finish_reason == last.finish_reason == "length"
+    assert [t for d in deltas for t in d.token_ids] == last.token_ids
+    assert "".join(d.text for d in deltas) == last.text
+    assert all(d.completion is None for d in deltas[:-1])
+
+
+def test_stop_string_cuts_text(engine: Engine) -> None:
+    full = engine.generate(PROMPT, SamplingParams(max_tokens=8))
+    words = full.text.split(" ")
+    stop = " ".join(words[2:4])
+    cut = engine.generate(PROMPT, SamplingParams(max_tokens=8, stop=[stop]))
+    assert cut.finish_reason == "stop" and stop not in cut.text
+    assert full.text.startswith(cut.text) and len(cut.token_ids) <= 4
+    stop_id = engine.generate(
+        PROMPT, SamplingParams(max_tokens=8, stop_token_ids=[full.token_ids[1]])
+    )
+    assert stop_id.token_ids == full.token_ids[:2] and stop_id.finish_reason == "stop"
+
+
+def test_cancelled_stream_releases_its_pins(engine: Engine) -> None:
+    engine.generate(PROMPT, SamplingParams(max_tokens=1))
+    stream = engine.stream(PROMPT + [7, 8, 9, 10, 11], SamplingParams(max_tokens=50))
+    next(stream)
+    next(stream)
+    assert engine.prefix_cache.radix.num_in_use_blocks > 0
+    stream.close()
+    assert engine.prefix_cache.radix.num_in_use_blocks == 0
+    engine.check_integrity()
+    unstarted = engine.stream(PROMPT, SamplingParams(max_tokens=5))
+    del unstarted  # never started: nothing was pinned
+    assert engine.prefix_cache.radix.num_in_use_blocks == 0
+
+
+def test_sampling_is_seeded(engine: Engine) -> None:
+    params = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, top_k=20, seed=3)
+    assert engine.generate(PROMPT, params).token_ids == engine.generate(PROMPT, params).token_ids
+
+
+def test_concurrent_requests_match_sequential(engine: Engine) -> None:
+    prompts = [PROMPT[:10] + [i + 3] * 6 for i in range(4)]
+    expected = [engine.generate(p, SamplingParams(max_tokens=6)).token_ids for p in prompts]
+    got: dict[int, list[int]] = {}
+
+    def worker(i: int) -> None:
+        got[i] = engine.generate(prompts[i], SamplingParams(max_tokens=6)).token_ids
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [got[i] for i in range(4)] == expected
+    engine.check_integrity()
+    assert engine.prefix_cache.radix.num_in_use_blocks == 0
+
+
+def test_decode_does_not_reallocate_per_token(engine: Engine) -> None:
+    req = engine.make_request(PROMPT, SamplingParams(max_tokens=40))
+    it = engine.run(req)
+    next(it)
+    kv = req.kv
+    assert kv is not None and kv.capacity >= 70
+    buffer = kv.buffer
+    for _ in range(20):
+        next(it)
+    assert kv.buffer is buffer and kv.num_grows == 0
+    it.close()
+
+
+def test_kv_buffer_grows_geometrically() -> None:
+    import torch
+
+    from runtime.kv_cache import RequestKVCache
+
+    kv = RequestKVCache(
+        num_layers=1,
+        num_kv_heads=1,
+        head_dim=2,
+        capacity=4,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    for n in range(1, 100):
+        kv.reserve(n)
+        kv.length = n
+    assert kv.num_grows == 5 and kv.capacity == 128
+
+
+def test_unresumable_models_disable_reuse(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    config = make_config("llama")
+    config.layer_types = ["full_attention", "linear_attention"]
+    assert "linear_attention" in (reuse_blocker(config) or "")
+    assert reuse_blocker(make_config("mistral_sliding")) is None  # full KV kept + sliding mask
+    path = save_tiny_model("llama", tmp_path / "m")
+    with caplog.at_level(logging.WARNING, logger="runtime.engine"):
+        import runtime.engine as engine_mod
+
+        original = engine_mod.reuse_blocker
+        engine_mod.reuse_blocker = lambda cfg: "recurrent state"  # type: ignore[assignment]
+        try:
+            eng = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 20, block_size=4)
+        finally:
+            engine_mod.reuse_blocker = original
+    assert "recurrent state" in caplog.text
+    stats = eng.cache_stats()
+    assert not stats.is_enabled and stats.disabled_reason == "recurrent state"
+    eng.generate(PROMPT, SamplingParams(max_tokens=1))
+    assert eng.generate(PROMPT, SamplingParams(max_tokens=1)).usage.cached_tokens == 0
+
+
+def test_prefix_cache_off_is_force_miss(tmp_path: Path) -> None:
+    path = save_tiny_model("llama", tmp_path / "m")
+    eng = Engine.from_pretrained(str(path), prefix_cache=False, block_size=4)
+    eng.generate(PROMPT, SamplingParams(max_tokens=1))
+    assert eng.generate(PROMPT, SamplingParams(max_tokens=1)).usage.cached_tokens == 0
+    assert eng.cache_stats().disabled_reason == "prefix_cache=False (force-miss)"
+    eng.check_integrity()
