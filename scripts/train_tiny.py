@@ -129,12 +129,12 @@ class DocRecord:
 class TrainConfig:
     """Hyper-parameters of one run; every value is recorded in training_stats.json."""
 
-    num_steps: int = 500
+    num_steps: int = 260
     batch_size: int = 8
     seq_len: int = SEQ_LEN
     lr: float = 3e-3
     min_lr: float = 3e-4
-    warmup_steps: int = 40
+    warmup_steps: int = 30
     weight_decay: float = 0.1
     log_every: int = 25
 
