@@ -1,0 +1,239 @@
+"""Backend on the bundled in-process engine (``runtime.Engine``): the only SDK module importing it.
+
+It renders prompts with the model's chat template and carries token ids across calls: when the
+new conversation text extends the previous prompt plus the generated text, only the new
+remainder is tokenized and appended to the ids the model actually saw and produced, so the
+engine's prefix cache matches the whole earlier conversation. Knows nothing about agents or HTTP.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from agentcache.backends.base import (
+    BaseBackend,
+    Capabilities,
+    GenerationOptions,
+    ModelResponse,
+    PromptLike,
+    StreamEvent,
+)
+from agentcache.exceptions import BackendError, BackendUnavailableError
+from agentcache.usage import Usage
+
+__all__ = ["Carry", "LocalBackend"]
+
+_HINT = "install the local runtime: pip install 'agentcache[local]'"
+
+
+class Carry(NamedTuple):
+    """How the last prompt's token ids were formed."""
+
+    carried_tokens: int
+    """Leading ids reused from the previous call (prompt + generated), not re-tokenized."""
+    prompt_tokens: int
+    """All prompt ids."""
+
+
+def _import_runtime() -> Any:
+    try:
+        return importlib.import_module("runtime")
+    except ImportError as exc:  # torch/transformers missing
+        raise BackendUnavailableError(
+            f"the local runtime cannot be imported ({exc}); {_HINT}"
+        ) from exc
+
+
+class LocalBackend(BaseBackend):
+    """Runs prompts on ``runtime.Engine`` in this process, with token-id carry-over.
+
+    Not thread-safe: the carried ids belong to one conversation at a time (create one backend
+    per concurrent conversation; they can share one engine).
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        model: str = "tiny",
+        *,
+        engine: Any | None = None,
+        kv_cache_bytes: int | None = None,
+        prefix_cache: bool = True,
+        cache_salt: str | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> None:
+        """Load the model (or use ``engine``).
+
+        Args:
+            model: Bundled name (``tiny``), local folder or Hugging Face id (must be cached
+                locally when offline).
+            engine: An existing ``runtime.Engine`` to share; ``model`` is then only a label.
+            kv_cache_bytes: Prefix-cache budget in bytes (engine default when ``None``).
+            prefix_cache: ``False`` forces misses (same code path; for comparisons).
+            cache_salt: Per-tenant namespace of cached KV.
+            dtype: ``float32``, ``float16`` or ``bfloat16``.
+            device: torch device string.
+
+        Raises:
+            BackendUnavailableError: torch/transformers are missing or the model cannot load.
+        """
+        runtime = _import_runtime()
+        self._sampling_params = runtime.SamplingParams
+        self._model = model
+        if engine is None:
+            options: dict[str, Any] = {"prefix_cache": prefix_cache, "dtype": dtype}
+            options["device"] = device
+            if kv_cache_bytes is not None:
+                options["kv_cache_bytes"] = kv_cache_bytes
+            try:
+                engine = runtime.Engine.from_pretrained(runtime.resolve_model(model), **options)
+            except (runtime.RuntimeEngineError, FileNotFoundError, OSError) as exc:
+                raise BackendUnavailableError(f"cannot load local model {model!r}: {exc}") from exc
+        self.engine = engine
+        self.cache_salt = cache_salt
+        self._prev_ids: list[int] = []
+        self._prev_prompt_text = ""
+        self._prev_generated: list[int] = []
+        self.last_carry = Carry(0, 0)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Exact prefix cache; Hermes-style tool calls in the generated text."""
+        return Capabilities(
+            supports_prefix_cache=True,
+            reports_cached_tokens=True,
+            tool_call_format="hermes",
+            is_local=True,
+        )
+
+    @property
+    def model(self) -> str:
+        """The model name or path this backend was created with."""
+        return self._model
+
+    def render(self, prompt: PromptLike) -> str:
+        """The prompt as text through the model's chat template (generation prompt added).
+
+        Raises:
+            BackendError: The model has no chat template or the template rejects the messages.
+        """
+        tokenizer = self.engine.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            raise BackendError(f"model {self._model!r} has no chat template")
+        tools = prompt.tool_schemas() or None
+        try:
+            text = tokenizer.apply_chat_template(
+                prompt.to_messages(), tools=tools, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # noqa: BLE001 - jinja errors have no stable type
+            raise BackendError(f"chat template of {self._model!r} failed: {exc}") from exc
+        return str(text)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """Token ids for rendered ``text``, reusing the previous call's ids where they fit.
+
+        Side effect: sets ``last_carry``.
+        """
+        carried = self._carried_prefix(text)
+        if carried is None:
+            ids = self._encode(text)
+            self.last_carry = Carry(0, len(ids))
+            return ids
+        carried_ids, carried_len = carried
+        ids = carried_ids + self._encode(text[carried_len:])
+        self.last_carry = Carry(len(carried_ids), len(ids))
+        return ids
+
+    def _carried_prefix(self, text: str) -> tuple[list[int], int] | None:
+        """The longest reusable id prefix and the length of text it covers, if any.
+
+        Interval map of the previous call's ids (P = prompt, G = generated):
+            ids:  [ P ..................... | G[0:j] ....... | G[j:] (dropped) ]
+            text: [ prev_prompt_text ...... | decode(G[:j]) | remainder -> encoded afresh ]
+        ``j`` is the largest count whose decoded text still matches the new text.
+        """
+        if not self._prev_ids or not text.startswith(self._prev_prompt_text):
+            return None
+        base = len(self._prev_prompt_text)
+        prompt_len = len(self._prev_ids) - len(self._prev_generated)
+        for j in range(len(self._prev_generated), -1, -1):
+            piece = self._decode(self._prev_generated[:j])
+            if text.startswith(piece, base):
+                return self._prev_ids[: prompt_len + j], base + len(piece)
+        return None  # pragma: no cover - j == 0 always matches
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.engine.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    def _decode(self, ids: list[int]) -> str:
+        if not ids:
+            return ""
+        return str(
+            self.engine.tokenizer.decode(
+                ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+        )
+
+    def stream(
+        self, prompt: PromptLike, options: GenerationOptions | None = None
+    ) -> Iterator[StreamEvent]:
+        """Stream a completion (contract in ``BaseBackend.stream``).
+
+        Raises:
+            BackendError: The engine rejected the request (too long, bad template...).
+        """
+        options = options or GenerationOptions()
+        start = time.perf_counter()
+        text = self.render(prompt)
+        ids = self.prompt_ids(text)
+        params = self._sampling_params(
+            max_tokens=options.max_tokens, temperature=options.temperature, stop=list(options.stop)
+        )
+        first_s: float | None = None
+        completion: Any = None
+        try:
+            for delta in self.engine.stream(ids, params, cache_salt=self.cache_salt):
+                if first_s is None:
+                    first_s = time.perf_counter()
+                if delta.text:
+                    yield StreamEvent(delta.text)
+                completion = delta.completion or completion
+        except Exception as exc:
+            if type(exc).__module__.startswith("runtime"):
+                raise BackendError(f"local engine rejected the request: {exc}") from exc
+            raise
+        assert completion is not None, "the engine's last delta carries the completion"
+        self._remember(text, ids, list(completion.token_ids))
+        ttft = (first_s or time.perf_counter()) - start
+        yield StreamEvent("", self._response(completion, ttft))
+
+    def _remember(self, text: str, ids: list[int], generated: list[int]) -> None:
+        self._prev_prompt_text = text
+        self._prev_generated = generated
+        self._prev_ids = ids + generated
+
+    def _response(self, completion: Any, ttft_s: float) -> ModelResponse:
+        usage = Usage(
+            prompt_tokens=completion.usage.prompt_tokens,
+            completion_tokens=completion.usage.completion_tokens,
+            cached_tokens=completion.usage.cached_tokens,
+            ttft_s=ttft_s,
+            decode_tokens_per_s=completion.metrics.decode_tokens_per_s,
+        )
+        return ModelResponse(
+            text=completion.text,
+            finish_reason=completion.finish_reason,
+            usage=usage,
+            cost_usd=0.0,
+            model=self._model,
+        )
+
+    def reset(self) -> None:
+        """Forget the carried ids (the engine's prefix cache is kept)."""
+        self._prev_ids, self._prev_generated, self._prev_prompt_text = [], [], ""
+        self.last_carry = Carry(0, 0)

@@ -1,0 +1,125 @@
+"""LocalBackend on a random-weight Llama: chat rendering, token carry-over, prefix-cache hits.
+
+The multi-turn test is the contract of issue 7: on call n+1 of an append-only conversation with
+tool calls, cached tokens >= 99% of the tokens shared with call n (prompt + generated ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from agentcache.agent import Agent, AgentConfig  # noqa: E402
+from agentcache.backends import GenerationOptions, PromptLike, StreamEvent  # noqa: E402
+from agentcache.backends.local import LocalBackend  # noqa: E402
+from agentcache.prompt import Document, PromptBuilder  # noqa: E402
+from agentcache.rag import stdlib_sources  # noqa: E402
+from tests.agentcache._tiny_llama import build_tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), seed=3)
+
+
+class RecordingBackend(LocalBackend):
+    """Keeps (prompt ids, prompt + generated ids, usage) of every call."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[list[int], list[int], Any]] = []
+
+    def stream(
+        self, prompt: PromptLike, options: GenerationOptions | None = None
+    ) -> Iterator[StreamEvent]:
+        for event in super().stream(prompt, options):
+            if event.response is not None:
+                full = list(self._prev_ids)
+                prompt_ids = full[: len(full) - len(self._prev_generated)]
+                self.calls.append((prompt_ids, full, event.response.usage))
+            yield event
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def lookup(name: str) -> str:
+    """Return the documentation of a standard-library name.
+
+    Args:
+        name: Dotted name such as ``json.loads``.
+    """
+    docs = {s.source: s.text for s in stdlib_sources(max_files=20)}
+    return next((text for source, text in docs.items() if name in source), "not found")[:600]
+
+
+def test_carry_over_reuses_prompt_and_generated_ids(model_dir: Path) -> None:
+    backend = LocalBackend(str(model_dir))
+    history: list[dict[str, Any]] = [{"role": "user", "content": "What is json?"}]
+    first = backend.complete(PromptBuilder().system("Be brief.").history(history).build())
+    first_ids = list(backend._prev_ids)
+    history += [
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "And csv?"},
+    ]
+    prompt = PromptBuilder().system("Be brief.").history(history).build()
+    ids = backend.prompt_ids(backend.render(prompt))
+    fresh = backend._encode(backend.render(prompt))
+    shared = common_prefix_len(first_ids, ids)
+    # The carried ids are exactly the earlier sequence up to where the texts diverge ...
+    assert (
+        backend.last_carry.carried_tokens == shared >= len(first_ids) - len(backend._prev_generated)
+    )
+    # ... and the new ids decode to the same text as a fresh tokenization.
+    assert backend._decode(ids) == backend._decode(fresh)
+
+
+def test_multi_turn_agent_cached_tokens_cover_the_shared_prefix(model_dir: Path) -> None:
+    backend = RecordingBackend(str(model_dir))
+    docs = [Document(s.source, s.text) for s in stdlib_sources(max_files=12)[:6]]
+    agent = Agent(
+        backend,
+        system="You answer questions about the Python standard library.",
+        tools=[lookup],
+        documents=docs,
+        planner=lambda q: [("lookup", {"name": q.split()[-1].rstrip("?")})],
+        config=AgentConfig(generation=GenerationOptions(max_tokens=12)),
+    )
+    for question in ["What does abc do?", "Explain argparse?", "And ast?"]:
+        agent.run(question)
+    ratios = []
+    for (_, prev_full, _), (prompt_ids, _, usage) in zip(
+        backend.calls, backend.calls[1:], strict=False
+    ):
+        shared = common_prefix_len(prev_full, prompt_ids)
+        assert usage.cached_tokens >= 0.99 * shared, (usage.cached_tokens, shared)
+        ratios.append(usage.cached_tokens / shared)
+        print(f"prompt={len(prompt_ids)} shared={shared} cached={usage.cached_tokens}")
+    assert len(ratios) == 2 and min(ratios) >= 0.99
+    print(f"cached/shared per call: {[round(r, 4) for r in ratios]}")
+    assert backend.calls[0][2].cached_tokens == 0
+    assert all(u.cached_tokens > 0 for _, _, u in backend.calls[1:])
+
+
+def test_local_backend_reports_usage_and_hermes_format(model_dir: Path) -> None:
+    backend = LocalBackend(str(model_dir))
+    assert backend.capabilities.tool_call_format == "hermes"
+    events = list(
+        backend.stream(PromptBuilder().user("hi").build(), GenerationOptions(max_tokens=5))
+    )
+    final = events[-1].response
+    assert final is not None and final.usage.completion_tokens is not None
+    assert 1 <= final.usage.completion_tokens <= 5
+    assert "".join(e.text for e in events) == final.text
+    assert final.usage.ttft_s is not None and final.usage.ttft_s > 0 and final.cost_usd == 0.0
