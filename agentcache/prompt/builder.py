@@ -8,7 +8,10 @@ Rendering for providers lives in ``render.py``; this module knows no provider an
 
 from __future__ import annotations
 
+import collections
 import copy
+import functools
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +82,7 @@ class Prompt:
 
     def tool_schemas(self) -> list[dict[str, JSONValue]]:
         """Tools in the OpenAI ``tools`` format, canonical order (fresh copies)."""
-        return [tool.openai() for tool in self.tools]
+        return [json.loads(tool.json) for tool in self.tools]  # NOTE: specs are shared (cached).
 
     def to_messages(self) -> list[dict[str, JSONValue]]:
         """OpenAI chat messages: system (with documents), history, then user + volatile tail.
@@ -153,8 +156,8 @@ class PromptBuilder:
             PromptError: a tool has no schema, or two tools share a name.
         """
         specs = [tool_spec(tool) for tool in tools]
-        names = [spec.name for spec in specs]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        counts = collections.Counter(spec.name for spec in specs)
+        duplicates = sorted(name for name, n in counts.items() if n > 1)
         if duplicates:
             raise PromptError(f"duplicate tool names: {duplicates}; tool names must be unique")
         if not pinned_order:
@@ -228,15 +231,16 @@ def chain_fingerprints(namespace: str, segments: Iterable[Segment]) -> dict[Segm
 def _documents_text(documents: tuple[Document, ...]) -> str:
     if not documents:
         return ""
-    rows = [
-        {
-            "id_json": canonical_json(d.id),
-            "source_json": canonical_json(d.source) if d.source else "",
-            "text": d.text,
-        }
-        for d in documents
-    ]
+    rows = [_document_row(d.id, d.source) | {"text": d.text} for d in documents]
     return render_template("documents.jinja", documents=rows)
+
+
+@functools.lru_cache(maxsize=4096)
+def _document_row(doc_id: str, source: str | None) -> dict[str, str]:
+    return {
+        "id_json": canonical_json(doc_id),
+        "source_json": canonical_json(source) if source else "",
+    }
 
 
 def _require_str(value: object, what: str) -> str:

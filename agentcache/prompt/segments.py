@@ -7,6 +7,8 @@ chat messages; it knows nothing about fingerprints, providers or tokenizers.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +31,8 @@ SegmentKind: TypeAlias = Literal["system", "tools", "documents", "history", "use
 STABLE_KINDS: tuple[SegmentKind, ...] = ("system", "tools", "documents")
 """Segments expected to stay byte-identical across turns and requests."""
 Message: TypeAlias = dict[str, JSONValue]
+_CACHE_SIZE = 4096
+_MESSAGE_CACHE: dict[str, Message] = {}
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
@@ -78,12 +82,8 @@ def normalize_documents(docs: Iterable[Document], *, pinned_order: bool) -> tupl
     for doc in docs:
         if not isinstance(doc, Document):
             raise PromptError(f"documents must be Document instances, got {type(doc).__name__}")
-        norm = Document(
-            id=normalize_text(doc.id),
-            text=normalize_text(doc.text),
-            source=None if doc.source is None else normalize_text(doc.source),
-            metadata=doc.metadata,
-        )
+        doc_id, text, source = _normalized_fields(doc.id, doc.text, doc.source)
+        norm = Document(id=doc_id, text=text, source=source, metadata=doc.metadata)
         previous = seen.get(norm.id)
         if previous is not None and previous != norm:
             raise PromptError(f"two documents share id {norm.id!r} with different content")
@@ -92,6 +92,16 @@ def normalize_documents(docs: Iterable[Document], *, pinned_order: bool) -> tupl
     if not pinned_order:
         ordered.sort(key=lambda d: d.id)
     return tuple(ordered)
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalized_fields(doc_id: str, text: str, source: str | None) -> tuple[str, str, str | None]:
+    # NOTE: RAG re-sends the same documents every turn; normalization is pure, so cache it.
+    return (
+        normalize_text(doc_id),
+        normalize_text(text),
+        None if source is None else normalize_text(source),
+    )
 
 
 def normalize_message(message: Mapping[str, Any], index: int) -> Message:
@@ -104,6 +114,20 @@ def normalize_message(message: Mapping[str, Any], index: int) -> Message:
         PromptError: the message has no valid ``role``.
         CanonicalizationError: a value has no JSON form.
     """
+    try:
+        key = json.dumps(message, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return _normalize_message(message, index)
+    cached = _MESSAGE_CACHE.get(key)
+    if cached is None:
+        cached = _normalize_message(message, index)
+        if len(_MESSAGE_CACHE) >= _CACHE_SIZE:
+            _MESSAGE_CACHE.pop(next(iter(_MESSAGE_CACHE)))  # NOTE: FIFO, bounded memory.
+        _MESSAGE_CACHE[key] = cached
+    return copy.deepcopy(cached)  # NOTE: callers may mutate; the cache must not change.
+
+
+def _normalize_message(message: Mapping[str, Any], index: int) -> Message:
     role = message.get("role")
     if role not in _ROLES:
         raise PromptError(f"history[{index}]: role {role!r} is not one of {sorted(_ROLES)}")

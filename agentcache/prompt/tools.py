@@ -31,6 +31,8 @@ _SECTION = re.compile(
 _ARG_LINE = re.compile(r"^(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
 # NOTE: callables and model classes are immutable enough to cache by identity; dicts are not.
 _CACHE: weakref.WeakKeyDictionary[Any, ToolSpec] = weakref.WeakKeyDictionary()
+_DICT_CACHE: dict[str, ToolSpec] = {}
+_DICT_CACHE_SIZE = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +77,7 @@ def tool_spec(tool: ToolLike) -> ToolSpec:
             no JSON Schema (the message names the tool).
     """
     if isinstance(tool, Mapping):
-        return _from_dict(tool)
+        return _from_dict_cached(tool)
     try:
         return _CACHE[tool]
     except (KeyError, TypeError):
@@ -107,6 +109,23 @@ def _make(name: str, description: str, parameters: Any, extras: Mapping[str, Any
         raise PromptError(f"tool {name!r}: parameters must be a JSON object schema")
     spec = ToolSpec(name, normalize_text(description or ""), params, extra, "")
     return ToolSpec(spec.name, spec.description, params, extra, canonical_json(spec.openai()))
+
+
+def _from_dict_cached(tool: Mapping[str, Any]) -> ToolSpec:
+    # NOTE: agents pass the same tool dicts every turn. The key is C-speed JSON of the raw dict:
+    # equal keys mean equal structure, strings and number spellings, hence equal canonical form.
+    # Values json cannot encode (datetimes, non-dict mappings) skip the cache.
+    try:
+        key = json.dumps(tool, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return _from_dict(tool)
+    spec = _DICT_CACHE.get(key)
+    if spec is None:
+        spec = _from_dict(tool)
+        if len(_DICT_CACHE) >= _DICT_CACHE_SIZE:
+            _DICT_CACHE.pop(next(iter(_DICT_CACHE)))  # NOTE: FIFO eviction, bounded memory.
+        _DICT_CACHE[key] = spec
+    return spec
 
 
 def _from_dict(tool: Mapping[str, Any]) -> ToolSpec:

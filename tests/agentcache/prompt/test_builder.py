@@ -214,3 +214,21 @@ def test_to_openai_body_shape() -> None:
     # The key follows the stable prefix only: a new user turn keeps it, a new system prompt not.
     assert build(user="Other?").to_openai(model="m")["prompt_cache_key"] == body["prompt_cache_key"]
     assert build(system="New.").to_openai(model="m")["prompt_cache_key"] != body["prompt_cache_key"]
+
+
+def test_cached_tool_schemas_cannot_be_corrupted_by_callers() -> None:
+    first = build()
+    first.tool_schemas()[0]["function"]["name"] = "mutated"  # type: ignore[index]
+    first.to_messages()[1]["content"] = "mutated"
+    again = build()
+    assert render(again) == render(BASE) and again.fingerprints == BASE.fingerprints
+
+
+def test_bench_prints_p50_and_p99_json_last(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from agentcache.prompt.bench import main
+
+    main(["--tools", "6", "--docs", "3", "--iterations", "5", "--json"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["tools"] == 6 and result["p50_ms"] <= result["p99_ms"]
