@@ -8,7 +8,9 @@ template names, not what goes into them.
 from __future__ import annotations
 
 import functools
+import importlib
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -16,9 +18,20 @@ import jinja2
 __all__ = ["render_template"]
 
 
+def _read(name: str) -> str:
+    try:
+        return resources.files("templates").joinpath(name).read_text(encoding="utf-8")
+    except NotADirectoryError:
+        # NOTE: an editable install made before templates/ had an __init__.py maps it as a
+        # namespace package with a non-directory path entry, which importlib.resources rejects.
+        package = importlib.import_module("templates")
+        folders = [Path(entry) for entry in package.__path__ if Path(entry).is_dir()]
+        return (folders[0] / name).read_text(encoding="utf-8")
+
+
 @functools.cache
 def _template(name: str) -> jinja2.Template:
-    source = resources.files("templates").joinpath(name).read_text(encoding="utf-8")
+    source = _read(name)
     env = jinja2.Environment(
         autoescape=False,  # NOTE: prompts are plain text, not HTML.
         undefined=jinja2.StrictUndefined,

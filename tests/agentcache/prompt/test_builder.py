@@ -232,3 +232,18 @@ def test_bench_prints_p50_and_p99_json_last(capsys: pytest.CaptureFixture[str]) 
     main(["--tools", "6", "--docs", "3", "--iterations", "5", "--json"])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["tools"] == 6 and result["p50_ms"] <= result["p99_ms"]
+
+
+def test_templates_load_outside_the_repo_root(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "from agentcache.prompt import Document, PromptBuilder\n"
+        "p = PromptBuilder().documents([Document('a', 'x')]).build()\n"
+        "print(p.documents_block().splitlines()[0])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "<documents>"
