@@ -1,0 +1,321 @@
+"""``agentcache bench load``: concurrent streaming clients against the OpenAI-compatible server.
+
+Starts the server in-process on 127.0.0.1 (or targets ``--url``), sends chat requests that share
+one system prompt from 16 and 64 concurrent streaming clients, then the same number of requests
+one by one, and reports throughput ratio, TTFT p50/p99, hit rate, errors and pinned blocks.
+Optionally times transformers' ``generate_batch`` on an 8-request shared-prefix workload.
+A benchmark script, never a timed test; it knows the HTTP API, not the engine's internals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+__all__ = ["PhaseReport", "main"]
+
+_WORDS = "cache prefix token block radix tenant stream decode prefill schema agent tool".split()
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    ttft_s: float | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseReport:
+    """Figures of one phase (a concurrency level, or its one-by-one baseline)."""
+
+    name: str
+    concurrency: int
+    num_requests: int
+    num_errors: int
+    wall_s: float
+    output_tokens: int
+    tokens_per_s: float
+    """Generated tokens per wall-clock second over the whole phase."""
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    hit_rate: float
+    """Cached prompt tokens / prompt tokens, from the responses' usage."""
+    first_error: str | None
+    """The first failed request's error, if any."""
+
+
+def _system_prompt(num_words: int) -> str:
+    words = (_WORDS[i % len(_WORDS)] for i in range(num_words))
+    return "You are a helpful assistant. Reference notes: " + " ".join(words) + "."
+
+
+def _bodies(model: str, system: str, tag: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "model": model,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"[{tag}] question {i:04d}: summarise the notes."},
+            ],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        for i in range(n)
+    ]
+
+
+async def _one(client: httpx.AsyncClient, body: dict[str, Any]) -> _Result:
+    start = time.perf_counter()
+    ttft: float | None = None
+    usage: dict[str, Any] = {}
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                return _Result(None, 0, 0, 0, f"HTTP {resp.status_code}: {text[:200]}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return _Result(ttft, 0, 0, 0, str(chunk["error"].get("message")))
+                choices = chunk.get("choices") or []
+                if ttft is None and choices and choices[0]["delta"].get("content"):
+                    ttft = time.perf_counter() - start
+                usage = chunk.get("usage") or usage
+    except httpx.HTTPError as exc:
+        return _Result(ttft, 0, 0, 0, f"{type(exc).__name__}: {exc}")
+    details = usage.get("prompt_tokens_details") or {}
+    return _Result(
+        ttft,
+        int(usage.get("prompt_tokens", 0)),
+        int(details.get("cached_tokens", 0)),
+        int(usage.get("completion_tokens", 0)),
+        None if usage else "no usage chunk",
+    )
+
+
+async def _phase(
+    url: str, bodies: list[dict[str, Any]], concurrency: int, timeout_s: float
+) -> tuple[list[_Result], float]:
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    results: list[_Result] = []
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            results.append(await _one(client, queue.get_nowait()))
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        return results, time.perf_counter() - start
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def _report(name: str, concurrency: int, results: list[_Result], wall_s: float) -> PhaseReport:
+    ttfts = [r.ttft_s for r in results if r.ttft_s is not None]
+    prompt = sum(r.prompt_tokens for r in results)
+    out = sum(r.completion_tokens for r in results)
+    return PhaseReport(
+        name=name,
+        concurrency=concurrency,
+        num_requests=len(results),
+        num_errors=sum(r.error is not None for r in results),
+        wall_s=round(wall_s, 4),
+        output_tokens=out,
+        tokens_per_s=round(out / wall_s, 2) if wall_s > 0 else 0.0,
+        ttft_p50_s=_percentile(ttfts, 50),
+        ttft_p99_s=_percentile(ttfts, 99),
+        hit_rate=round(sum(r.cached_tokens for r in results) / prompt, 4) if prompt else 0.0,
+        first_error=next((r.error for r in results if r.error is not None), None),
+    )
+
+
+def _wait_unpinned(engine: Any, timeout_s: float = 30.0) -> int | None:
+    """Pinned (in-use) blocks once the server is idle; None when the engine does not say."""
+    radix = getattr(getattr(engine, "prefix_cache", None), "radix", None)
+    if radix is None or not hasattr(radix, "num_in_use_blocks"):
+        return None
+    deadline = time.monotonic() + timeout_s
+    while radix.num_in_use_blocks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    engine.check_integrity()
+    return int(radix.num_in_use_blocks)
+
+
+def run_load(url: str, model: str, args: argparse.Namespace, engine: Any = None) -> dict[str, Any]:
+    """Warm the shared prefix, then run each level concurrently and one by one.
+
+    Returns:
+        ``{"levels": [...], "errors": int, "pinned_blocks_after": int | None}``.
+    """
+    system = _system_prompt(args.system_words)
+    warm, _ = asyncio.run(_phase(url, _bodies(model, system, "warm", 1, 4), 1, args.timeout_s))
+    levels: list[dict[str, Any]] = []
+    pinned: int | None = None
+    for level in args.concurrency:
+        n = level * args.rounds
+        tag = f"c{level}"
+        conc = _report(
+            f"{level} concurrent",
+            level,
+            *asyncio.run(
+                _phase(url, _bodies(model, system, tag, n, args.max_tokens), level, args.timeout_s)
+            ),
+        )
+        seq = _report(
+            "one by one",
+            1,
+            *asyncio.run(
+                _phase(
+                    url, _bodies(model, system, tag + "s", n, args.max_tokens), 1, args.timeout_s
+                )
+            ),
+        )
+        pinned = _wait_unpinned(engine) if engine is not None else None
+        ratio = conc.tokens_per_s / seq.tokens_per_s if seq.tokens_per_s else 0.0
+        levels.append(
+            {
+                "concurrent": asdict(conc),
+                "sequential": asdict(seq),
+                "throughput_ratio": round(ratio, 3),
+                "pinned_blocks_after": pinned,
+            }
+        )
+        _print_level(levels[-1])
+    errors = sum(lv["concurrent"]["num_errors"] + lv["sequential"]["num_errors"] for lv in levels)
+    errors += sum(r.error is not None for r in warm)
+    return {"levels": levels, "errors": errors, "pinned_blocks_after": pinned}
+
+
+def _print_level(level: dict[str, Any]) -> None:
+    for key in ("concurrent", "sequential"):
+        p = level[key]
+        p50 = f"{p['ttft_p50_s'] * 1e3:.1f}" if p["ttft_p50_s"] is not None else "-"
+        p99 = f"{p['ttft_p99_s'] * 1e3:.1f}" if p["ttft_p99_s"] is not None else "-"
+        print(
+            f"{p['name']:>14}: {p['num_requests']:4d} req  {p['wall_s']:7.2f} s  "
+            f"{p['tokens_per_s']:8.1f} tok/s  TTFT p50 {p50} ms p99 {p99} ms  "
+            f"hit {p['hit_rate']:.1%}  errors {p['num_errors']}"
+        )
+    print(
+        f"{'':>14}  throughput concurrent/sequential = {level['throughput_ratio']:.2f}x  "
+        f"pinned blocks after: {level['pinned_blocks_after']}"
+    )
+
+
+def hf_generate_batch_ratio(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Same-run wall-time ratio: transformers ``generate_batch`` vs this engine, 8 requests.
+
+    Both start cold (this engine's cache flushed) on 8 chats sharing one system prompt, greedy,
+    ``max_new_tokens=args.max_tokens``; HF runs with ``allow_block_sharing=True``.
+    """
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from runtime.sampling import SamplingParams
+
+    system = _system_prompt(args.system_words)
+    bodies = _bodies(engine.model_id, system, "hf", 8, args.max_tokens)
+    prompts = [engine.render_chat(b["messages"]) for b in bodies]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    engine.flush_cache()
+    start = time.perf_counter()
+    ours = [engine.generate(ids, params) for ids in prompts]
+    ours_s = time.perf_counter() - start
+    model = engine.runner.model
+    gen = GenerationConfig(max_new_tokens=args.max_tokens, do_sample=False)  # type: ignore[no-untyped-call]
+    cb = ContinuousBatchingConfig(allow_block_sharing=True, block_size=16)
+    model.generate_batch(inputs=prompts[:1], generation_config=gen, continuous_batching_config=cb)
+    start = time.perf_counter()
+    outs = model.generate_batch(
+        inputs=prompts, generation_config=gen, continuous_batching_config=cb, warmup=False
+    )
+    hf_s = time.perf_counter() - start
+    hf_tokens = sum(len(o.generated_tokens) for o in outs.values())
+    return {
+        "num_requests": len(prompts),
+        "ours_s": round(ours_s, 4),
+        "ours_tokens": sum(len(c.token_ids) for c in ours),
+        "hf_generate_batch_s": round(hf_s, 4),
+        "hf_tokens": hf_tokens,
+        "hf_over_ours": round(hf_s / ours_s, 3) if ours_s else None,
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentcache bench load", description=__doc__)
+    p.add_argument("--model", default="tiny", help="model to serve in-process (ignored with --url)")
+    p.add_argument("--url", default=None, help="target a running server instead")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
+    p.add_argument("--rounds", type=int, default=2, help="requests per client at each level")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--system-words", type=int, default=200, help="shared system prompt length")
+    p.add_argument("--max-concurrency", type=int, default=16, help="server running slots")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout")
+    p.add_argument("--hf", action="store_true", help="also time transformers generate_batch")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Run the load test; returns 0 when there were no errors and no blocks stayed pinned."""
+    args = _parser().parse_args(argv)
+    for bad in [n for n in args.concurrency if n < 1] + [args.rounds, args.max_tokens]:
+        if bad < 1:
+            _parser().error(f"counts must be >= 1, got {bad}")
+    if args.url is not None:
+        with httpx.Client(base_url=args.url, timeout=30) as client:
+            model = client.get("/v1/models").json()["data"][0]["id"]
+        report = run_load(args.url.rstrip("/"), model, args)
+    else:
+        report = _run_in_process(args)
+    report["ok"] = report["errors"] == 0 and report["pinned_blocks_after"] in (0, None)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    return 0 if report["ok"] else 1
+
+
+def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
+    from runtime.engine import Engine
+    from runtime.server import create_app
+    from runtime.server_thread import ServerThread
+
+    engine = Engine.from_pretrained(args.model)
+    app = create_app(engine, max_concurrency=args.max_concurrency, max_queue=1024)
+    with ServerThread(app) as url:
+        print(f"serving {engine.model_id!r} at {url} (max_concurrency={args.max_concurrency})")
+        report = run_load(url, engine.model_id, args, engine)
+    if args.hf:
+        try:
+            report["hf_generate_batch"] = hf_generate_batch_ratio(engine, args)
+        except Exception as exc:  # an optional comparison; report why it could not run
+            report["hf_generate_batch"] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"generate_batch: {report['hf_generate_batch']}")
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

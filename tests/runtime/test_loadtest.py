@@ -1,0 +1,39 @@
+"""The load script runs end to end against a server (a scripted engine) and reports honestly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.loadtest import main
+from runtime.server import create_app
+from runtime.server_thread import ServerThread
+from tests.runtime.server_fakes import ScriptedEngine
+
+
+def test_load_script_against_a_url_prints_one_json_object_last(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    engine = ScriptedEngine(["a", "b", "c"])
+    with ServerThread(create_app(engine)) as url:
+        argv = ["--url", url, "--concurrency", "2", "3", "--rounds", "2"]
+        argv += ["--system-words", "20", "--json"]
+        assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["errors"] == 0 and report["ok"] is True
+    assert [lv["concurrent"]["num_requests"] for lv in report["levels"]] == [4, 6]
+    assert [lv["sequential"]["concurrency"] for lv in report["levels"]] == [1, 1]
+    first = report["levels"][0]["concurrent"]
+    assert first["output_tokens"] == 4 * 3  # three scripted tokens per request
+    assert 0 < first["hit_rate"] < 1  # the shared system prompt is reused, the question is not
+    assert engine.num_open == 0
+
+
+def test_load_script_counts_errors_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    engine = ScriptedEngine(["a"], max_context_len=50)  # every request is too long: 400
+    with ServerThread(create_app(engine)) as url:
+        assert main(["--url", url, "--concurrency", "2", "--rounds", "1", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["errors"] == 1 + 2 + 2  # warm-up, concurrent, one by one
+    assert "HTTP 400" in report["levels"][0]["concurrent"]["first_error"]
