@@ -1,0 +1,224 @@
+"""``agentcache demo``: a local RAG agent over real documents that shows what the caches saved.
+
+Indexes the installed standard library's docstrings (or ``--docs PATH``), then runs a short
+multi-turn session on the local engine (or ``--base-url``), streaming answers and printing
+per-turn prompt-cache, retrieval-cache and tool-cache figures. Knows no model internals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agentcache import env
+from agentcache._demo_report import TurnReport, print_summary, print_turn
+from agentcache.agent import Agent, AgentConfig, PlannedCall
+from agentcache.backends import BaseBackend, GenerationOptions, create_backend
+from agentcache.cache import DiskStore, RetrievalCache, ToolCache
+from agentcache.exceptions import AgentCacheError
+from agentcache.prompt import Document
+from agentcache.rag import Chunk, DocumentIndex, TextSource, format_chunks, load_folder
+from agentcache.rag.chunking import chunk_sources
+from agentcache.rag.stdlib import stdlib_sources
+
+__all__ = ["QUESTIONS", "DemoSession", "DocTools", "plan", "run"]
+
+QUESTIONS: tuple[str, ...] = (
+    "How do I parse a JSON string into Python objects?",
+    "What does functools.lru_cache do?",
+    "How can I read rows from a CSV file?",
+    "How do I parse a JSON string into Python objects?",
+)
+"""Built-in questions; the last repeats the first so the retrieval cache hits within one run."""
+
+SYSTEM = (
+    "You are a documentation assistant for the Python standard library. Answer briefly from the "
+    "documents and tool results; cite chunk ids in brackets. Call search_docs to find passages "
+    "and read_doc to read one object's full docstring."
+)
+PINNED_SOURCES = ("json", "functools", "csv", "pathlib", "collections", "itertools")
+"""Module docstrings pinned into the stable prefix (those present in the corpus)."""
+TOY_NOTE = (
+    "model: bundled 'tiny' - a toy trained on stdlib docstrings. It shows the caching "
+    "mechanics, not good answers; a deterministic planner picks its tool calls."
+)
+_DOTTED = re.compile(r"\b([a-z_][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_.]*)")
+
+
+@dataclass
+class DocTools:
+    """The demo's tools over one corpus; remembers the chunks retrieved in the current turn."""
+
+    index: DocumentIndex
+    sources: dict[str, str]
+    retrieved: list[Chunk] = field(default_factory=list)
+
+    def search_docs(self, query: str) -> str:
+        """Search the documentation and return the most relevant passages.
+
+        Args:
+            query: Keywords or a question.
+        """
+        chunks = self.index.retrieve(query, k=3)
+        self.retrieved.extend(chunks)
+        return format_chunks(chunks)
+
+    def read_doc(self, name: str) -> str:
+        """Return the full docstring of one object, e.g. ``functools.lru_cache``.
+
+        Args:
+            name: Dotted name of a module, class or function.
+        """
+        module, _, qualname = name.partition(".")
+        key = f"{module}:{qualname}" if qualname else module
+        return self.sources.get(key) or self.sources.get(name) or f"no docstring for {name!r}"
+
+
+def plan(question: str) -> list[PlannedCall]:
+    """Deterministic tool choice for models that cannot plan: search, plus read_doc for names."""
+    calls: list[PlannedCall] = [("search_docs", {"query": question})]
+    calls += [("read_doc", {"name": name.rstrip(".")}) for name in _DOTTED.findall(question)]
+    return calls
+
+
+def load_corpus(docs: str | None, console: Console) -> list[TextSource]:
+    """Read ``docs`` (a folder) or the stdlib docstrings, with a progress bar."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console, transient=False) as bar:
+        if docs is not None:
+            task = bar.add_task(f"reading {docs}", total=None)
+            sources = load_folder(docs)
+            bar.update(task, total=len(sources), completed=len(sources))
+            return sources
+        task = bar.add_task("reading stdlib docstrings", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return stdlib_sources(progress=progress)
+
+
+def build_session(args: argparse.Namespace, backend: BaseBackend, console: Console) -> DemoSession:
+    """Index the corpus and assemble caches and agent (stores under the cache dir)."""
+    cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else env.cache_dir()
+    sources = load_corpus(args.docs, console)
+    started = time.perf_counter()
+    chunks = chunk_sources(sources)
+    retrieval_cache = RetrievalCache(DiskStore(cache_dir / "retrieval"))
+    index = DocumentIndex(chunks, cache=retrieval_cache)
+    console.print(
+        f"indexed {len(sources)} texts -> {len(chunks)} chunks (BM25) in "
+        f"{time.perf_counter() - started:.1f}s; caches in {cache_dir}"
+    )
+    tools = DocTools(index, {s.source: s.text for s in sources})
+    agent = Agent(
+        backend,
+        system=SYSTEM,
+        documents=_pinned(chunks),
+        tool_cache=ToolCache(DiskStore(cache_dir / "tools")),
+        planner=plan if args.model == "tiny" else None,
+        config=AgentConfig(
+            max_steps=3,
+            generation=GenerationOptions(max_tokens=args.max_tokens),
+            namespace="agentcache-demo",
+            raise_on_step_limit=False,
+        ),
+    )
+    agent.registry.add(tools.search_docs, cache=False)  # NOTE: RetrievalCache inside.
+    agent.registry.add(tools.read_doc, version="1")
+    return DemoSession(tools, agent, retrieval_cache)
+
+
+@dataclass(frozen=True)
+class DemoSession:
+    """The tools, agent and retrieval cache of one demo run."""
+
+    tools: DocTools
+    agent: Agent
+    retrieval_cache: RetrievalCache
+
+
+def _pinned(chunks: list[Chunk]) -> list[Document]:
+    first = {}
+    for chunk in chunks:
+        if chunk.source in PINNED_SOURCES and chunk.source not in first:
+            first[chunk.source] = chunk
+    picked = list(first.values()) or chunks[:4]
+    return [Document(c.id, c.text, source=c.source) for c in picked]
+
+
+def questions(args: argparse.Namespace, console: Console) -> Iterator[str]:
+    """The built-in questions, or lines typed by the user (``--interactive``)."""
+    if not args.interactive:
+        yield from QUESTIONS
+        return
+    while True:
+        try:
+            line = console.input("[bold]you>[/bold] ").strip()
+        except EOFError:
+            return
+        if not line:
+            return
+        yield line
+
+
+def ask(session: DemoSession, question: str, write: Callable[[str], None]) -> TurnReport:
+    """Run one turn and collect its figures."""
+    before = session.retrieval_cache.stats()
+    session.tools.retrieved.clear()
+    started = time.perf_counter()
+    result = session.agent.run(question, on_text=write)
+    retrieval = session.retrieval_cache.stats().since(before)
+    tools = result.tool_cache_stats
+    return TurnReport(
+        question=question,
+        usage=result.usages[-1],
+        wall_s=time.perf_counter() - started,
+        sources=sorted({c.source for c in session.tools.retrieved}),
+        retrieval_hits=retrieval.hits,
+        retrieval_misses=retrieval.misses,
+        tool_hits=tools.hits if tools else 0,
+        tool_misses=tools.misses if tools else 0,
+    )
+
+
+def make_backend(args: argparse.Namespace) -> BaseBackend:
+    """Local engine by default; an OpenAI-compatible endpoint with ``--base-url``."""
+    if args.base_url:
+        return create_backend(args.base_url, model=args.model)
+    return create_backend("local", model=args.model)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``agentcache demo``; returns the exit code."""
+    console = Console(highlight=False)
+    started = time.perf_counter()
+    try:
+        backend = make_backend(args)
+        console.print(TOY_NOTE if args.model == "tiny" else f"model: {args.model}")
+        session = build_session(args, backend, console)
+        reports: list[TurnReport] = []
+        for question in questions(args, console):
+            console.print(f"\n[bold]Q:[/bold] {question}\n[bold]A:[/bold] ", end="")
+            report = ask(session, question, lambda t: console.print(t, end="", markup=False))
+            print_turn(console, len(reports) + 1, report)
+            reports.append(report)
+    except AgentCacheError as exc:
+        console.print(f"[red]agentcache demo: {exc}[/red]")
+        return 1
+    print_summary(console, reports, time.perf_counter() - started)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from agentcache.cli import main
+
+    sys.exit(main(["demo", *sys.argv[1:]]))

@@ -1,0 +1,38 @@
+"""Local RAG: index a folder (default: stdlib docstrings), retrieve through a cache, answer.
+
+Run: python examples/local_rag.py [FOLDER]   (bundled tiny model, offline)
+"""
+
+from __future__ import annotations
+
+import sys
+
+from agentcache.agent import Agent
+from agentcache.backends import BaseBackend, create_backend
+from agentcache.cache import MemoryStore, RetrievalCache
+from agentcache.rag import DocumentIndex, load_folder, stdlib_sources
+
+
+def main(backend: BaseBackend | None = None, folder: str | None = None) -> list[str]:
+    """Index, then ask two questions that share the system + tools + history prefix."""
+    sources = load_folder(folder) if folder else stdlib_sources(max_files=60)
+    index = DocumentIndex.from_sources(sources, cache=RetrievalCache(MemoryStore()))
+    search_docs = index.search_tool(k=3)
+    agent = Agent(
+        backend or create_backend("local", model="tiny"),
+        system="Answer from the passages returned by search_docs; cite their ids.",
+        tools=[search_docs],
+        planner=lambda question: [("search_docs", {"query": question})],
+    )
+    answers = []
+    for question in ["What does the abc module provide?", "How do I use argparse?"]:
+        result = agent.run(question)
+        usage = result.usages[-1]
+        print(f"Q: {question}\nA: {result.output}")
+        print(f"   prompt={usage.prompt_tokens} cached={usage.cached_tokens} ttft={usage.ttft_s}")
+        answers.append(result.output)
+    return answers
+
+
+if __name__ == "__main__":
+    main(folder=sys.argv[1] if len(sys.argv) > 1 else None)
