@@ -266,6 +266,16 @@ def test_anthropic_request_shape_and_streamed_response() -> None:
     usage = response.usage
     assert (usage.prompt_tokens, usage.cached_tokens, usage.cache_write_tokens) == (2060, 2000, 50)
     assert usage.completion_tokens == 12
+    assert response.cost_usd is None  # "claude-x" is not in the price table
+
+
+@respx.mock
+def test_priced_models_get_a_cost_estimate() -> None:
+    respx.post(f"{BASE}/chat/completions").mock(
+        return_value=httpx.Response(200, content=OPENAI_TEXT_STREAM.replace(b'"m1"', b'"gpt-4o"'))
+    )
+    response = openai_backend().complete(make_prompt())
+    assert response.model == "gpt-4o" and response.cost_usd is not None and response.cost_usd > 0
 
 
 @respx.mock
