@@ -145,6 +145,6 @@ class ChoiceStream:
                 yield event
         except Exception as exc:  # the engine failed mid-stream: tell the client, keep serving
             _log.exception("stream %s failed", self._plan.id)
-            self._plan.is_failed = True
+            self._plan.has_stream_error = True
             yield _event(error_body(f"generation failed: {exc}", type="server_error"))
         yield DONE

@@ -49,6 +49,8 @@ class RequestPlan:
     has_tool_calls: bool = False
     is_failed: bool = False
     """True once an error answer was chosen (so a close is not counted as a cancel)."""
+    has_stream_error: bool = False
+    """True when the engine failed after the SSE stream had started."""
 
 
 def _new_plan(

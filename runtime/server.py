@@ -203,7 +203,9 @@ class _Server:
 
     def _record(self, completion: Completion | None, plan: RequestPlan) -> None:
         if completion is None:
-            if not plan.is_failed:
+            if plan.has_stream_error:
+                self.metrics.count("error")
+            elif not plan.is_failed:
                 self.metrics.count("cancelled")
             return
         outcome = "tool_calls" if plan.has_tool_calls else completion.finish_reason
@@ -280,7 +282,13 @@ def create_app(
         detail = str(getattr(exc, "detail", "error"))
         return JSONResponse(error_body(detail, type="invalid_request_error"), status_code=status)
 
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        server.metrics.count("error")
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        return JSONResponse(error_body(message, type="server_error"), status_code=500)
+
     app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(Exception, on_unexpected)
     app.add_exception_handler(404, on_http_error)
     app.add_exception_handler(405, on_http_error)
 

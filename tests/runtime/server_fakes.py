@@ -37,11 +37,18 @@ class ScriptedEngine:
     model_id = "fake-model"
 
     def __init__(
-        self, script: list[str] | None = None, *, max_context_len: int = 400, step_s: float = 0.0
+        self,
+        script: list[str] | None = None,
+        *,
+        max_context_len: int = 400,
+        step_s: float = 0.0,
+        fail_at: int | None = None,
     ) -> None:
+        """``fail_at``: raise RuntimeError before that piece (0 = when the stream opens)."""
         self.script = script if script is not None else ["Hello", ",", " world", "!"]
         self.max_context_len = max_context_len
         self.step_s = step_s
+        self.fail_at = fail_at
         self.tokenizer = CharTokenizer()
         self.seen: list[tuple[str | None, list[int]]] = []
         self.salts: list[str | None] = []
@@ -76,6 +83,8 @@ class ScriptedEngine:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if len(ids) + params.max_tokens > self.max_context_len:
             raise PromptTooLongError(f"{len(ids)} + {params.max_tokens} > {self.max_context_len}")
+        if self.fail_at == 0:
+            raise RuntimeError("engine exploded")
         self.salts.append(cache_salt)
         self.params.append(params)
         return self._run(ids, params, cache_salt)
@@ -106,6 +115,8 @@ class ScriptedEngine:
             pieces = self.script[: params.max_tokens]
             for i, piece in enumerate(pieces[:-1]):
                 time.sleep(self.step_s)
+                if i == self.fail_at:
+                    raise RuntimeError("engine exploded mid-stream")
                 yield StreamDelta([i], piece)
             reason: FinishReason = "length" if len(self.script) > params.max_tokens else "stop"
             completion = Completion(

@@ -323,3 +323,26 @@ def test_api_key_is_required_when_configured() -> None:
     assert client.post("/v1/chat/completions", json=chat_body(), headers=good).status_code == 200
     assert client.get("/health").status_code == 200
     assert 'outcome="unauthorized"} 2.0' in client.get("/metrics").text
+
+
+def test_engine_failure_is_a_500_with_the_error_shape_and_the_server_keeps_serving() -> None:
+    engine = ScriptedEngine(fail_at=0)
+    client = TestClient(create_app(engine), raise_server_exceptions=False)
+    error = assert_openai_error(client.post("/v1/chat/completions", json=chat_body()), 500)
+    assert error["type"] == "server_error"
+    engine.fail_at = None
+    assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200
+    assert 'outcome="error"} 1.0' in client.get("/metrics").text
+
+
+def test_engine_failure_mid_stream_ends_the_stream_with_an_error_event() -> None:
+    engine = ScriptedEngine(fail_at=2)
+    client = make_client(engine)
+    resp = client.post("/v1/chat/completions", json=chat_body(stream=True))
+    events = sse_events(resp.text)
+    assert events[-1]["error"]["type"] == "server_error"
+    contents = [e["choices"][0]["delta"].get("content") for e in events[:-1]]
+    assert contents == ["", "Hello", ","]
+    assert engine.num_open == 0
+    assert client.app.state.server.admission.snapshot() == (0, 0)  # type: ignore[attr-defined]
+    assert 'outcome="error"} 1.0' in client.get("/metrics").text
