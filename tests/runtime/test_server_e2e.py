@@ -249,3 +249,23 @@ def test_full_queue_answers_429_and_recovers() -> None:
         assert busy.status_code == 429 and busy.json()["error"]["code"] == "server_busy"
         assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 200
         assert 'outcome="rejected"} 1.0' in httpx.get(f"{url}/metrics").text
+
+
+def test_client_leaving_while_queued_never_reaches_the_engine() -> None:
+    engine = ScriptedEngine(["tok"] * 40, step_s=0.02)
+    app = create_app(engine, max_concurrency=1, max_queue=4)
+    body = {"model": engine.model_id, "messages": [{"role": "user", "content": "x"}]}
+    with ServerThread(app) as url:
+        holder = threading.Thread(
+            target=lambda: httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+        )
+        holder.start()
+        while engine.num_open == 0:
+            time.sleep(0.005)
+        with pytest.raises(httpx.ReadTimeout):  # queued behind the holder; give up quickly
+            httpx.post(f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=0.2)
+        time.sleep(0.1)
+        assert httpx.get(f"{url}/health").json()["waiting"] == 0
+        holder.join()
+        assert len(engine.salts) == 1  # only the holder ever opened an engine stream
+        assert 'outcome="cancelled"} 1.0' in httpx.get(f"{url}/metrics").text
