@@ -235,11 +235,14 @@ class Engine:
     def _prefill(self, req: Request) -> int:
         assert req.kv is not None, "admit before prefill"
         logits = self.runner.forward(req.prompt_ids[req.cached_len :], req.kv)
-        req.node = self.prefix_cache.insert(req.namespace, req.prompt_ids, req.kv, req.node)
         return self._sample(req, logits)
 
     def _decode(self, req: Request) -> int:
         assert req.kv is not None, "admit before decode"
+        if len(req.output_ids) == 1:
+            # NOTE: the prompt's blocks are stored once the first token went out, so storing
+            # is not part of TTFT; a request admitted in between merely misses them.
+            req.node = self.prefix_cache.insert(req.namespace, req.prompt_ids, req.kv, req.node)
         return self._sample(req, self.runner.forward(req.output_ids[-1:], req.kv))
 
     def _release(self, req: Request, *, keep: bool) -> None:
