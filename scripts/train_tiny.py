@@ -277,7 +277,7 @@ def split_texts(
 
 def encode_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
     """Tokenize texts into one stream of ids, each text followed by ``<|endoftext|>``."""
-    eos_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    eos_id = token_id(tokenizer, "<|endoftext|>")
     ids: list[int] = []
     for encoded in tokenizer(texts, add_special_tokens=False)["input_ids"]:
         ids.extend(encoded)
@@ -286,6 +286,13 @@ def encode_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch
 
 
 # ----------------------------------------------------------------------------- tokenizer
+
+
+def token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
+    """The id of one token of the vocabulary."""
+    found = tokenizer.convert_tokens_to_ids(token)
+    assert isinstance(found, int), f"{token!r} is not a single token"
+    return found
 
 
 def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
@@ -307,7 +314,7 @@ def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
     state = json.loads(tokenizer.to_str())
     for added in state["added_tokens"]:
         added["special"] = added["content"] in SPECIAL_TOKENS
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=Tokenizer.from_str(json.dumps(state)),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -347,12 +354,12 @@ def model_config(tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
         num_key_value_heads=2,
         head_dim=64,
         max_position_embeddings=4096,
-        rope_theta=10000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
         bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=token_id(tokenizer, "<|im_end|>"),
+        pad_token_id=token_id(tokenizer, "<|endoftext|>"),
     )
 
 
@@ -393,8 +400,12 @@ def train(
     generator = torch.Generator().manual_seed(SEED)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups: list[dict[str, Any]] = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay},
+    ]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay}],
+        groups,
         lr=config.lr,
         betas=(0.9, 0.95),
         weight_decay=0.0,
@@ -464,14 +475,15 @@ def evaluate_shipped(out: Path, *, max_windows: int = EVAL_MAX_WINDOWS) -> dict[
 
 def save_model(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
     """Save float16 weights, but declare float32 as the default compute dtype in config.json."""
-    model.to(torch.float16).save_pretrained(str(out))
+    torch.nn.Module.to(model, torch.float16)  # NOTE: in place
+    model.save_pretrained(str(out))
     config_path = out / "config.json"
     config = json.loads(config_path.read_text())
     config["dtype"] = "float32"  # NOTE: stored in float16 to stay under 10 MB; computed in fp32.
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    GenerationConfig(
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    GenerationConfig(  # type: ignore[no-untyped-call]
+        eos_token_id=token_id(tokenizer, "<|im_end|>"),
+        pad_token_id=token_id(tokenizer, "<|endoftext|>"),
         do_sample=False,
     ).save_pretrained(str(out))
 

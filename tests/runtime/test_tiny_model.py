@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 from jinja2.exceptions import TemplateError
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from runtime.models import BUNDLED_MODELS, resolve_model
 
@@ -92,8 +92,10 @@ def tokenizer() -> Any:
 
 
 @pytest.fixture(scope="module")
-def model() -> PreTrainedModel:
-    return AutoModelForCausalLM.from_pretrained(resolve_model("tiny"), local_files_only=True)
+def model() -> LlamaForCausalLM:
+    loaded = AutoModelForCausalLM.from_pretrained(resolve_model("tiny"), local_files_only=True)
+    assert isinstance(loaded, LlamaForCausalLM)
+    return loaded
 
 
 def render(tokenizer: Any, messages: list[dict[str, Any]], *, generation: bool = False) -> str:
@@ -149,13 +151,13 @@ def test_special_tokens_are_single_tokens_with_fixed_ids(tokenizer: Any) -> None
 # ----------------------------------------------------------------------------- the model
 
 
-def test_loads_offline_in_float32_with_the_recorded_size(model: PreTrainedModel) -> None:
+def test_loads_offline_in_float32_with_the_recorded_size(model: LlamaForCausalLM) -> None:
     assert model.dtype == torch.float32
     assert sum(p.numel() for p in model.parameters()) == STATS["num_parameters"]
     assert model.generation_config.eos_token_id == SPECIAL_IDS["<|im_end|>"]
 
 
-def test_greedy_generation_is_word_like(model: PreTrainedModel, tokenizer: Any) -> None:
+def test_greedy_generation_is_word_like(model: LlamaForCausalLM, tokenizer: Any) -> None:
     prompt = "collections.OrderedDict.move_to_end(self, key, last=True)\n\n"
     input_ids = torch.tensor([encode(tokenizer, prompt)])
     output = model.generate(input_ids, max_new_tokens=48, do_sample=False)
@@ -167,8 +169,8 @@ def test_greedy_generation_is_word_like(model: PreTrainedModel, tokenizer: Any) 
     assert len(words) >= 5, text
 
 
-def test_long_prompt_fits_the_context(model: PreTrainedModel) -> None:
-    input_ids = torch.arange(7, 3007).remainder(4000).unsqueeze(0)  # [1, 3000]
+def test_long_prompt_fits_the_context(model: LlamaForCausalLM) -> None:
+    input_ids = (torch.arange(7, 3007) % 4000).unsqueeze(0)  # [1, 3000]
     with torch.no_grad():
         logits = model(input_ids=input_ids).logits  # [1, 3000, vocab]
     assert torch.isfinite(logits).all()
