@@ -135,7 +135,8 @@ def test_shipped_files_fit_the_budget() -> None:
     assert config["model_type"] == "llama"
     assert config["max_position_embeddings"] >= 4096
     generation = json.loads((TINY / "generation_config.json").read_text())
-    assert generation["eos_token_id"] == SPECIAL_IDS["<|im_end|>"]
+    eos = [SPECIAL_IDS["<|im_end|>"], SPECIAL_IDS["<|endoftext|>"]]
+    assert generation["eos_token_id"] == eos
 
 
 def test_special_tokens_are_single_tokens_with_fixed_ids(tokenizer: Any) -> None:
@@ -154,7 +155,8 @@ def test_special_tokens_are_single_tokens_with_fixed_ids(tokenizer: Any) -> None
 def test_loads_offline_in_float32_with_the_recorded_size(model: LlamaForCausalLM) -> None:
     assert model.dtype == torch.float32
     assert sum(p.numel() for p in model.parameters()) == STATS["num_parameters"]
-    assert model.generation_config.eos_token_id == SPECIAL_IDS["<|im_end|>"]
+    eos = [SPECIAL_IDS["<|im_end|>"], SPECIAL_IDS["<|endoftext|>"]]
+    assert model.generation_config.eos_token_id == eos
 
 
 def test_greedy_generation_is_word_like(model: LlamaForCausalLM, tokenizer: Any) -> None:
