@@ -1,7 +1,7 @@
 """Engine: the public entry of the local runtime (generate, stream, chat rendering, cache control).
 
-It owns the model runner, the prefix cache and one lock; a request moves admit -> prefill ->
-decode* -> release, one locked step at a time, so concurrent streams interleave token by token.
+It owns the model runner, the prefix cache, the scheduler (whose loop thread batches every
+running request) and one lock; ``stream`` submits a request and yields the deltas the loop posts.
 It does not know HTTP or the SDK.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,10 +19,11 @@ from runtime._detokenizer import Detokenizer
 from runtime.exceptions import InvalidRequestError, PromptTooLongError
 from runtime.kv_pool import KVPool
 from runtime.model_runner import ModelRunner, load_model, reuse_blocker
-from runtime.outputs import CacheStats, Completion, Metrics, StreamDelta, Usage
+from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.prefix_cache import PrefixCache, namespace_of
-from runtime.request import Request, RequestStatus
-from runtime.sampling import SamplingParams, sample
+from runtime.request import Request
+from runtime.sampling import SamplingParams
+from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 
 __all__ = ["DEFAULT_KV_CACHE_BYTES", "Engine", "Prompt"]
 
@@ -36,9 +37,10 @@ Prompt = str | Sequence[int] | list[dict[str, Any]]
 
 
 class Engine:
-    """A causal LM with a per-request KV cache and an exact cross-request prefix cache.
+    """A causal LM with continuous batching and an exact cross-request prefix cache.
 
-    Thread-safe: ``generate``/``stream`` may run from many threads; model steps are serialized.
+    Thread-safe: ``generate``/``stream`` may run from many threads; one loop thread (started on
+    the first request, stopped by ``close``) prefills and batch-decodes them.
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class Engine:
         block_size: int = 16,
         prefix_cache: bool = True,
         debug_integrity: bool = False,
+        scheduler: SchedulerConfig | None = None,
     ) -> None:
         """Wrap an already loaded model; prefer ``from_pretrained``.
 
@@ -75,6 +78,17 @@ class Engine:
         self._dtype_name = str(self.runner.dtype).removeprefix("torch.")
         self._lock = threading.Lock()
         self.prefix_cache = self._make_prefix_cache(kv_cache_bytes, block_size, prefix_cache)
+        if self.runner.batch_blocker is not None:
+            logger.warning("batch size 1 for %r: %s", model_id, self.runner.batch_blocker)
+        self.scheduler = Scheduler(
+            self.runner,
+            self.prefix_cache,
+            self._lock,
+            scheduler or SchedulerConfig(),
+            debug_integrity=debug_integrity,
+        )
+        # NOTE: holds the scheduler, not the engine, so an unreferenced engine is collected.
+        self._finalizer = weakref.finalize(self, self.scheduler.close)
 
     @classmethod
     def from_pretrained(
@@ -87,6 +101,7 @@ class Engine:
         dtype: str = "float32",
         device: str = "cpu",
         revision: str | None = None,
+        scheduler: SchedulerConfig | None = None,
     ) -> Engine:
         """Load a model and its tokenizer (local path, bundled name, or hub id).
 
@@ -97,6 +112,7 @@ class Engine:
             prefix_cache: False = force-miss (same code path, no reuse).
             dtype: ``"float32" | "float16" | "bfloat16"``.
             device: torch device string.
+            scheduler: batching, ordering and admission limits (defaults: ``SchedulerConfig()``).
 
         Raises:
             ModelLoadError: the model or tokenizer cannot be loaded.
@@ -110,6 +126,7 @@ class Engine:
             kv_cache_bytes=kv_cache_bytes,
             block_size=block_size,
             prefix_cache=prefix_cache,
+            scheduler=scheduler,
         )
 
     def render_chat(
@@ -157,6 +174,7 @@ class Engine:
 
         Raises:
             InvalidRequestError, PromptTooLongError: as ``generate``.
+            EngineBusyError: (on first ``next``) the scheduler's queue is full.
         """
         return self._run(self.make_request(prompt, params, cache_salt=cache_salt))
 
@@ -175,6 +193,7 @@ class Engine:
                 num_evictions=pc.num_evictions,
                 is_enabled=pc.is_enabled,
                 disabled_reason=pc.disabled_reason,
+                num_blocks_pinned=pc.radix.num_in_use_blocks,
             )
 
     def flush_cache(self) -> int:
@@ -186,6 +205,7 @@ class Engine:
         """Assert the pool and tree agree: free + evictable + in-use == total blocks."""
         with self._lock:
             self.prefix_cache.check_integrity()
+            self.scheduler.check_integrity()
 
     def make_request(
         self,
@@ -221,97 +241,37 @@ class Engine:
         """Drive a request made by ``make_request`` to completion (what ``stream`` returns)."""
         return self._run(request)
 
-    # --- steps (each called with the lock held) -------------------------------------------
+    def scheduler_stats(self) -> SchedulerStats:
+        """Running and waiting requests, pinned prefix blocks and batch KV bytes now."""
+        with self._lock:
+            return self.scheduler.stats()
 
-    def _admit(self, req: Request) -> None:
-        req.t_start = time.perf_counter()
-        req.kv = self.runner.new_cache(req.max_total_len)
-        hit = self.prefix_cache.match(
-            req.namespace, req.prompt_ids, req.kv, use_cache=req.use_prefix_cache
-        )
-        req.cached_len, req.node = hit.cached_len, hit.node
-        req.status = RequestStatus.RUNNING
+    def close(self) -> None:
+        """Stop the scheduler loop; queued and running requests fail with RuntimeEngineError.
 
-    def _prefill(self, req: Request) -> int:
-        assert req.kv is not None, "admit before prefill"
-        logits = self.runner.forward(req.prompt_ids[req.cached_len :], req.kv)
-        return self._sample(req, logits)
+        Idempotent; also runs at interpreter exit and when the engine is garbage collected.
+        """
+        self._finalizer()
 
-    def _decode(self, req: Request) -> int:
-        assert req.kv is not None, "admit before decode"
-        if len(req.output_ids) == 1:
-            # NOTE: the prompt's blocks are stored once the first token went out, so storing
-            # is not part of TTFT; a request admitted in between merely misses them.
-            req.node = self.prefix_cache.insert(req.namespace, req.prompt_ids, req.kv, req.node)
-        return self._sample(req, self.runner.forward(req.output_ids[-1:], req.kv))
-
-    def _release(self, req: Request, *, keep: bool) -> None:
-        if req.status is RequestStatus.RELEASED:
-            return
-        if keep and req.kv is not None:
-            req.node = self.prefix_cache.insert(req.namespace, req.all_ids, req.kv, req.node)
-        self.prefix_cache.release(req.node)
-        req.node, req.kv, req.status = None, None, RequestStatus.RELEASED
-        if self.debug_integrity:
-            self.prefix_cache.check_integrity()
-
-    def _sample(self, req: Request, logits: torch.Tensor) -> int:
-        if req.logits_log is not None:
-            req.logits_log.append(logits.float().clone())
-        return sample(logits, req.params, req.generator)
-
-    # --- the request loop ---------------------------------------------------------------
+    # --- the consumer side of a request ---------------------------------------------------
 
     def _run(self, req: Request) -> Iterator[StreamDelta]:
-        keep = False
+        # NOTE: submitted on the first ``next``, so a stream never started pins nothing.
+        self.scheduler.submit(req)
+        is_done = False
         try:
-            with self._lock:
-                self._admit(req)
-                token = self._prefill(req)
-            req.t_first = time.perf_counter()
             while True:
-                text = self._accept(req, token)
-                if req.finish_reason is not None:
-                    break
-                yield StreamDelta(token_ids=[token], text=text)
-                with self._lock:
-                    token = self._decode(req)
-            keep = True
-        except GeneratorExit:
-            keep = True
-            raise
+                item = req.outbox.get()
+                if isinstance(item, BaseException):
+                    is_done = True
+                    raise item
+                is_done = item.completion is not None
+                yield item
+                if is_done:
+                    return
         finally:
-            with self._lock:
-                self._release(req, keep=keep)
-        req.t_end = time.perf_counter()
-        text += req.detokenizer.flush()
-        completion = self._completion(req)
-        yield StreamDelta([token], text, req.finish_reason, completion)
-
-    def _accept(self, req: Request, token: int) -> str:
-        """Append a sampled token; set ``finish_reason`` when generation must end."""
-        req.output_ids.append(token)
-        text = req.detokenizer.push(token)
-        if token in req.stop_ids or req.detokenizer.is_stopped:
-            req.finish_reason = "stop"
-        elif len(req.prompt_ids) + len(req.output_ids) >= req.max_total_len:
-            req.finish_reason = "length"
-        return text
-
-    def _completion(self, req: Request) -> Completion:
-        n_out = len(req.output_ids)
-        decode_s = req.t_end - req.t_first
-        return Completion(
-            token_ids=list(req.output_ids),
-            text=req.detokenizer.text,
-            finish_reason=req.finish_reason or "length",
-            usage=Usage(len(req.prompt_ids), req.cached_len, n_out),
-            metrics=Metrics(
-                ttft_s=req.t_first - req.t_start,
-                decode_tokens_per_s=(n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0,
-                prefill_tokens_computed=len(req.prompt_ids) - req.cached_len,
-            ),
-        )
+            if not is_done:
+                self.scheduler.cancel(req)
 
     # --- input checks -------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ only when the buffer grows (geometrically). It knows nothing about the prefix ca
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,11 +66,16 @@ class RequestKVCache(Cache):
         capacity: int,
         dtype: torch.dtype,
         device: torch.device,
+        buffer: torch.Tensor | None = None,
+        grow: Callable[[int], None] | None = None,
     ) -> None:
-        # buffer: [L, 2, H_kv, capacity, D]
-        self.buffer = torch.empty(
-            (num_layers, 2, num_kv_heads, max(1, capacity), head_dim), dtype=dtype, device=device
-        )
+        # buffer: [L, 2, H_kv, capacity, D]; a row view of a BatchKV when ``buffer`` is given.
+        if buffer is None:
+            shape = (num_layers, 2, num_kv_heads, max(1, capacity), head_dim)
+            buffer = torch.empty(shape, dtype=dtype, device=device)
+        self.buffer = buffer
+        self._grow = grow
+        """Set for a row view: growing is the owner's job (it rebinds ``buffer``)."""
         self.length = 0
         self.num_grows = 0
         super().__init__(layers=[_BufferLayer(self, i) for i in range(num_layers)])
@@ -82,6 +88,9 @@ class RequestKVCache(Cache):
     def reserve(self, total_len: int) -> None:
         """Make room for ``total_len`` positions, at least doubling when it grows."""
         if total_len <= self.capacity:
+            return
+        if self._grow is not None:
+            self._grow(total_len)
             return
         new_cap = max(total_len, 2 * self.capacity)
         shape = (*self.buffer.shape[:3], new_cap, self.buffer.shape[4])

@@ -45,6 +45,8 @@ class _CacheCollector(Collector):
         yield _gauge("kv_cache_bytes_total", "KV pool byte budget", stats.bytes_total)
         yield _gauge("kv_cache_blocks_used", "KV blocks holding tokens", stats.num_blocks_used)
         yield _gauge("kv_cache_blocks_total", "KV blocks in the pool", stats.num_blocks_total)
+        yield _gauge("kv_cache_blocks_pinned", "KV blocks pinned by running requests",
+                     stats.num_blocks_pinned)  # fmt: skip
         usage = stats.bytes_used / stats.bytes_total if stats.bytes_total else 0.0
         yield _gauge("kv_cache_usage_perc", "KV pool fraction in use (0-1)", usage)
 

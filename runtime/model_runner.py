@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from runtime.batch_kv import BatchKV
+from runtime.batch_mask import MaskPlan, mask_plan
 from runtime.exceptions import ModelLoadError
 from runtime.kv_cache import RequestKVCache
 
@@ -90,13 +92,18 @@ def reuse_blocker(config: Any) -> str | None:
 
 
 class ModelRunner:
-    """Forward passes of one model on per-request KV caches (batch size 1)."""
+    """Forward passes of one model: prefill on one request's KV row, decode on all rows."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.kv_shape = self._probe()
+        plan, why = mask_plan(model)
+        self.mask_plan: MaskPlan | None = plan
+        """How to mask a batched decode step; None means batch size 1 (see ``batch_blocker``)."""
+        self.batch_blocker = why
+        """Why this model decodes one request at a time, or None when it batches."""
 
     def new_cache(self, capacity: int) -> RequestKVCache:
         """An empty ``RequestKVCache`` able to hold ``capacity`` positions before growing."""
@@ -125,6 +132,36 @@ class ModelRunner:
         )
         kv.advance(n)
         logits: torch.Tensor = out.logits[0, -1]
+        return logits
+
+    @torch.no_grad()
+    def decode(self, token_ids: list[int], batch: BatchKV) -> torch.Tensor:
+        """One decode step of every live row: row ``i`` feeds ``token_ids[i]`` at its length.
+
+        Returns:
+            ``[n, vocab]`` logits, one row per live row of ``batch``.
+        """
+        n = len(token_ids)
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device).unsqueeze(1)  # [n, 1]
+        positions = torch.tensor([kv.length for kv in batch.rows], device=self.device)  # [n]
+        for kv in batch.rows:
+            kv.reserve(kv.length + 1)
+        batch.begin_step(positions)
+        mask = None
+        if self.mask_plan is not None:
+            mask = self.mask_plan.build(positions, batch.step_kv_len, self.dtype)
+        else:
+            assert n == 1, "a model without a mask plan decodes one row at a time"
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions.unsqueeze(1),
+            attention_mask=mask,
+            cache=batch.step_cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        batch.end_step()
+        logits: torch.Tensor = out.logits[:, -1]
         return logits
 
     @torch.no_grad()

@@ -31,7 +31,7 @@ class Metrics:
     """Timings of one request, in seconds and tokens per second."""
 
     ttft_s: float
-    """Time to first token: from admission to the first sampled token, seconds."""
+    """Time to first token: from submission to the first sampled token (queueing included), s."""
     decode_tokens_per_s: float
     """Generated tokens after the first, divided by the time spent producing them (0.0 if none)."""
     prefill_tokens_computed: int
@@ -88,6 +88,8 @@ class CacheStats:
     """False when prefix reuse is off (``prefix_cache=False`` or an unsafe model)."""
     disabled_reason: str | None
     """Why reuse is off, when it is."""
+    num_blocks_pinned: int = 0
+    """Blocks pinned by running requests (not evictable now)."""
 
     @property
     def hit_rate(self) -> float:

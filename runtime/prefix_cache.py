@@ -76,6 +76,12 @@ class PrefixCache:
         self.hit_tokens += cached_len
         return PrefixHit(cached_len, found.node)
 
+    def peek(self, namespace: Namespace, tokens: list[int], *, use_cache: bool) -> int:
+        """Prompt positions ``match`` would serve now (read-only: no LRU bump, no split)."""
+        if not (use_cache and self.is_enabled):
+            return 0
+        return min(self.radix.peek(namespace, tokens), len(tokens) - 1)
+
     def insert(
         self, namespace: Namespace, tokens: list[int], kv: RequestKVCache, held: TreeNode | None
     ) -> TreeNode | None:

@@ -81,6 +81,22 @@ class RadixCache:
             node = child
         return MatchResult(pos, node, block_ids)
 
+    def peek(self, namespace: Namespace, tokens: list[int]) -> int:
+        """Length of the longest cached whole-block prefix of ``tokens``, with no side effects.
+
+        Unlike ``match`` it neither splits nodes nor bumps LRU times (the scheduler scores
+        waiting requests with it).
+        """
+        node, pos = self._roots.get(namespace), 0
+        while node is not None and pos + self.block_size <= len(tokens):
+            child = node.children.get(tuple(tokens[pos : pos + self.block_size]))
+            if child is None:
+                break
+            n = self._shared_blocks(child.key, tokens, pos)
+            pos += n * self.block_size
+            node = child if n == len(child.block_ids) else None
+        return pos
+
     def insert(
         self, namespace: Namespace, tokens: list[int], block_ids: list[int]
     ) -> tuple[TreeNode, list[int]]:

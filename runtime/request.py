@@ -7,13 +7,15 @@ only holds the state and knows nothing about the model or the tree's internals.
 from __future__ import annotations
 
 import enum
+import queue
+import threading
 from dataclasses import dataclass, field
 
 import torch
 
 from runtime._detokenizer import Detokenizer
 from runtime.kv_cache import RequestKVCache
-from runtime.outputs import FinishReason
+from runtime.outputs import Completion, FinishReason, Metrics, StreamDelta, Usage
 from runtime.radix_cache import Namespace, TreeNode
 from runtime.sampling import SamplingParams
 
@@ -54,6 +56,45 @@ class Request:
     t_end: float = 0.0
     logits_log: list[torch.Tensor] | None = None
     """When set (debug/tests), the ``[vocab]`` logits of every sampling step are appended."""
+    outbox: queue.SimpleQueue[StreamDelta | BaseException] = field(
+        default_factory=queue.SimpleQueue
+    )
+    """Deltas from the scheduler loop to the consumer; an exception ends the stream."""
+    released: threading.Event = field(default_factory=threading.Event)
+    """Set once the scheduler released everything the request pinned."""
+    is_cancelled: bool = False
+    t_enqueue: float = 0.0
+    """``time.monotonic()`` when submitted (age bound of cache-aware ordering)."""
+
+    def accept(self, token: int) -> str:
+        """Append a sampled token; set ``finish_reason`` when generation must end.
+
+        Returns:
+            The text this token made final.
+        """
+        self.output_ids.append(token)
+        text = self.detokenizer.push(token)
+        if token in self.stop_ids or self.detokenizer.is_stopped:
+            self.finish_reason = "stop"
+        elif len(self.prompt_ids) + len(self.output_ids) >= self.max_total_len:
+            self.finish_reason = "length"
+        return text
+
+    def completion(self) -> Completion:
+        """The finished request's Completion (call after ``t_end`` is set)."""
+        n_out = len(self.output_ids)
+        decode_s = self.t_end - self.t_first
+        return Completion(
+            token_ids=list(self.output_ids),
+            text=self.detokenizer.text,
+            finish_reason=self.finish_reason or "length",
+            usage=Usage(len(self.prompt_ids), self.cached_len, n_out),
+            metrics=Metrics(
+                ttft_s=self.t_first - self.t_start,
+                decode_tokens_per_s=(n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0,
+                prefill_tokens_computed=len(self.prompt_ids) - self.cached_len,
+            ),
+        )
 
     @property
     def all_ids(self) -> list[int]:

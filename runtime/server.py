@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from runtime.admission import Admission, AdmissionFullError
 from runtime.engine_call import EngineCall
-from runtime.exceptions import InvalidRequestError, PromptTooLongError
+from runtime.exceptions import EngineBusyError, InvalidRequestError, PromptTooLongError
 from runtime.metrics import CONTENT_TYPE, ServerMetrics
 from runtime.openai_protocol import (
     ApiError,
@@ -185,7 +185,7 @@ class _Server:
             return JSONResponse(final_json(plan, completion))
         except _Disconnected:
             return Response(status_code=499)
-        except AdmissionFullError as exc:
+        except (AdmissionFullError, EngineBusyError) as exc:
             plan.is_failed = True
             self.metrics.count("rejected")
             raise ApiError(429, str(exc), type="server_error", code="server_busy") from exc

@@ -1,0 +1,198 @@
+"""Batch KV: one preallocated buffer whose rows are the KV caches of the running requests.
+
+llama.cpp-style slots: running request ``i`` owns row ``i`` (rows stay compact). Prefill writes
+one row through a ``RequestKVCache`` row view; a decode step writes every row's new K/V at that
+row's own position and reads all rows at once. It knows nothing about tokens, the tree or policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from runtime.kv_cache import RequestKVCache
+
+__all__ = ["BatchKV"]
+
+
+class _StepLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+    """One layer of a decode step over rows ``[0, n)`` (each row writes one position)."""
+
+    def __init__(self, owner: BatchKV, layer_idx: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.owner = owner
+        self.layer_idx = layer_idx
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        return None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.owner.write_step(self.layer_idx, key_states, value_states)
+
+    def get_seq_length(self) -> int:
+        return self.owner.step_kv_len - 1
+
+
+class _StepCache(Cache):
+    """The transformers ``Cache`` a batched decode step runs on."""
+
+    def __init__(self, owner: BatchKV, num_layers: int) -> None:
+        self.owner = owner
+        super().__init__(layers=[_StepLayer(owner, i) for i in range(num_layers)])
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        # NOTE: positions before this step (what a model asks when it builds its own mask).
+        return self.owner.step_kv_len - 1
+
+
+class BatchKV:
+    """KV rows of all running requests in one tensor, bounded by a byte budget.
+
+    ``buffer`` has shape ``[L, 2 (K/V), max_rows, H_kv, capacity, D]``; rows ``[0, num_rows)``
+    are live and row ``i``'s positions ``[0, rows[i].length)`` are valid. The buffer is zeroed
+    when allocated so masked padding is finite (a NaN there would leak through ``0 * v``).
+
+    Args:
+        budget_bytes: the buffer never holds more than this many bytes.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        budget_bytes: int,
+    ) -> None:
+        elem = torch.empty((), dtype=dtype).element_size()
+        self.position_bytes = num_layers * 2 * num_kv_heads * head_dim * elem
+        """Bytes of one position of one row across every layer."""
+        self.budget_bytes = budget_bytes
+        # buffer: [L, 2, max_rows, H_kv, capacity, D]
+        self.buffer = torch.zeros(
+            (num_layers, 2, 0, num_kv_heads, 0, head_dim), dtype=dtype, device=device
+        )
+        self.rows: list[RequestKVCache] = []
+        self._reserved: list[int] = []
+        self.num_grows = 0
+        self.step_kv_len = 0
+        self._step_rows = torch.zeros(0, dtype=torch.long)
+        self._step_pos = torch.zeros(0, dtype=torch.long)
+        self.step_cache = _StepCache(self, num_layers)
+
+    @property
+    def num_rows(self) -> int:
+        """Live rows (running requests)."""
+        return len(self.rows)
+
+    @property
+    def bytes_allocated(self) -> int:
+        """Bytes of the buffer now (always <= ``budget_bytes``)."""
+        return self.buffer.numel() * self.buffer.element_size()
+
+    def can_fit(self, total_len: int) -> bool:
+        """Whether one more row of ``total_len`` positions fits the budget next to the others."""
+        need_cap = max([total_len, *self._reserved])
+        return (self.num_rows + 1) * need_cap * self.position_bytes <= self.budget_bytes
+
+    def add_row(self, total_len: int) -> RequestKVCache:
+        """A new row able to hold ``total_len`` positions; call ``can_fit`` first.
+
+        Returns:
+            A ``RequestKVCache`` viewing the row (length 0), for prefill and the prefix cache.
+        """
+        assert self.can_fit(total_len), "add_row over the KV budget"
+        self._ensure(self.num_rows + 1, max([total_len, *self._reserved]))
+        row = self.num_rows
+        kv = RequestKVCache(
+            num_layers=self.buffer.shape[0],
+            num_kv_heads=self.buffer.shape[3],
+            head_dim=self.buffer.shape[5],
+            capacity=0,
+            dtype=self.buffer.dtype,
+            device=self.buffer.device,
+            buffer=self.buffer[:, :, row],
+            grow=self._grow_row,
+        )
+        self.rows.append(kv)
+        self._reserved.append(total_len)
+        return kv
+
+    def remove_row(self, index: int) -> None:
+        """Free row ``index``; the last row moves into it (same swap as the caller's list)."""
+        last = self.num_rows - 1
+        if index != last:
+            moved = self.rows[last]
+            # NOTE: only the valid positions move; one row copy per finished request.
+            self.buffer[:, :, index, :, : moved.length].copy_(
+                self.buffer[:, :, last, :, : moved.length]
+            )
+            moved.buffer = self.buffer[:, :, index]
+            self.rows[index], self._reserved[index] = moved, self._reserved[last]
+        self.rows.pop()
+        self._reserved.pop()
+
+    def begin_step(self, positions: torch.Tensor) -> None:
+        """Prepare a decode step: row ``i`` writes its new K/V at ``positions[i]`` (``[n]``)."""
+        n = int(positions.shape[0])
+        assert n == self.num_rows, "a decode step covers every live row"
+        self._step_rows = torch.arange(n, device=self.buffer.device)
+        self._step_pos = positions.to(self.buffer.device)
+        self.step_kv_len = int(positions.max().item()) + 1
+
+    def end_step(self) -> None:
+        """Commit the decode step: every row grew by one position."""
+        for kv in self.rows:
+            kv.advance(1)
+
+    def write_step(
+        self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``[n, H_kv, 1, D]`` keys/values of one layer, each row at its own position.
+
+        Returns:
+            ``[n, H_kv, step_kv_len, D]`` views of every row's keys and values (no copy).
+        """
+        n, end = keys.shape[0], self.step_kv_len
+        k_buf, v_buf = self.buffer[layer_idx, 0], self.buffer[layer_idx, 1]
+        k_buf[self._step_rows, :, self._step_pos] = keys[:, :, 0]
+        v_buf[self._step_rows, :, self._step_pos] = values[:, :, 0]
+        return k_buf[:n, :, :end], v_buf[:n, :, :end]
+
+    def check_integrity(self) -> None:
+        """Assert the budget holds and every live row fits its reservation."""
+        assert self.bytes_allocated <= self.budget_bytes, "batch KV over its byte budget"
+        assert len(self.rows) == len(self._reserved) <= self.buffer.shape[2], "row table"
+        for kv, reserved in zip(self.rows, self._reserved, strict=True):
+            assert kv.length <= reserved <= self.buffer.shape[4], "row past its reservation"
+
+    def _grow_row(self, total_len: int) -> None:
+        raise AssertionError(f"row grew to {total_len} positions past its admission reservation")
+
+    def _ensure(self, num_rows: int, capacity: int) -> None:
+        """Reallocate (geometrically where the budget allows) to hold rows x capacity."""
+        _, _, max_rows, _, cap, _ = self.buffer.shape
+        if num_rows <= max_rows and capacity <= cap:
+            return
+        grow_rows = max(num_rows, max_rows, 2 * max_rows if num_rows > max_rows else 0)
+        grow_cap = max(capacity, cap, 2 * cap if capacity > cap else 0)
+        for rows, length in ((grow_rows, grow_cap), (num_rows, grow_cap), (num_rows, capacity)):
+            if rows * length * self.position_bytes <= self.budget_bytes:
+                break
+        l_, two, _, h, _, d = self.buffer.shape
+        new = torch.zeros(
+            (l_, two, rows, h, length, d), dtype=self.buffer.dtype, device=self.buffer.device
+        )
+        for i, kv in enumerate(self.rows):
+            new[:, :, i, :, : kv.length].copy_(self.buffer[:, :, i, :, : kv.length])
+            kv.buffer = new[:, :, i]
+            kv.num_grows += 1
+        self.buffer = new
+        self.num_grows += 1

@@ -1,0 +1,318 @@
+"""Scheduler: the request queue and the one loop that prefills and batch-decodes requests.
+
+Continuous batching: requests join (admit + prefill from their prefix-cache hit) and leave
+(finish, cancel, error) between decode steps, and each step decodes every running request at once.
+Cache-aware ordering takes the waiting request with the longest cached prefix (SGLang's
+longest-prefix-match) among the first few, FIFO when the queue is long or its head is old.
+It drives the prefix cache and the batch KV; it knows nothing about HTTP or chat templates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from runtime.batch_kv import BatchKV
+from runtime.exceptions import EngineBusyError, PromptTooLongError, RuntimeEngineError
+from runtime.model_runner import ModelRunner
+from runtime.outputs import StreamDelta
+from runtime.prefix_cache import PrefixCache
+from runtime.request import Request, RequestStatus
+from runtime.sampling import sample
+
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Batching, ordering and admission limits.
+
+    Raises:
+        ValueError: on construction, for out-of-range values.
+    """
+
+    max_batch_size: int = 64
+    """Most requests decoded together (1 for models whose padding masks cannot be built)."""
+    max_waiting: int = 1024
+    """Most requests queued; one more gets ``EngineBusyError`` (the server answers 429)."""
+    batch_kv_bytes: int = 1 << 30
+    """Byte budget of the running requests' KV rows (separate from the prefix cache pool)."""
+    lookahead: int = 16
+    """Waiting requests scored by cached prefix length at each admission (bounds its cost)."""
+    fifo_threshold: int = 128
+    """With more requests waiting than this, admission is plain FIFO."""
+    max_wait_s: float = 2.0
+    """A head of queue older than this (seconds) is admitted next: no starvation."""
+    max_prefill_tokens: int = 8192
+    """Prompt tokens prefilled per loop iteration (at least one request) between decode steps."""
+
+    def __post_init__(self) -> None:
+        counts = (self.max_batch_size, self.lookahead, self.fifo_threshold, self.max_prefill_tokens)
+        if min(counts) < 1 or self.max_waiting < 0 or self.batch_kv_bytes < 1:
+            raise ValueError(f"scheduler limits must be positive, got {self!r}")
+        if not self.max_wait_s > 0:
+            raise ValueError(f"max_wait_s must be > 0 seconds, got {self.max_wait_s!r}")
+
+
+class SchedulerStats(NamedTuple):
+    """A snapshot of the scheduler (``Engine.scheduler_stats``)."""
+
+    num_running: int
+    num_waiting: int
+    num_blocks_pinned: int
+    batch_kv_bytes: int
+    """Bytes of the running requests' KV rows now allocated."""
+    max_batch_size: int
+
+
+class Scheduler:
+    """Queue + loop thread. The loop holds ``lock`` (the engine's) during every iteration.
+
+    Lock order: ``lock`` before the internal condition; callers of ``submit``/``cancel`` take
+    only the condition, so they never wait for a model step except in ``cancel``.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        prefix_cache: PrefixCache,
+        lock: threading.Lock,
+        config: SchedulerConfig,
+        *,
+        debug_integrity: bool = False,
+    ) -> None:
+        self.runner = runner
+        self.prefix_cache = prefix_cache
+        self.config = config
+        self.max_batch_size = config.max_batch_size if runner.mask_plan is not None else 1
+        shape = runner.kv_shape
+        self.batch = BatchKV(
+            num_layers=shape.num_layers,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=runner.dtype,
+            device=runner.device,
+            budget_bytes=config.batch_kv_bytes,
+        )
+        self.debug_integrity = debug_integrity
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        """Running requests in batch-row order (row i belongs to running[i])."""
+        self._lock = lock
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._is_closed = False
+
+    # --- called from consumer threads ------------------------------------------------------
+
+    def submit(self, req: Request) -> None:
+        """Queue a waiting request; the loop starts on the first submit.
+
+        Raises:
+            EngineBusyError: the queue holds ``max_waiting`` requests.
+            PromptTooLongError: the request's KV row alone exceeds ``batch_kv_bytes``.
+            RuntimeEngineError: the engine was closed.
+        """
+        need = req.max_total_len * self.batch.position_bytes
+        if need > self.config.batch_kv_bytes:
+            raise PromptTooLongError(
+                f"prompt + max_tokens ({req.max_total_len} positions) need {need} bytes of KV, "
+                f"over batch_kv_bytes={self.config.batch_kv_bytes}; lower max_tokens or raise it"
+            )
+        with self._cv:
+            if self._is_closed:
+                raise RuntimeEngineError("the engine is closed")
+            if len(self.waiting) >= self.config.max_waiting:
+                raise EngineBusyError(
+                    f"engine busy: {len(self.waiting)} requests waiting "
+                    f"(max_waiting={self.config.max_waiting}); retry later"
+                )
+            req.t_start, req.t_enqueue = time.perf_counter(), time.monotonic()
+            self.waiting.append(req)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="runtime-scheduler")
+                self._thread.daemon = True
+                self._thread.start()
+            self._cv.notify()
+
+    def cancel(self, req: Request) -> None:
+        """Mark ``req`` cancelled and wait until the loop released what it pinned."""
+        with self._cv:
+            req.is_cancelled = True
+            self._cv.notify()
+        req.released.wait()
+
+    def close(self) -> None:
+        """Stop the loop (after its current step) and fail every queued or running request."""
+        with self._cv:
+            self._is_closed = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._lock, self._cv:
+            closed = RuntimeEngineError("the engine was closed while this request was queued")
+            for req in [*self.waiting, *self.running]:
+                self._fail(req, closed)
+            self.waiting.clear()
+
+    def stats(self) -> SchedulerStats:
+        """Counts now (call with the engine lock held for a consistent pinned count)."""
+        with self._cv:
+            num_waiting = len(self.waiting)
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=num_waiting,
+            num_blocks_pinned=self.prefix_cache.radix.num_in_use_blocks,
+            batch_kv_bytes=self.batch.bytes_allocated,
+            max_batch_size=self.max_batch_size,
+        )
+
+    def check_integrity(self) -> None:
+        """Assert rows match running requests and the batch KV stays in its budget."""
+        self.batch.check_integrity()
+        assert len(self.running) == self.batch.num_rows <= self.max_batch_size, "rows drifted"
+        for req, kv in zip(self.running, self.batch.rows, strict=True):
+            assert req.kv is kv and req.status is RequestStatus.RUNNING, "row owner drifted"
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._is_closed or self.waiting or self.running):
+                    self._cv.wait()
+                if self._is_closed:
+                    return
+            with self._lock:
+                self._iterate()
+
+    def _iterate(self) -> None:
+        for req in [r for r in self.running if r.is_cancelled]:
+            self._release(req, keep=True)
+        self._admit()
+        if self.running:
+            self._decode_step()
+        if self.debug_integrity:
+            self.check_integrity()
+            self.prefix_cache.check_integrity()
+
+    def _admit(self) -> None:
+        budget = self.config.max_prefill_tokens
+        while budget > 0 and len(self.running) < self.max_batch_size:
+            req = self._pick()
+            if req is None:
+                return
+            self._prefill(req)
+            budget -= len(req.prompt_ids) - req.cached_len
+
+    def _pick(self) -> Request | None:
+        """Pop the next request to admit, or None (queue empty or its pick does not fit)."""
+        with self._cv:
+            for req in [r for r in self.waiting if r.is_cancelled]:
+                self.waiting.remove(req)
+                req.status = RequestStatus.RELEASED
+                req.released.set()
+            if not self.waiting:
+                return None
+            index = self._choose()
+            req = self.waiting[index]
+            if not self.batch.can_fit(req.max_total_len):
+                return None  # NOTE: wait for rows to free; never exceed the KV budget.
+            del self.waiting[index]
+            return req
+
+    def _choose(self) -> int:
+        """Index in ``waiting`` of the request to admit next."""
+        head = self.waiting[0]
+        is_old = time.monotonic() - head.t_enqueue > self.config.max_wait_s
+        if is_old or len(self.waiting) > self.config.fifo_threshold:
+            return 0
+        best, best_len = 0, -1
+        for i, req in enumerate(itertools.islice(self.waiting, self.config.lookahead)):
+            hit = self.prefix_cache.peek(
+                req.namespace, req.prompt_ids, use_cache=req.use_prefix_cache
+            )
+            if hit > best_len:
+                best, best_len = i, hit
+        return best
+
+    def _prefill(self, req: Request) -> None:
+        req.kv = self.batch.add_row(req.max_total_len)
+        self.running.append(req)
+        req.status = RequestStatus.RUNNING
+        try:
+            hit = self.prefix_cache.match(
+                req.namespace, req.prompt_ids, req.kv, use_cache=req.use_prefix_cache
+            )
+            req.cached_len, req.node = hit.cached_len, hit.node
+            logits = self.runner.forward(req.prompt_ids[req.cached_len :], req.kv)
+            (token,) = self._sample([req], logits.unsqueeze(0))
+            req.t_first = time.perf_counter()
+            self._emit(req, token)
+            if req.status is RequestStatus.RUNNING:
+                # NOTE: stored after the first token went out (not part of TTFT), and before the
+                # next admission, so a waiting request that shares this prompt hits it.
+                req.node = self.prefix_cache.insert(req.namespace, req.prompt_ids, req.kv, req.node)
+        except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving
+            self._fail(req, exc)
+
+    def _decode_step(self) -> None:
+        reqs = list(self.running)
+        try:
+            logits = self.runner.decode([r.output_ids[-1] for r in reqs], self.batch)
+            tokens = self._sample(reqs, logits)
+        except Exception as exc:  # noqa: BLE001 - fail this batch, keep serving
+            for req in reqs:
+                self._fail(req, exc)
+            return
+        for req, token in zip(reqs, tokens, strict=True):
+            self._emit(req, token)
+
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
+        """One token per row of ``logits`` (``[n, vocab]``); greedy rows share one argmax."""
+        for req, row in zip(reqs, logits, strict=True):
+            if req.logits_log is not None:
+                req.logits_log.append(row.float().clone())
+        greedy: list[int] = torch.argmax(logits, dim=-1).tolist()
+        return [
+            greedy[i] if req.params.is_greedy else sample(logits[i], req.params, req.generator)
+            for i, req in enumerate(reqs)
+        ]
+
+    def _emit(self, req: Request, token: int) -> None:
+        text = req.accept(token)
+        if req.finish_reason is None:
+            req.outbox.put(StreamDelta(token_ids=[token], text=text))
+            return
+        self._release(req, keep=True)
+        req.t_end = time.perf_counter()
+        text += req.detokenizer.flush()
+        req.outbox.put(StreamDelta([token], text, req.finish_reason, req.completion()))
+
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        self._release(req, keep=False)
+        req.outbox.put(exc)
+
+    def _release(self, req: Request, *, keep: bool) -> None:
+        """Store the request's blocks (when ``keep``), unpin its node and free its row."""
+        if req.status is RequestStatus.RELEASED:
+            return
+        if req.status is RequestStatus.RUNNING:
+            if keep and req.kv is not None:
+                req.node = self.prefix_cache.insert(req.namespace, req.all_ids, req.kv, req.node)
+            index = self.running.index(req)
+            last = self.running.pop()
+            if index < len(self.running):
+                self.running[index] = last
+            self.batch.remove_row(index)
+        self.prefix_cache.release(req.node)
+        # NOTE: req.kv stays as a (stale) view so callers can inspect it; the row is reused.
+        req.node, req.status = None, RequestStatus.RELEASED
+        req.released.set()

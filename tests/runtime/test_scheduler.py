@@ -1,0 +1,173 @@
+"""Scheduler scenarios: cache-aware order, FIFO fallback, age bound, KV budget, cancel, busy, close.
+
+One tiny random Llama per engine. Ordering scenarios hold the engine lock while submitting so the
+loop sees the whole queue at once, then record the order in which requests were prefilled.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from runtime import EngineBusyError, RuntimeEngineError, SamplingParams
+from runtime.engine import Engine
+from runtime.request import Request
+from runtime.scheduler import SchedulerConfig
+from tests.runtime.factories import VOCAB_SIZE, save_tiny_model
+
+SHARED = [(5 * i + 7) % (VOCAB_SIZE - 3) + 3 for i in range(24)]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model("llama", Path(tmp_path_factory.mktemp("llama")))
+
+
+def make_engine(model_path: Path, **limits: int | float) -> Engine:
+    eng = Engine.from_pretrained(
+        str(model_path), kv_cache_bytes=1 << 20, block_size=4, scheduler=SchedulerConfig(**limits)
+    )
+    eng.eos_ids = frozenset()
+    return eng
+
+
+def drain(req: Request) -> list[int]:
+    while True:
+        item = req.outbox.get(timeout=60)
+        if isinstance(item, BaseException):
+            raise item
+        if item.completion is not None:
+            return item.completion.token_ids
+
+
+def admitted_order(engine: Engine, prompts: list[list[int]]) -> list[int]:
+    """Submit all prompts while the loop is held; return prompt indices in prefill order."""
+    order: list[int] = []
+    prefill = engine.scheduler._prefill
+    reqs = [engine.make_request(p, SamplingParams(max_tokens=2)) for p in prompts]
+
+    def spy(req: Request) -> None:
+        order.append(reqs.index(req))
+        prefill(req)
+
+    engine.scheduler._prefill = spy  # type: ignore[method-assign]
+    with engine._lock:
+        for req in reqs:
+            engine.scheduler.submit(req)
+    for req in reqs:
+        drain(req)
+    del engine.scheduler._prefill
+    engine.check_integrity()
+    return order
+
+
+def test_longest_cached_prefix_goes_first(model_path: Path) -> None:
+    engine = make_engine(model_path, max_batch_size=1)
+    engine.generate(SHARED, SamplingParams(max_tokens=1))  # cache SHARED's blocks
+    cold_a, cold_b = [9] * 12, [10] * 12
+    warm_short, warm_long = SHARED[:9] + [11, 12], SHARED + [13, 14]
+    order = admitted_order(engine, [cold_a, warm_short, cold_b, warm_long])
+    # warm_long hits 24 tokens, warm_short 8; the cold ones keep FIFO order among themselves.
+    assert order == [3, 1, 0, 2]
+    engine.close()
+
+
+def test_fifo_when_the_queue_is_long(model_path: Path) -> None:
+    engine = make_engine(model_path, max_batch_size=1, fifo_threshold=2)
+    engine.generate(SHARED, SamplingParams(max_tokens=1))
+    order = admitted_order(engine, [[9] * 12, [10] * 12, [11] * 12, SHARED + [13]])
+    # 4 then 3 waiting (> 2): FIFO; with 2 left the warm one goes before the cold one.
+    assert order == [0, 1, 3, 2]
+    engine.close()
+
+
+def test_old_head_of_queue_is_not_starved(model_path: Path) -> None:
+    engine = make_engine(model_path, max_batch_size=1, max_wait_s=1e-9)
+    engine.generate(SHARED, SamplingParams(max_tokens=1))
+    order = admitted_order(engine, [[9] * 12, SHARED + [13], [10] * 12])
+    assert order == [0, 1, 2]  # every head is "old" at once: pure arrival order
+    engine.close()
+
+
+def test_kv_budget_is_never_exceeded(model_path: Path) -> None:
+    probe = make_engine(model_path)
+    row_bytes = 60 * probe.scheduler.batch.position_bytes
+    probe.close()
+    engine = make_engine(model_path, batch_kv_bytes=2 * row_bytes)  # two rows of 60 positions
+    sizes: list[int] = []
+    decode = engine.runner.decode
+
+    def spy(token_ids: list[int], batch: object) -> object:
+        assert engine.scheduler.batch.bytes_allocated <= 2 * row_bytes
+        sizes.append(len(token_ids))
+        return decode(token_ids, batch)  # type: ignore[arg-type]
+
+    engine.runner.decode = spy  # type: ignore[method-assign]
+    reqs = [engine.make_request([i + 3] * 30, SamplingParams(max_tokens=30)) for i in range(5)]
+    for req in reqs:
+        engine.scheduler.submit(req)
+    assert all(len(drain(req)) == 30 for req in reqs)
+    assert max(sizes) == 2
+    engine.check_integrity()
+    with pytest.raises(RuntimeEngineError, match="batch_kv_bytes"):
+        engine.generate([3] * 100, SamplingParams(max_tokens=30))
+    engine.close()
+
+
+def test_cancel_between_steps_releases_pins(model_path: Path) -> None:
+    engine = make_engine(model_path)
+    engine.generate(SHARED, SamplingParams(max_tokens=1))
+    streams = [engine.stream(SHARED + [i + 3], SamplingParams(max_tokens=200)) for i in range(3)]
+    for stream in streams:
+        next(stream)
+    stats = engine.scheduler_stats()
+    assert stats.num_blocks_pinned > 0 and stats.num_running + stats.num_waiting == 3
+    streams[1].close()
+    assert engine.scheduler_stats().num_running + engine.scheduler_stats().num_waiting <= 2
+    for stream in (streams[0], streams[2]):
+        stream.close()
+    stats = engine.scheduler_stats()
+    assert stats.num_blocks_pinned == 0 and stats.num_running == stats.num_waiting == 0
+    assert engine.cache_stats().num_blocks_pinned == 0
+    engine.check_integrity()
+    engine.close()
+
+
+def test_full_queue_is_busy(model_path: Path) -> None:
+    engine = make_engine(model_path, max_waiting=2)
+    reqs = [engine.make_request(SHARED, SamplingParams(max_tokens=2)) for _ in range(3)]
+    with engine._lock:
+        engine.scheduler.submit(reqs[0])
+        engine.scheduler.submit(reqs[1])
+        with pytest.raises(EngineBusyError, match="max_waiting=2"):
+            engine.scheduler.submit(reqs[2])
+    assert [len(drain(r)) for r in reqs[:2]] == [2, 2]
+    engine.check_integrity()
+    engine.close()
+
+
+def test_close_stops_the_loop_and_fails_running_requests(model_path: Path) -> None:
+    engine = make_engine(model_path)
+    stream = engine.stream(SHARED, SamplingParams(max_tokens=250))
+    next(stream)
+    thread = engine.scheduler._thread
+    assert thread is not None and thread.is_alive()
+    closer = threading.Thread(target=engine.close)
+    closer.start()
+    closer.join(timeout=30)
+    assert not closer.is_alive() and not thread.is_alive()
+    with pytest.raises(RuntimeEngineError, match="closed"):
+        list(stream)
+    with pytest.raises(RuntimeEngineError, match="closed"):
+        engine.generate(SHARED, SamplingParams(max_tokens=2))
+    engine.close()  # idempotent
+    assert engine.scheduler_stats().num_blocks_pinned == 0
+    engine.check_integrity()
+
+
+def test_engine_that_never_ran_closes_at_once(model_path: Path) -> None:
+    engine = make_engine(model_path)
+    engine.close()
+    assert engine.scheduler._thread is None
