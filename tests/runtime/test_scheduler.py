@@ -7,7 +7,9 @@ loop sees the whole queue at once, then record the order in which requests were 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,12 +152,29 @@ def test_full_queue_is_busy(model_path: Path) -> None:
 
 def test_close_stops_the_loop_and_fails_running_requests(model_path: Path) -> None:
     engine = make_engine(model_path)
+    # NOTE: hold the loop inside its first decode step until close() has been called, so the
+    # request is certainly still running when the engine closes (no race with a fast model).
+    entered, gate = threading.Event(), threading.Event()
+    decode = engine.runner.decode
+
+    def gated_decode(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        assert gate.wait(timeout=30), "test gate never opened"
+        return decode(*args, **kwargs)
+
+    engine.runner.decode = gated_decode  # type: ignore[method-assign]
     stream = engine.stream(SHARED, SamplingParams(max_tokens=250))
     next(stream)
+    assert entered.wait(timeout=30)
     thread = engine.scheduler._thread
     assert thread is not None and thread.is_alive()
     closer = threading.Thread(target=engine.close)
     closer.start()
+    for _ in range(3000):
+        if engine.scheduler._is_closed:
+            break
+        time.sleep(0.01)
+    gate.set()
     closer.join(timeout=30)
     assert not closer.is_alive() and not thread.is_alive()
     with pytest.raises(RuntimeEngineError, match="closed"):
