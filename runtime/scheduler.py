@@ -313,6 +313,6 @@ class Scheduler:
                 self.running[index] = last
             self.batch.remove_row(index)
         self.prefix_cache.release(req.node)
-        # NOTE: req.kv stays as a (stale) view so callers can inspect it; the row is reused.
-        req.node, req.status = None, RequestStatus.RELEASED
+        # NOTE: the row is reused by the next request; drop the view so nothing reads stale KV.
+        req.node, req.kv, req.status = None, None, RequestStatus.RELEASED
         req.released.set()
