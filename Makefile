@@ -4,13 +4,16 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Elsewhere, point pip at a CPU wheel index: make demo TORCH_PIP_ARGS='--index-url URL'.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
 
 .PHONY: demo test lint typecheck pytest install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'
 	$(BIN)/python -m pip install -q -e '.[local,embed,dev]'
 	touch $(STAMP)
 
