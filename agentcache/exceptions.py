@@ -6,7 +6,9 @@ mistakes also derive from ``ValueError`` or ``TypeError`` so generic handlers st
     AgentCacheError
     ├── ConfigError (ValueError)            bad option or configuration
     ├── PromptError (ValueError)            a prompt cannot be built or rendered
-    │   └── CanonicalizationError (TypeError)  a value has no canonical JSON form
+    │   ├── CanonicalizationError (TypeError)  a value has no canonical JSON form
+    │   └── PromptTypeError (TypeError)     a prompt part or prompt has the wrong type
+    ├── EmptyCorpusError (ValueError)       nothing to index (no documents, or all empty)
     ├── CacheError                          tool / retrieval result caches
     │   ├── CacheScopeError (ValueError)    a scoped tool called without its scope
     │   └── CacheIntegrityError             a store's internal invariant does not hold
@@ -29,7 +31,9 @@ __all__ = [
     "CacheScopeError",
     "CanonicalizationError",
     "ConfigError",
+    "EmptyCorpusError",
     "PromptError",
+    "PromptTypeError",
 ]
 
 
@@ -47,6 +51,14 @@ class PromptError(AgentCacheError, ValueError):
 
 class CanonicalizationError(PromptError, TypeError):
     """A value has no canonical JSON form (the message names the offending path)."""
+
+
+class PromptTypeError(PromptError, TypeError):
+    """A prompt part (document, message, tool) or a whole prompt has the wrong type."""
+
+
+class EmptyCorpusError(AgentCacheError, ValueError):
+    """A retriever or document index was given no (non-empty) documents to index."""
 
 
 class CacheError(AgentCacheError):

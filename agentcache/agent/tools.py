@@ -74,11 +74,10 @@ class ToolRegistry:
 
         Raises:
             ConfigError: A tool with that name is already registered.
-            PromptError: No JSON Schema can be derived from ``fn``.
+            PromptError: No JSON Schema can be derived from ``fn``, or its name is not a valid
+                tool name (a lambda needs ``name=``).
         """
-        spec = tool_spec(fn)
-        if name is not None and name != spec.name:
-            spec = _renamed(spec, name)
+        spec = tool_spec(fn, name=name)
         if spec.name in self._tools:
             raise ConfigError(f"tool {spec.name!r} is already registered; pick another name=")
         runner = fn
@@ -129,12 +128,6 @@ class ToolRegistry:
                 f"error: tool {call.name!r} raised {type(exc).__name__}: {exc}", True
             )
         return ToolOutcome(_to_text(result), False)
-
-
-def _renamed(spec: ToolSpec, name: str) -> ToolSpec:
-    function = spec.openai()["function"]
-    assert isinstance(function, dict), "ToolSpec.openai() holds a function object"
-    return tool_spec({"type": "function", "function": {**function, "name": name}})
 
 
 def _check_arguments(fn: Callable[..., Any], arguments: dict[str, Any]) -> str:

@@ -23,9 +23,10 @@ from agentcache.backends.base import (
     Capabilities,
     GenerationOptions,
     ModelResponse,
-    PromptLike,
+    PromptInput,
     StreamEvent,
     ToolCall,
+    as_prompt,
 )
 from agentcache.exceptions import BackendError
 
@@ -77,7 +78,7 @@ class AnthropicBackend(BaseBackend):
         """The model name sent with each request."""
         return self._model
 
-    def request_body(self, prompt: PromptLike, options: GenerationOptions) -> dict[str, Any]:
+    def request_body(self, prompt: PromptInput, options: GenerationOptions) -> dict[str, Any]:
         """The exact JSON body ``stream`` sends for ``prompt``."""
         params: dict[str, Any] = {
             "max_tokens": options.max_tokens,
@@ -86,10 +87,10 @@ class AnthropicBackend(BaseBackend):
         }
         if options.stop:
             params["stop_sequences"] = list(options.stop)
-        return prompt.to_anthropic(model=self._model, **params)
+        return as_prompt(prompt).to_anthropic(model=self._model, **params)
 
     def stream(
-        self, prompt: PromptLike, options: GenerationOptions | None = None
+        self, prompt: PromptInput, options: GenerationOptions | None = None
     ) -> Iterator[StreamEvent]:
         """Stream a completion (contract in ``BaseBackend.stream``)."""
         body = self.request_body(prompt, options or GenerationOptions())

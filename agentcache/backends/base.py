@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, NamedTuple, Protocol, Self, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, Self, TypeAlias, runtime_checkable
 
+from agentcache.exceptions import PromptTypeError
 from agentcache.usage import Usage
 
 __all__ = [
@@ -21,10 +22,12 @@ __all__ = [
     "Capabilities",
     "GenerationOptions",
     "ModelResponse",
+    "PromptInput",
     "PromptLike",
     "StreamEvent",
     "ToolCall",
     "ToolCallFormat",
+    "as_prompt",
 ]
 
 ToolCallFormat = Literal["native", "hermes"]
@@ -52,6 +55,42 @@ class PromptLike(Protocol):
     def to_anthropic(self, *, model: str, **params: Any) -> dict[str, Any]:
         """A Messages API request body with ``cache_control`` breakpoints planned."""
         ...
+
+
+PromptInput: TypeAlias = PromptLike | str | Sequence[Mapping[str, Any]]
+"""What ``stream``/``complete`` accept: a built prompt, plain user text, or chat messages."""
+
+
+def as_prompt(value: PromptInput) -> PromptLike:
+    """A built prompt for ``value``: built prompts pass through, text becomes the user turn.
+
+    A list of OpenAI-style chat messages becomes system text (a leading ``system`` message with
+    string content) plus history.
+
+    Raises:
+        PromptTypeError: ``value`` is none of the accepted kinds (the message lists them).
+        PromptError: a message has no valid role.
+    """
+    if isinstance(value, PromptLike):
+        return value
+    from agentcache.prompt import PromptBuilder  # NOTE: lazy; prompt never imports backends.
+
+    if isinstance(value, str):
+        return PromptBuilder().user(value).build()
+    items: list[object] = list(value) if isinstance(value, Sequence) else [None]
+    if all(isinstance(m, Mapping) for m in items):
+        messages = [m for m in items if isinstance(m, Mapping)]
+        builder = PromptBuilder()
+        if messages and messages[0].get("role") == "system":
+            content = messages[0].get("content")
+            if isinstance(content, str):
+                builder.system(content)
+                messages = messages[1:]
+        return builder.history(messages).build()
+    raise PromptTypeError(
+        f"a backend takes a built Prompt (PromptBuilder().build()), a str or a list of chat "
+        f"message dicts; got {type(value).__name__}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,12 +216,15 @@ class BaseBackend(ABC):
 
     @abstractmethod
     def stream(
-        self, prompt: PromptLike, options: GenerationOptions | None = None
+        self, prompt: PromptInput, options: GenerationOptions | None = None
     ) -> Iterator[StreamEvent]:
         """Stream a completion for ``prompt``.
 
+        Implementations start with ``prompt = as_prompt(prompt)``.
+
         Args:
-            prompt: A built prompt (messages + tool schemas).
+            prompt: A built prompt (messages + tool schemas), plain user text, or a list of
+                chat message dicts (see ``as_prompt``).
             options: Sampling options; defaults to ``GenerationOptions()``.
 
         Yields:
@@ -192,10 +234,11 @@ class BaseBackend(ABC):
             BackendHTTPError: A remote endpoint answered 4xx, or 429/5xx after all retries.
             BackendUnavailableError: The endpoint cannot be reached or a dependency is missing.
             BackendError: Any other failure detected by the backend.
+            PromptTypeError: ``prompt`` is not one of the accepted kinds.
         """
 
     def complete(
-        self, prompt: PromptLike, options: GenerationOptions | None = None
+        self, prompt: PromptInput, options: GenerationOptions | None = None
     ) -> ModelResponse:
         """Run ``stream`` to the end and return the final response (same errors as ``stream``)."""
         final: ModelResponse | None = None

@@ -18,10 +18,12 @@ from agentcache.backends.base import (
     Capabilities,
     GenerationOptions,
     ModelResponse,
+    PromptInput,
     PromptLike,
     StreamEvent,
     ToolCall,
     ToolCallFormat,
+    as_prompt,
 )
 from agentcache.canonical import canonical_json
 from agentcache.exceptions import BackendError
@@ -114,7 +116,7 @@ class FakeBackend(BaseBackend):
         self._turns.extend(turns)
 
     def stream(
-        self, prompt: PromptLike, options: GenerationOptions | None = None
+        self, prompt: PromptInput, options: GenerationOptions | None = None
     ) -> Iterator[StreamEvent]:
         """Play the next turn (see ``BaseBackend.stream``).
 
@@ -123,6 +125,7 @@ class FakeBackend(BaseBackend):
             BaseException: Whatever exception the scripted turn holds.
         """
         options = options or GenerationOptions()
+        prompt = as_prompt(prompt)
         start = time.perf_counter()
         self.prompts.append(prompt)
         response = self._to_response(self._next_turn(prompt), prompt)

@@ -18,8 +18,9 @@ from agentcache.backends.base import (
     Capabilities,
     GenerationOptions,
     ModelResponse,
-    PromptLike,
+    PromptInput,
     StreamEvent,
+    as_prompt,
 )
 from agentcache.exceptions import BackendError, BackendUnavailableError
 from agentcache.usage import Usage
@@ -92,7 +93,7 @@ class LocalBackend(BaseBackend):
                 options["kv_cache_bytes"] = kv_cache_bytes
             try:
                 engine = runtime.Engine.from_pretrained(runtime.resolve_model(model), **options)
-            except (runtime.RuntimeEngineError, FileNotFoundError, OSError) as exc:
+            except (runtime.RuntimeEngineError, OSError, ValueError) as exc:
                 raise BackendUnavailableError(f"cannot load local model {model!r}: {exc}") from exc
         self.engine = engine
         self.cache_salt = cache_salt
@@ -116,7 +117,7 @@ class LocalBackend(BaseBackend):
         """The model name or path this backend was created with."""
         return self._model
 
-    def render(self, prompt: PromptLike) -> str:
+    def render(self, prompt: PromptInput) -> str:
         """The prompt as text through the model's chat template (generation prompt added).
 
         Raises:
@@ -125,6 +126,7 @@ class LocalBackend(BaseBackend):
         tokenizer = self.engine.tokenizer
         if not getattr(tokenizer, "chat_template", None):
             raise BackendError(f"model {self._model!r} has no chat template")
+        prompt = as_prompt(prompt)
         tools = prompt.tool_schemas() or None
         try:
             text = tokenizer.apply_chat_template(
@@ -180,7 +182,7 @@ class LocalBackend(BaseBackend):
         )
 
     def stream(
-        self, prompt: PromptLike, options: GenerationOptions | None = None
+        self, prompt: PromptInput, options: GenerationOptions | None = None
     ) -> Iterator[StreamEvent]:
         """Stream a completion (contract in ``BaseBackend.stream``).
 
@@ -189,7 +191,7 @@ class LocalBackend(BaseBackend):
         """
         options = options or GenerationOptions()
         start = time.perf_counter()
-        text = self.render(prompt)
+        text = self.render(as_prompt(prompt))
         ids = self.prompt_ids(text)
         params = self._sampling_params(
             max_tokens=options.max_tokens, temperature=options.temperature, stop=list(options.stop)

@@ -23,9 +23,10 @@ from agentcache.backends.base import (
     Capabilities,
     GenerationOptions,
     ModelResponse,
-    PromptLike,
+    PromptInput,
     StreamEvent,
     ToolCall,
+    as_prompt,
 )
 from agentcache.exceptions import BackendError
 from agentcache.usage import Usage
@@ -80,7 +81,7 @@ class OpenAIBackend(BaseBackend):
         """The model name sent with each request."""
         return self._model
 
-    def request_body(self, prompt: PromptLike, options: GenerationOptions) -> dict[str, Any]:
+    def request_body(self, prompt: PromptInput, options: GenerationOptions) -> dict[str, Any]:
         """The exact JSON body ``stream`` sends for ``prompt`` (useful for lint/diff)."""
         params: dict[str, Any] = {
             "max_tokens": options.max_tokens,
@@ -90,12 +91,12 @@ class OpenAIBackend(BaseBackend):
         }
         if options.stop:
             params["stop"] = list(options.stop)
-        body = prompt.to_openai(model=self._model, **params)
+        body = as_prompt(prompt).to_openai(model=self._model, **params)
         body.update(self._extra)
         return body
 
     def stream(
-        self, prompt: PromptLike, options: GenerationOptions | None = None
+        self, prompt: PromptInput, options: GenerationOptions | None = None
     ) -> Iterator[StreamEvent]:
         """Stream a completion (contract in ``BaseBackend.stream``)."""
         body = self.request_body(prompt, options or GenerationOptions())

@@ -68,7 +68,8 @@ class DiskStore:
 
     Raises:
         ValueError: ``size_limit_bytes`` is not a positive int.
-        CacheError: the directory cannot be created or opened even after recreating it.
+        CacheError: ``directory`` is an existing file, or the directory cannot be created or
+            opened even after recreating it.
     """
 
     def __init__(
@@ -81,6 +82,11 @@ class DiskStore:
     ) -> None:
         validate_size_limit(size_limit_bytes)
         self.directory = Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise CacheError(
+                f"cache directory {str(self.directory)!r} is a file, not a directory; "
+                "pass a folder path (it is created if missing)"
+            )
         self._db_path = os.path.join(str(self.directory), _DB_NAME)  # str: stat() on every call
         self.size_limit_bytes = size_limit_bytes
         self._clock = clock

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentcache.canonical import JSONValue, canonical_json, normalize_text, stable_hash
-from agentcache.exceptions import PromptError
+from agentcache.exceptions import PromptError, PromptTypeError
 from agentcache.prompt._templates import render_template
 from agentcache.prompt.segments import (
     Document,
@@ -100,13 +100,21 @@ class Prompt:
         return messages
 
     def to_openai(self, *, model: str, **params: Any) -> dict[str, Any]:
-        """OpenAI Chat Completions request body; see ``render.openai_body``."""
+        """OpenAI Chat Completions request body; see ``render.openai_body``.
+
+        Raises:
+            PromptError: ``params`` would replace ``messages`` or ``tools``.
+        """
         from agentcache.prompt.render import openai_body
 
         return openai_body(self, model=model, **params)
 
     def to_anthropic(self, *, model: str, **params: Any) -> dict[str, Any]:
-        """Anthropic Messages body with planned breakpoints; see ``render.anthropic_body``."""
+        """Anthropic Messages body with planned breakpoints; see ``render.anthropic_body``.
+
+        Raises:
+            PromptError: ``params`` would replace ``messages``, ``tools`` or ``system``.
+        """
         from agentcache.prompt.render import anthropic_body
 
         return anthropic_body(self, model=model, **params)
@@ -178,9 +186,15 @@ class PromptBuilder:
         """Set earlier turns: OpenAI chat messages (incl. assistant ``tool_calls``, ``tool`` role).
 
         Raises:
+            PromptTypeError: ``messages`` or one message is not a mapping (the index is named).
             PromptError: a message has no valid role.
             CanonicalizationError: a message holds a value with no JSON form.
         """
+        if isinstance(messages, (str, bytes, Mapping)):
+            raise PromptTypeError(
+                f"history must be a list of chat messages, got one {type(messages).__name__}; "
+                "wrap it in a list"
+            )
         self._history = tuple(normalize_message(m, i) for i, m in enumerate(messages))
         return self
 

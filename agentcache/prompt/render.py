@@ -36,16 +36,46 @@ def prompt_cache_key(prompt: Prompt) -> str:
     return "ac-" + stable_hash(prompt.namespace, stable[-1] if stable else "")[:32]
 
 
-def openai_body(prompt: Prompt, *, model: str, **params: Any) -> dict[str, Any]:
+_derived_cache_key = prompt_cache_key  # NOTE: openai_body's keyword shadows the function name.
+
+
+OPENAI_RENDERED = frozenset({"messages", "tools"})
+"""Body fields ``openai_body`` renders itself; ``params`` may not replace them (an explicit
+``prompt_cache_key`` has its own keyword)."""
+ANTHROPIC_RENDERED = frozenset({"messages", "tools", "system"})
+"""Body fields ``anthropic_body`` renders itself; ``params`` may not replace them."""
+
+
+def _check_params(params: Mapping[str, Any], rendered: frozenset[str], builder: str) -> None:
+    clash = sorted(rendered & params.keys())
+    if clash:
+        raise PromptError(
+            f"{builder}: {clash} are rendered from the prompt and cannot be passed as params; "
+            "set them through PromptBuilder, or edit the returned body if you really mean to"
+        )
+
+
+def openai_body(
+    prompt: Prompt, *, model: str, prompt_cache_key: str | None = None, **params: Any
+) -> dict[str, Any]:
     """OpenAI Chat Completions body: ``model``, ``messages``, ``tools``, ``prompt_cache_key``.
 
-    ``params`` (``max_tokens``, ``temperature``, or an explicit ``prompt_cache_key``) are added
-    last and win.
+    Args:
+        prompt: The built prompt.
+        model: Model name.
+        prompt_cache_key: Explicit routing key instead of the derived one (see
+            ``prompt_cache_key()``).
+        **params: Other body fields (``max_tokens``, ``temperature``...), added last.
+
+    Raises:
+        PromptError: ``params`` names a rendered field (``messages``, ``tools``); replacing it
+            would silently drop the built prompt.
     """
+    _check_params(params, OPENAI_RENDERED, "to_openai")
     body: dict[str, Any] = {"model": model, "messages": prompt.to_messages()}
     if prompt.tools:
         body["tools"] = prompt.tool_schemas()
-    body["prompt_cache_key"] = prompt_cache_key(prompt)
+    body["prompt_cache_key"] = prompt_cache_key or _derived_cache_key(prompt)
     body.update(params)
     return _sorted(body)
 
@@ -75,9 +105,11 @@ def anthropic_body(
         **params: Extra body fields (``max_tokens`` defaults to 1024).
 
     Raises:
+        PromptError: ``params`` names a rendered field (``messages``, ``tools``, ``system``).
         PromptError: the history holds a ``system``/``developer`` message (Anthropic takes the
             system prompt only as the top-level ``system`` field).
     """
+    _check_params(params, ANTHROPIC_RENDERED, "to_anthropic")
     tools: list[dict[str, Any]] = [tool.anthropic() for tool in prompt.tools]
     system: list[dict[str, Any]] = [
         {"type": "text", "text": text} for text in (prompt.system, prompt.documents_block()) if text

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from agentcache.canonical import JSONValue, canonical_json, normalize_text, to_canonical
-from agentcache.exceptions import PromptError
+from agentcache.exceptions import PromptError, PromptTypeError
 
 __all__ = [
     "STABLE_KINDS",
@@ -52,6 +52,22 @@ class Document:
     text: str
     source: str | None = None
     metadata: dict[str, Any] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        """Check field types now, not when the prompt is built.
+
+        Raises:
+            PromptTypeError: ``id`` is not a non-empty str, ``text`` is not a str, or
+                ``source`` is neither None nor a str.
+        """
+        if not isinstance(self.id, str) or not self.id:
+            raise PromptTypeError(f"Document id must be a non-empty str, got {self.id!r}")
+        if not isinstance(self.text, str):
+            kind = type(self.text).__name__
+            raise PromptTypeError(f"Document {self.id!r}: text must be a str, got {kind}")
+        if self.source is not None and not isinstance(self.source, str):
+            kind = type(self.source).__name__
+            raise PromptTypeError(f"Document {self.id!r}: source must be a str or None, got {kind}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +127,15 @@ def normalize_message(message: Mapping[str, Any], index: int) -> Message:
     canonically; stale ``cache_control`` markers are stripped.
 
     Raises:
+        PromptTypeError: the message is not a mapping.
         PromptError: the message has no valid ``role``.
         CanonicalizationError: a value has no JSON form.
     """
+    if not isinstance(message, Mapping):
+        raise PromptTypeError(
+            f"history[{index}]: expected a chat message mapping such as "
+            f"{{'role': 'user', 'content': 'hi'}}, got {type(message).__name__} {message!r:.60}"
+        )
     try:
         key = json.dumps(message, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError):

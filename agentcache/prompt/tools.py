@@ -21,13 +21,17 @@ import pydantic
 from agentcache.canonical import JSONValue, canonical_json, normalize_text
 from agentcache.exceptions import CanonicalizationError, PromptError
 
-__all__ = ["ToolLike", "ToolSpec", "tool_spec"]
+__all__ = ["TOOL_NAME", "ToolLike", "ToolSpec", "tool_spec"]
 
 ToolLike: TypeAlias = Callable[..., Any] | type[pydantic.BaseModel] | Mapping[str, Any]
 
 _SECTION = re.compile(
     r"^(Args|Arguments|Parameters|Returns|Yields|Raises|Example|Examples|Note):\s*$"
 )
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+"""Valid tool names: the OpenAI Chat Completions reference (``tools[].function.name``: "a-z, A-Z,
+0-9, underscores and dashes, maximum length 64") and the Anthropic tool-use docs (``name`` must
+match ``^[a-zA-Z0-9_-]{1,64}$``) state the same rule."""
 _ARG_LINE = re.compile(r"^(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
 # NOTE: callables and model classes are immutable enough to cache by identity; dicts are not.
 _CACHE: weakref.WeakKeyDictionary[Any, ToolSpec] = weakref.WeakKeyDictionary()
@@ -69,13 +73,23 @@ class ToolSpec:
         return entry
 
 
-def tool_spec(tool: ToolLike) -> ToolSpec:
+def tool_spec(tool: ToolLike, *, name: str | None = None) -> ToolSpec:
     """Canonicalize one tool given as a callable, a pydantic model class or a dict.
 
+    Args:
+        tool: The tool.
+        name: Tool name to use instead of the function's, model's or dict's own (needed for
+            lambdas and ``functools.partial`` objects).
+
     Raises:
-        PromptError: the tool has no name, its schema is not an object, or a parameter type has
-            no JSON Schema (the message names the tool).
+        PromptError: the tool has no name or its name does not match ``TOOL_NAME`` (e.g. a
+            lambda's ``<lambda>``), its schema is not an object, or a parameter type has no
+            JSON Schema (the message names the tool).
     """
+    if name is not None:
+        if callable(tool) and not isinstance(tool, type):
+            return _from_callable(tool, name)
+        return _renamed(tool_spec(tool), name)
     if isinstance(tool, Mapping):
         return _from_dict_cached(tool)
     try:
@@ -95,9 +109,30 @@ def tool_spec(tool: ToolLike) -> ToolSpec:
     return spec
 
 
-def _make(name: str, description: str, parameters: Any, extras: Mapping[str, Any]) -> ToolSpec:
+def _renamed(spec: ToolSpec, name: str) -> ToolSpec:
+    function = spec.openai()["function"]
+    assert isinstance(function, dict), "ToolSpec.openai() holds a function object"
+    return _from_dict({**function, "name": name})
+
+
+def _check_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise PromptError(f"tool has no name: {name!r}; give the function a 'name'")
+    if name == "<lambda>":
+        raise PromptError(
+            "a lambda has no usable tool name ('<lambda>'); use a def function or pass a name "
+            "(e.g. ToolRegistry.add(fn, name='lookup'))"
+        )
+    if not TOOL_NAME.match(name):
+        raise PromptError(
+            f"tool name {name!r} is invalid: use 1-64 letters, digits, '_' or '-' "
+            "(OpenAI and Anthropic both reject other names)"
+        )
+    return name
+
+
+def _make(name: str, description: str, parameters: Any, extras: Mapping[str, Any]) -> ToolSpec:
+    name = _check_name(name)
     # NOTE: a round trip through canonical JSON leaves every dict with sorted keys, so any later
     # serializer (httpx, a chat template's tojson) emits the canonical order too.
     try:
@@ -150,8 +185,8 @@ def _from_model(model: type[pydantic.BaseModel]) -> ToolSpec:
     return _make(model.__name__, description, _drop_property_titles(schema), {})
 
 
-def _from_callable(fn: Callable[..., Any]) -> ToolSpec:
-    name = getattr(fn, "__name__", "")
+def _from_callable(fn: Callable[..., Any], name: str | None = None) -> ToolSpec:
+    name = _check_name(name if name is not None else getattr(fn, "__name__", ""))
     summary, arg_docs = parse_docstring(inspect.getdoc(fn) or "")
     try:
         hints = typing.get_type_hints(fn)

@@ -49,7 +49,7 @@ class BaseRetriever(ABC):
         """Build the index over ``chunks`` (replacing any previous one).
 
         Raises:
-            ValueError: ``chunks`` is empty.
+            EmptyCorpusError: ``chunks`` is empty (a ValueError).
         """
 
     @abstractmethod

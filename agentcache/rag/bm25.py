@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import bm25s
 
+from agentcache.exceptions import EmptyCorpusError
 from agentcache.rag.base import BaseRetriever, Hit
 from agentcache.rag.chunking import Chunk
 
@@ -51,7 +52,9 @@ class BM25Retriever(BaseRetriever):
     def index(self, chunks: Sequence[Chunk]) -> None:
         """Index ``chunks`` (see ``BaseRetriever.index``)."""
         if not chunks:
-            raise ValueError("cannot index an empty corpus: pass at least one chunk")
+            raise EmptyCorpusError(
+                "cannot index an empty corpus: pass at least one non-empty chunk"
+            )
         self._chunks = list(chunks)
         model = bm25s.BM25(k1=self._k1, b=self._b, method="lucene")
         # NOTE: an all-stopword chunk still needs one token or bm25s drops it from the matrix.

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentcache.exceptions import BackendUnavailableError
+from agentcache.exceptions import BackendUnavailableError, EmptyCorpusError
 from agentcache.rag.base import BaseRetriever, Hit
 from agentcache.rag.chunking import Chunk
 
@@ -87,7 +87,9 @@ class EmbeddingRetriever(BaseRetriever):
     def index(self, chunks: Sequence[Chunk]) -> None:
         """Embed every chunk (see ``BaseRetriever.index``)."""
         if not chunks:
-            raise ValueError("cannot index an empty corpus: pass at least one chunk")
+            raise EmptyCorpusError(
+                "cannot index an empty corpus: pass at least one non-empty chunk"
+            )
         self._chunks = list(chunks)
         self._matrix = self._embed([c.text for c in self._chunks])
 

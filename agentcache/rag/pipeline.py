@@ -48,7 +48,7 @@ class DocumentIndex:
             cache: Retrieval-result cache; ``None`` computes every query.
 
         Raises:
-            ValueError: ``chunks`` is empty.
+            EmptyCorpusError: ``chunks`` is empty (a ValueError).
         """
         self.chunks = list(chunks)
         self.retriever = retriever or BM25Retriever()

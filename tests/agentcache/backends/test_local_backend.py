@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("torch")
 
 from agentcache.agent import Agent, AgentConfig  # noqa: E402
-from agentcache.backends import GenerationOptions, PromptLike, StreamEvent  # noqa: E402
+from agentcache.backends import GenerationOptions, StreamEvent  # noqa: E402
+from agentcache.backends.base import PromptInput  # noqa: E402
 from agentcache.backends.local import LocalBackend  # noqa: E402
 from agentcache.prompt import Document, PromptBuilder  # noqa: E402
 from agentcache.rag import stdlib_sources  # noqa: E402
@@ -35,7 +36,7 @@ class RecordingBackend(LocalBackend):
         self.calls: list[tuple[list[int], list[int], Any]] = []
 
     def stream(
-        self, prompt: PromptLike, options: GenerationOptions | None = None
+        self, prompt: PromptInput, options: GenerationOptions | None = None
     ) -> Iterator[StreamEvent]:
         for event in super().stream(prompt, options):
             if event.response is not None:
@@ -123,3 +124,20 @@ def test_local_backend_reports_usage_and_hermes_format(model_dir: Path) -> None:
     assert 1 <= final.usage.completion_tokens <= 5
     assert "".join(e.text for e in events) == final.text
     assert final.usage.ttft_s is not None and final.usage.ttft_s > 0 and final.cost_usd == 0.0
+
+
+def test_complete_accepts_plain_text_and_message_lists(model_dir: Path) -> None:
+    backend = LocalBackend(str(model_dir))
+    options = GenerationOptions(max_tokens=2)
+    by_text = backend.complete("What is json?", options)
+    backend.reset()
+    by_messages = backend.complete([{"role": "user", "content": "What is json?"}], options)
+    assert by_text.usage.prompt_tokens == by_messages.usage.prompt_tokens > 0
+
+
+def test_mistyped_model_path_is_backend_unavailable(tmp_path: Path) -> None:
+    from agentcache.exceptions import BackendUnavailableError
+
+    missing = str(tmp_path / "no" / "such-model")
+    with pytest.raises(BackendUnavailableError, match="such-model"):
+        LocalBackend(missing)

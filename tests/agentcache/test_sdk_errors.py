@@ -1,0 +1,121 @@
+"""Caller mistakes get typed agentcache errors with a message, never a stray library exception."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentcache.agent.tools import ToolRegistry
+from agentcache.backends.base import as_prompt
+from agentcache.backends.fake import FakeBackend
+from agentcache.cache import DiskStore
+from agentcache.exceptions import CacheError, EmptyCorpusError, PromptError, PromptTypeError
+from agentcache.prompt import Document, PromptBuilder
+from agentcache.rag import DocumentIndex
+
+
+def test_history_entry_that_is_not_a_message_names_its_index() -> None:
+    with pytest.raises(PromptTypeError, match=r"history\[1\].*'role'"):
+        PromptBuilder().history([{"role": "user", "content": "hi"}, "hello"])  # type: ignore[list-item]
+
+
+def test_history_given_one_message_instead_of_a_list() -> None:
+    with pytest.raises(PromptTypeError, match="list of chat messages"):
+        PromptBuilder().history({"role": "user", "content": "hi"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((None, "x"), "id must be a non-empty str"),
+        (("", "x"), "id must be a non-empty str"),
+        (("a", 5), "'a': text must be a str, got int"),
+        (("a", "x", 3), "'a': source must be a str or None"),
+    ],
+)
+def test_document_fields_are_checked_at_construction(args: tuple[Any, ...], match: str) -> None:
+    with pytest.raises(PromptTypeError, match=match):
+        Document(*args)
+
+
+def test_document_type_error_is_also_a_type_error() -> None:
+    with pytest.raises(TypeError):
+        Document("a", 5)  # type: ignore[arg-type]
+
+
+def test_lambda_tool_asks_for_a_name() -> None:
+    with pytest.raises(PromptError, match="lambda.*name"):
+        PromptBuilder().tools([lambda x: x])
+
+
+def test_lambda_tool_with_a_name_is_accepted() -> None:
+    tool = ToolRegistry().add(lambda city: city, name="echo_city")
+    assert tool.spec.name == "echo_city"
+    assert tool.spec.openai()["function"]["name"] == "echo_city"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("name", ["has space", "dotted.name", "x" * 65, "ümlaut"])
+def test_tool_names_outside_the_provider_pattern_are_rejected(name: str) -> None:
+    tool = {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+    with pytest.raises(PromptError, match="tool name .* is invalid"):
+        PromptBuilder().tools([tool])
+
+
+def test_tool_name_of_64_allowed_characters_is_accepted() -> None:
+    name = "a-Z_9" + "x" * 59
+    prompt = PromptBuilder().tools([{"name": name, "input_schema": {"type": "object"}}]).build()
+    assert prompt.tools[0].name == name
+
+
+@pytest.mark.parametrize("field", ["messages", "tools"])
+def test_to_openai_rejects_params_that_replace_rendered_fields(field: str) -> None:
+    prompt = PromptBuilder().system("Be brief.").user("hi").build()
+    with pytest.raises(PromptError, match=field):
+        prompt.to_openai(model="m", **{field: []})
+
+
+@pytest.mark.parametrize("field", ["messages", "tools", "system"])
+def test_to_anthropic_rejects_params_that_replace_rendered_fields(field: str) -> None:
+    prompt = PromptBuilder().system("Be brief.").user("hi").build()
+    with pytest.raises(PromptError, match=field):
+        prompt.to_anthropic(model="claude-sonnet-4-5", **{field: []})
+
+
+def test_explicit_prompt_cache_key_is_allowed_and_wins() -> None:
+    prompt = PromptBuilder().system("Be brief.").user("hi").build()
+    derived = prompt.to_openai(model="m")["prompt_cache_key"]
+    body = prompt.to_openai(model="m", prompt_cache_key="tenant-7", max_tokens=5)
+    assert body["prompt_cache_key"] == "tenant-7" != derived
+    assert body["messages"] == prompt.to_messages() and body["max_tokens"] == 5
+
+
+def test_disk_store_on_a_file_is_a_cache_error(tmp_path: Path) -> None:
+    path = tmp_path / "not-a-dir"
+    path.write_text("keep me")
+    with pytest.raises(CacheError, match="is a file, not a directory"):
+        DiskStore(path)
+    assert path.read_text() == "keep me"
+
+
+def test_empty_corpus_is_a_typed_error() -> None:
+    with pytest.raises(EmptyCorpusError, match="empty corpus"):
+        DocumentIndex([])
+
+
+def test_backends_accept_plain_text_and_message_lists() -> None:
+    backend = FakeBackend(default="ok")
+    assert backend.complete("What is json?").text == "ok"
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+    ]
+    assert backend.complete(messages).text == "ok"
+    assert backend.prompts[0].to_messages() == [{"role": "user", "content": "What is json?"}]
+    assert backend.prompts[1].to_messages() == messages
+
+
+def test_as_prompt_names_what_it_accepts() -> None:
+    with pytest.raises(PromptTypeError, match="built Prompt .* a str or a list of chat message"):
+        as_prompt(42)  # type: ignore[arg-type]
