@@ -19,7 +19,10 @@ from agentcache.tokens import token_count
 
 __all__ = ["DiffResult", "diff"]
 
-Change = Literal["identical", "extension", "key_order", "changed", "added", "removed", "reordered"]
+Change = Literal[
+    "identical", "extension", "key_order", "changed", "added", "removed", "reordered", "provider"
+]
+_MESSAGE_KINDS = frozenset({"history", "user"})  # NOTE: the last user turn becomes history later.
 _SEP = "\n"  # NOTE: parts are joined with one newline when offsets are counted.
 
 
@@ -29,7 +32,9 @@ class DiffResult:
 
     Attributes:
         change: ``identical``, ``extension`` (B appends to A: the prefix holds) or the kind of
-            divergence: ``key_order``, ``changed``, ``added``, ``removed``, ``reordered``.
+            divergence: ``key_order``, ``changed``, ``added``, ``removed``, ``reordered``, or
+            ``provider`` (one body is OpenAI-shaped, the other Anthropic-shaped: they share no
+            cached prefix and are not compared part by part).
         segment: Segment kind of the first divergent part, or ``None``.
         part: Label of that part (``"tool 'search'"``), or ``None``.
         byte_offset: UTF-8 byte offset of the first differing byte in the joined parts of A.
@@ -84,15 +89,24 @@ def diff(
     Raises:
         PromptError: a body is not a chat request body.
     """
-    parts_a = view_of(a, model=model).parts
+    view_a = view_of(a, model=model)
     view_b = view_of(b, model=model)
-    parts_b = view_b.parts
+    if {view_a.provider, view_b.provider} == {"openai", "anthropic"}:
+        reason = (
+            f"different provider shapes ({view_a.provider} vs {view_b.provider}): requests to "
+            "different APIs never share a cached prefix; diff two bodies of the same provider"
+        )
+        return DiffResult("provider", None, None, None, None, False, reason)
+    parts_a, parts_b = view_a.parts, view_b.parts
     prefix: list[str] = []
     for i, pa in enumerate(parts_a):
         if i >= len(parts_b):
             reason = f"B ends before {pa.label}: earlier content was dropped"
             return _result("removed", pa, "", prefix, 0, reason, view_b.model, tokenizer)
         pb = parts_b[i]
+        if pa.kind != pb.kind and not {pa.kind, pb.kind} <= _MESSAGE_KINDS:
+            change, part, reason = _segment_change(pa, pb, parts_a, parts_b)
+            return _result(change, part, "", prefix, 0, reason, view_b.model, tokenizer)
         if pa.text != pb.text:
             at = _common_prefix(pa.text, pb.text)
             change, reason = _explain(pa, pb, parts_a, parts_b, at)
@@ -139,6 +153,22 @@ def _explain(
         path = _first_json_difference(pa.value, pb.value, "$")
         return "changed", f"{_what(pa)}: value changed at {path}{_looks_like(pa, pb, at)}"
     return "changed", f"{_what(pa)}: value changed at offset {at}{_looks_like(pa, pb, at)}"
+
+
+def _segment_change(
+    pa: Part, pb: Part, parts_a: tuple[Part, ...], parts_b: tuple[Part, ...]
+) -> tuple[Change, Part, str]:
+    """A and B have different kinds of part at the same position: what was added or removed."""
+    kinds_a = {p.kind for p in parts_a}
+    kinds_b = {p.kind for p in parts_b}
+    labels_a = {p.label for p in parts_a if p.kind == pb.kind}
+    if pb.kind not in kinds_a:
+        return "added", pb, f"{pb.kind} added: B has {pb.label} where A has {pa.label}"
+    if pa.kind not in kinds_b:
+        return "removed", pa, f"{pa.kind} removed: B has no {pa.kind}; {pa.label} is gone"
+    if pb.label not in labels_a:
+        return "added", pb, f"{pb.label} added before {pa.label}"
+    return "removed", pa, f"{pa.label} removed (B continues with {pb.label})"
 
 
 def _what(part: Part) -> str:

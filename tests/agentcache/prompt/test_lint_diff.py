@@ -153,6 +153,34 @@ def test_diff_builder_prompts_tool_added() -> None:
     assert result.byte_offset is not None and result.byte_offset < len(a.tools[0].json)
 
 
+def test_diff_tools_added_to_a_body_without_tools() -> None:
+    a = openai_body(tools=[])
+    b = openai_body(tools=[ADD, SEARCH])
+    result = diff(a, b)
+    assert (result.change, result.segment, result.part) == ("added", "tools", "tool 'add'")
+    assert result.reason == "tools added: B has tool 'add' where A has system message 0"
+    assert result.byte_offset == 0
+    back = diff(b, a)
+    assert (back.change, back.segment, back.part) == ("removed", "tools", "tool 'add'")
+
+
+def test_diff_one_more_tool_between_tools_and_system() -> None:
+    result = diff(openai_body(tools=[ADD]), openai_body(tools=[ADD, SEARCH]))
+    assert (result.change, result.part) == ("added", "tool 'search'")
+    assert result.reason == "tool 'search' added before system message 0"
+
+
+def test_diff_openai_vs_anthropic_body_reports_the_provider_shapes() -> None:
+    prompt = PromptBuilder().system("Be brief.").tools([SEARCH]).user("q").build()
+    openai = prompt.to_openai(model="gpt-4o")
+    anthropic = prompt.to_anthropic(model="claude-sonnet-4-5")
+    result = diff(openai, anthropic)
+    assert (result.change, result.is_divergent) == ("provider", True)
+    assert "different provider shapes (openai vs anthropic)" in result.reason
+    assert "description" not in result.reason
+    assert diff(anthropic, anthropic).change == "identical"
+
+
 # --- CLI -------------------------------------------------------------------------------------
 
 
