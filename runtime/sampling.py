@@ -11,7 +11,12 @@ import torch
 
 from runtime.exceptions import InvalidRequestError
 
-__all__ = ["SamplingParams", "sample"]
+__all__ = ["SEED_MAX", "SEED_MIN", "SamplingParams", "sample"]
+
+SEED_MIN = -(1 << 63)
+"""Smallest accepted ``seed``: the signed 64-bit range, as OpenAI's API documents for ``seed``."""
+SEED_MAX = (1 << 63) - 1
+"""Largest accepted ``seed`` (torch's generator takes at most 64 bits)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,19 +36,33 @@ class SamplingParams:
     top_k: int = 0
     """Keep only the k most likely tokens; 0 disables."""
     seed: int | None = None
-    """Seed of this request's random generator (sampling only); None draws one."""
+    """Seed of this request's random generator (sampling only); None draws one.
+
+    A signed 64-bit int in ``[SEED_MIN, SEED_MAX]``. Negative seeds are accepted (OpenAI's range)
+    and used as their two's-complement 64-bit value, as ``torch.Generator.manual_seed`` does, so
+    each seed in the range names a distinct generator state."""
     stop: list[str] = field(default_factory=list)
     """Stop strings: generation ends when one appears; it is cut from the text."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Extra token ids that end generation (the model's EOS ids always do)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        max_tokens = self.max_tokens
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if not self.temperature >= 0.0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (
+            not isinstance(self.seed, int)
+            or isinstance(self.seed, bool)
+            or not SEED_MIN <= self.seed <= SEED_MAX
+        ):
+            raise InvalidRequestError(
+                f"seed must be an int in [{SEED_MIN}, {SEED_MAX}] (signed 64-bit), "
+                f"got {self.seed!r}"
+            )
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0 (0 disables), got {self.top_k!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):

@@ -19,6 +19,7 @@ from runtime import (
     SamplingParams,
 )
 from runtime.model_runner import reuse_blocker
+from runtime.sampling import SEED_MAX, SEED_MIN
 from tests.runtime.factories import EOS_ID, VOCAB_SIZE, make_config, save_tiny_model
 
 PROMPT = [(3 * i + 5) % (VOCAB_SIZE - 3) + 3 for i in range(30)]
@@ -74,7 +75,19 @@ def test_bad_input_raises_and_engine_keeps_serving(
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"max_tokens": -1}, {"max_tokens": 0}, {"temperature": -1.0}, {"top_p": 0.0}]
+    "kwargs",
+    [
+        {"max_tokens": -1},
+        {"max_tokens": 0},
+        {"max_tokens": True},
+        {"temperature": -1.0},
+        {"top_p": 0.0},
+        {"seed": 1 << 64},
+        {"seed": 1 << 80},
+        {"seed": 1 << 63},
+        {"seed": -(1 << 63) - 1},
+        {"seed": True},
+    ],
 )
 def test_bad_sampling_params(kwargs: dict[str, float]) -> None:
     with pytest.raises(InvalidRequestError):
@@ -146,6 +159,19 @@ def test_cancelled_stream_releases_its_pins(engine: Engine) -> None:
 def test_sampling_is_seeded(engine: Engine) -> None:
     params = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, top_k=20, seed=3)
     assert engine.generate(PROMPT, params).token_ids == engine.generate(PROMPT, params).token_ids
+
+
+@pytest.mark.parametrize("seed", [SEED_MIN, -1, 0, SEED_MAX])
+def test_seeds_at_the_ends_of_the_signed_64_bit_range_run(engine: Engine, seed: int) -> None:
+    params = SamplingParams(max_tokens=3, temperature=1.0, seed=seed)
+    assert engine.generate(PROMPT, params).token_ids == engine.generate(PROMPT, params).token_ids
+
+
+def test_a_negative_seed_is_its_twos_complement(engine: Engine) -> None:
+    negative = engine.make_request(PROMPT, SamplingParams(seed=-1))
+    assert negative.generator.initial_seed() == (1 << 64) - 1
+    positive = engine.make_request(PROMPT, SamplingParams(seed=SEED_MAX))
+    assert positive.generator.initial_seed() == SEED_MAX
 
 
 def test_concurrent_requests_match_sequential(engine: Engine) -> None:
