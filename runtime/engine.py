@@ -153,6 +153,10 @@ class Engine:
             raise InvalidRequestError(f"chat template failed on these messages: {exc}") from exc
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of a text prompt, exactly as ``generate``/``stream`` tokenize it."""
+        return list(self.tokenizer.encode(text, add_special_tokens=True)) if text else []
+
     def generate(
         self, prompt: Prompt, params: SamplingParams | None = None, *, cache_salt: str | None = None
     ) -> Completion:
@@ -277,7 +281,7 @@ class Engine:
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt, add_special_tokens=True)) if prompt else []
+            return self.tokenize(prompt)
         items = list(prompt)
         if items and all(isinstance(m, dict) for m in items):
             return self.render_chat(items)  # type: ignore[arg-type]

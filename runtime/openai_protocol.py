@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from runtime.outputs import Usage
+from runtime.sampling import SEED_MAX, SEED_MIN
 from runtime.tool_parser import ParsedToolCall
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
 
 # Function names as OpenAI accepts them (a-z, A-Z, 0-9, underscores and dashes, max 64).
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_INSTANCE_OF = re.compile(r"a valid dictionary or instance of \w+")
 ErrorType = Literal[
     "invalid_request_error", "authentication_error", "not_found_error", "server_error"
 ]
@@ -66,16 +68,47 @@ def error_body(
 
 
 def validation_error(exc: ValidationError) -> ApiError:
-    """Turn a pydantic error into a 400 naming the first offending field (dotted path)."""
-    first = exc.errors()[0]
-    param = ".".join(str(p) for p in first["loc"]) or None
-    message = f"{param}: {first['msg']}" if param else str(first["msg"])
-    return ApiError(400, message, param=param, code="invalid_value")
+    """Turn a pydantic error into a 400 naming the offending field, OpenAI style.
+
+    ``param`` is the field's path as OpenAI writes it (``messages[0].content``): pydantic's
+    union-member tags (``str``, ``list[int]``, model names) are dropped, list indices bracketed.
+    Of several errors (one per union member) the deepest path wins, as it names the member that
+    matched furthest; the messages of every error at that path are joined.
+    """
+    errors = [(_param_path(e["loc"]), _clean_message(str(e["msg"]))) for e in exc.errors()]
+    param = max((path for path, _ in errors), key=_depth)
+    hints = list(dict.fromkeys(msg for path, msg in errors if path == param))
+    message = "; or ".join(hints[:3])
+    return ApiError(
+        400, f"{param}: {message}" if param else message, param=param, code="invalid_value"
+    )
+
+
+def _param_path(loc: tuple[int | str, ...]) -> str | None:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part in _FIELD_NAMES:
+            path += f".{part}" if path else part
+    return path or None
+
+
+def _depth(path: str | None) -> int:
+    return 0 if path is None else path.count(".") + path.count("[") + 1
+
+
+def _clean_message(message: str) -> str:
+    # NOTE: pydantic names our model classes ("instance of FunctionName") and prefixes our own
+    # ValueErrors with "Value error, "; neither means anything to an API client.
+    message = _INSTANCE_OF.sub("an object", message)
+    return message.removeprefix("Value error, ")
 
 
 class _Lenient(BaseModel):
     # NOTE: clients send fields we do not use (user, metadata, prompt_cache_key, ...): ignore them.
-    model_config = ConfigDict(extra="ignore")
+    # Strict: OpenAI rejects "10" or true for an integer and "yes" for a boolean; so do we.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class FunctionSpec(_Lenient):
@@ -109,6 +142,35 @@ class ToolSpec(_Lenient):
 
     type: Literal["function"]
     function: FunctionSpec
+
+
+class FunctionName(_Lenient):
+    """``tool_choice.function``: ``{"name": ...}``."""
+
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    """``tool_choice`` that forces one function: ``{"type": "function", "function": {...}}``."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class ResponseFormat(_Lenient):
+    """``response_format``: only plain text is served (no JSON mode or JSON schema decoding)."""
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _only_text(cls, value: str) -> str:
+        if value != "text":
+            raise ValueError(
+                f"response_format type {value!r} is not supported by this server "
+                "(no constrained decoding); omit response_format or use {'type': 'text'}"
+            )
+        return value
 
 
 class ChatMessage(_Lenient):
@@ -157,13 +219,14 @@ class StreamOptions(_Lenient):
 
 class _SamplingFields(_Lenient):
     model: str
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=0)] | None = None
-    seed: int | None = None
+    top_k: Annotated[StrictInt, Field(ge=0)] | None = None
+    seed: Annotated[StrictInt, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
+    """Signed 64-bit, as OpenAI documents; negative seeds are used two's-complement."""
     stop: str | list[str] | None = None
-    n: Literal[1] = 1
+    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
@@ -185,9 +248,10 @@ class ChatCompletionRequest(_SamplingFields):
     """Body of ``POST /v1/chat/completions`` (the subset this runtime serves)."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     tools: list[ToolSpec] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    response_format: ResponseFormat | None = None
     logprobs: Literal[False] | None = None
 
     def effective_max_tokens(self) -> int | None:
@@ -202,29 +266,60 @@ class ChatCompletionRequest(_SamplingFields):
 
     def named_tool_choice(self) -> str | None:
         """The function name of a ``{"type": "function", "function": {"name": ...}}`` choice."""
-        if isinstance(self.tool_choice, dict):
-            name = self.tool_choice.get("function", {}).get("name")
-            return name if isinstance(name, str) else ""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
         return None
 
 
 class CompletionRequest(_SamplingFields):
     """Body of ``POST /v1/completions``: one prompt, as text or token ids."""
 
-    prompt: (
-        str
-        | Annotated[list[int], Field(min_length=1)]
-        | Annotated[list[str], Field(min_length=1, max_length=1)]
-    )
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     echo: Literal[False] = False
     logprobs: None = None
     suffix: None = None
 
     def prompt_value(self) -> str | list[int]:
-        """The single prompt (a one-element list of strings is unwrapped)."""
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
-            return str(self.prompt[0])
-        return self.prompt  # type: ignore[return-value]
+        """The single prompt (a one-element list of strings is unwrapped).
+
+        Raises:
+            ApiError: 400 for an empty prompt list or a batch (several prompts in one request).
+        """
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return prompt
+        if not prompt:
+            raise ApiError(400, "prompt is an empty list", param="prompt", code="invalid_value")
+        if all(isinstance(p, int) for p in prompt):
+            return [p for p in prompt if isinstance(p, int)]
+        if len(prompt) > 1:
+            raise ApiError(
+                400,
+                f"batch prompts ({len(prompt)} prompts in one request) are not supported; "
+                "send one prompt per request",
+                param="prompt",
+                code="unsupported_value",
+            )
+        only = prompt[0]
+        if isinstance(only, str):
+            return only
+        assert isinstance(only, list), "pydantic let a non-list through"
+        return [p for p in only if isinstance(p, int)]
+
+
+_MODELS: tuple[type[BaseModel], ...] = (
+    FunctionSpec,
+    ToolSpec,
+    FunctionName,
+    NamedToolChoice,
+    ResponseFormat,
+    ChatMessage,
+    StreamOptions,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+# Field names of the request models: any other loc part in a pydantic error is a union tag.
+_FIELD_NAMES = frozenset(name for model in _MODELS for name in model.model_fields)
 
 
 def usage_dict(usage: Usage) -> dict[str, Any]:

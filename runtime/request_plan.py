@@ -165,12 +165,9 @@ async def chat_plan(
     try:
         ids = await run_sync(render)
     except (TemplateError, ValueError, TypeError, KeyError) as exc:
-        raise ApiError(
-            400,
-            f"the chat template cannot render these messages: {exc}",
-            param="messages",
-            code="invalid_messages",
-        ) from exc
+        # NOTE: the engine's InvalidRequestError already says what failed; say it once.
+        prefix = "" if isinstance(exc, InvalidRequestError) else "chat template failed: "
+        raise ApiError(400, f"{prefix}{exc}", param="messages", code="invalid_messages") from exc
     _check_prompt_len(len(ids), engine.max_context_len, "messages")
     params = sampling_params(
         engine,
@@ -182,33 +179,37 @@ async def chat_plan(
     return _new_plan("chat", req, ids, params, cache_salt, parser)
 
 
-def completion_plan(
+async def completion_plan(
     engine: ServingEngine,
     req: CompletionRequest,
     cache_salt: str | None,
     *,
     default_max_tokens: int,
 ) -> RequestPlan:
-    """Plan a text completion (text prompts are tokenized by the engine).
+    """Plan a completion; a text prompt is tokenized here (worker thread) and measured like chat.
 
     Raises:
-        ApiError: 400 for token ids outside the vocabulary or an over-long prompt.
+        ApiError: 400 for a batch or empty prompt, token ids outside the vocabulary, or a prompt
+            (+ ``max_tokens``) that does not fit the context.
     """
     prompt = req.prompt_value()
-    prompt_len: int | None = None
-    if isinstance(prompt, list):
+    if isinstance(prompt, str):
+        ids = await run_sync(engine.tokenize, prompt)
+    else:
         vocab_size = len(engine.tokenizer)
         if any(not 0 <= tok < vocab_size for tok in prompt):
             raise ApiError(
                 400, f"token ids must be in [0, {vocab_size})", param="prompt", code="invalid_value"
             )
-        prompt_len = len(prompt)
-        _check_prompt_len(prompt_len, engine.max_context_len, "prompt")
+        ids = prompt
+    if not ids:
+        raise ApiError(400, "prompt is empty", param="prompt", code="invalid_value")
+    _check_prompt_len(len(ids), engine.max_context_len, "prompt")
     params = sampling_params(
         engine,
         req,
         max_tokens=req.max_tokens,
-        prompt_len=prompt_len,
+        prompt_len=len(ids),
         default_max_tokens=default_max_tokens,
     )
-    return _new_plan("completion", req, prompt, params, cache_salt, None)
+    return _new_plan("completion", req, ids, params, cache_salt, None)

@@ -62,6 +62,8 @@ class ServingEngine(Protocol):
         add_generation_prompt: bool = True,
     ) -> list[int]: ...
 
+    def tokenize(self, text: str) -> list[int]: ...
+
     def stream(
         self,
         prompt: str | list[int],
@@ -305,7 +307,7 @@ def create_app(
         key = server.authorize(request)
         req = await server.parse(request, CompletionRequest)
         salt = tenant_salt(key, req.cache_salt)
-        plan = completion_plan(engine, req, salt, default_max_tokens=default_max_tokens)
+        plan = await completion_plan(engine, req, salt, default_max_tokens=default_max_tokens)
         return await server.serve(request, plan)
 
     @app.get("/v1/models")

@@ -43,10 +43,16 @@ class ScriptedEngine:
         max_context_len: int = 400,
         step_s: float = 0.0,
         fail_at: int | None = None,
+        engine_limit: int | None = None,
     ) -> None:
-        """``fail_at``: raise RuntimeError before that piece (0 = when the stream opens)."""
+        """``fail_at``: raise RuntimeError before that piece (0 = when the stream opens).
+
+        ``engine_limit``: positions ``stream`` accepts (default ``max_context_len``); lower, it
+        stands for limits the server cannot see (the real engine's batch KV budget).
+        """
         self.script = script if script is not None else ["Hello", ",", " world", "!"]
         self.max_context_len = max_context_len
+        self.engine_limit = max_context_len if engine_limit is None else engine_limit
         self.step_s = step_s
         self.fail_at = fail_at
         self.tokenizer = CharTokenizer()
@@ -72,6 +78,9 @@ class ScriptedEngine:
         text = f"tools={tools!r}" + text if tools else text
         return self.tokenizer.encode(text + ("<assistant>" if add_generation_prompt else ""))
 
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
     def stream(
         self,
         prompt: str | list[int],
@@ -81,8 +90,8 @@ class ScriptedEngine:
     ) -> Iterator[StreamDelta]:
         params = params or SamplingParams()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if len(ids) + params.max_tokens > self.max_context_len:
-            raise PromptTooLongError(f"{len(ids)} + {params.max_tokens} > {self.max_context_len}")
+        if len(ids) + params.max_tokens > self.engine_limit:
+            raise PromptTooLongError(f"{len(ids)} + {params.max_tokens} > {self.engine_limit}")
         if self.fail_at == 0:
             raise RuntimeError("engine exploded")
         self.salts.append(cache_salt)

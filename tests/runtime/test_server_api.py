@@ -256,8 +256,8 @@ def test_same_cache_salt_under_two_keys_never_shares_the_prefix() -> None:
         (chat_body(messages=[{"role": "user", "content": "y" * 500}]), 400, "messages"),
         (chat_body(messages=[{"role": "user", "content": "RAISE"}]), 400, "messages"),
         (chat_body(n=2), 400, "n"),
-        (chat_body(tools=[{"type": "function"}]), 400, "tools.0.function"),
-        (chat_body(tools=[{"type": "fn", "function": {"name": "a"}}]), 400, "tools.0.type"),
+        (chat_body(tools=[{"type": "function"}]), 400, "tools[0].function"),
+        (chat_body(tools=[{"type": "fn", "function": {"name": "a"}}]), 400, "tools[0].type"),
         (chat_body(tools=[{"type": "function", "function": {"name": "bad name"}}]), 400, None),
         (
             chat_body(
@@ -279,7 +279,35 @@ def test_same_cache_salt_under_two_keys_never_shares_the_prefix() -> None:
             "tool_choice",
         ),
         (chat_body(tool_choice="required"), 400, "tool_choice"),
+        (
+            chat_body(tools=TOOLS, tool_choice={"type": "function", "function": "get_weather"}),
+            400,
+            "tool_choice.function",
+        ),
+        (chat_body(tool_choice="x"), 400, "tool_choice"),
         ({"model": MODEL, "prompt": [1, -1]}, 400, "prompt"),
+        (chat_body(seed=1 << 64), 400, "seed"),
+        (chat_body(seed=1 << 80), 400, "seed"),
+        (chat_body(seed=-(1 << 63) - 1), 400, "seed"),
+        (chat_body(seed="7"), 400, "seed"),
+        (chat_body(max_tokens="10"), 400, "max_tokens"),
+        (chat_body(max_tokens=True), 400, "max_tokens"),
+        (chat_body(max_tokens=10.0), 400, "max_tokens"),
+        (chat_body(stream="yes"), 400, "stream"),
+        (chat_body(stream=1), 400, "stream"),
+        (chat_body(temperature="0.5"), 400, "temperature"),
+        (chat_body(stream_options={"include_usage": "yes"}), 400, "stream_options.include_usage"),
+        (chat_body(n=True), 400, "n"),
+        (chat_body(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
+        (chat_body(stop=5), 400, "stop"),
+        (chat_body(stop=["ok", 5]), 400, "stop[1]"),
+        (chat_body(response_format={"type": "json_object"}), 400, "response_format.type"),
+        (chat_body(response_format={"type": "json_schema"}), 400, "response_format.type"),
+        ({"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [[1, 2], [3]]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": []}, 400, "prompt"),
+        ({"model": MODEL, "prompt": ""}, 400, "prompt"),
+        ({"model": MODEL, "prompt": "hi", "max_tokens": "3"}, 400, "max_tokens"),
     ],
 )
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
@@ -303,9 +331,71 @@ def test_malformed_json_is_400(raw: bytes) -> None:
 
 
 def test_prompt_too_long_from_the_engine_is_400() -> None:
-    client = make_client()
-    resp = client.post("/v1/completions", json={"model": MODEL, "prompt": "z" * 399})
+    client = make_client(ScriptedEngine(engine_limit=100))
+    resp = client.post("/v1/completions", json={"model": MODEL, "prompt": "z" * 99})
     assert assert_openai_error(resp, 400, "prompt")["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_prompt_plus_max_tokens_past_the_context_is_400_on_both_routes(path: str) -> None:
+    engine = ScriptedEngine(max_context_len=100)
+    client = make_client(engine)
+    if path == "/v1/completions":
+        body: dict[str, Any] = {"model": MODEL, "prompt": "z" * 60, "max_tokens": 50}
+    else:  # "<user>" + 50 chars + "<assistant>" = 67 tokens on the fake
+        body = chat_body(messages=[{"role": "user", "content": "z" * 50}], max_tokens=50)
+    error = assert_openai_error(client.post(path, json=body), 400, "max_tokens")
+    assert error["code"] == "context_length_exceeded"
+    assert "exceeds the model's context" in error["message"]
+    assert engine.params == []  # rejected before the engine
+    body["max_tokens"] = 20
+    assert client.post(path, json=body).status_code == 200
+    assert engine.params[-1].max_tokens == 20
+
+
+def test_prompt_of_exactly_the_context_is_400_on_completions() -> None:
+    client = make_client(ScriptedEngine(max_context_len=100))
+    resp = client.post("/v1/completions", json={"model": MODEL, "prompt": "z" * 100})
+    error = assert_openai_error(resp, 400, "prompt")
+    assert error["code"] == "context_length_exceeded" and "100 tokens" in error["message"]
+
+
+def test_error_params_and_messages_name_fields_not_pydantic_internals() -> None:
+    client = make_client()
+    bad = chat_body(messages=[{"role": "user", "content": 5}])
+    error = assert_openai_error(client.post("/v1/chat/completions", json=bad), 400)
+    assert error["message"].startswith("messages[0].content: ")
+    bad = chat_body(tools=TOOLS, tool_choice={"type": "function", "function": "get_weather"})
+    error = assert_openai_error(client.post("/v1/chat/completions", json=bad), 400)
+    assert "NamedToolChoice" not in error["message"] and "FunctionName" not in error["message"]
+    bad = chat_body(response_format={"type": "json_object"})
+    error = assert_openai_error(client.post("/v1/chat/completions", json=bad), 400)
+    assert "'json_object' is not supported" in error["message"]
+    assert "Value error" not in error["message"]
+    error = assert_openai_error(
+        client.post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b"]}), 400, "prompt"
+    )
+    assert "batch prompts (2 prompts in one request) are not supported" in error["message"]
+
+
+def test_template_errors_are_said_once() -> None:
+    client = make_client()
+    bad = chat_body(messages=[{"role": "user", "content": "RAISE"}])
+    error = assert_openai_error(client.post("/v1/chat/completions", json=bad), 400, "messages")
+    assert error["message"] == "template rejects RAISE"
+
+
+def test_accepted_edge_values_reach_the_engine() -> None:
+    engine = ScriptedEngine()
+    client = make_client(engine)
+    for seed in (-(1 << 63), -1, (1 << 63) - 1):
+        assert client.post("/v1/chat/completions", json=chat_body(seed=seed)).status_code == 200
+        assert engine.params[-1].seed == seed
+    body = chat_body(response_format={"type": "text"}, temperature=1)
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    one = {"model": MODEL, "prompt": ["hi"]}
+    assert client.post("/v1/completions", json=one).status_code == 200
+    assert engine.seen[-1][1] == [ord("h"), ord("i")]
 
 
 def test_unknown_route_and_method_use_the_error_shape() -> None:
