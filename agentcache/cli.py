@@ -24,8 +24,8 @@ _HANDLERS: dict[str, str] = {
 # bench kind -> ("module:function", help). The function takes the remaining argv and returns an
 # exit code; each benchmark owns its own options (see `agentcache bench KIND --help`).
 _BENCHES: dict[str, tuple[str, str]] = {
-    "prefix": ("runtime.bench:prefix_main", "W1: TTFT miss/hit/floor vs HF recipes, decode rate"),
-    "trace": ("runtime.bench:trace_main", "W3: agent-style trace, hit rate and TTFT vs cache off"),
+    "prefix": ("runtime.bench:prefix_main", "TTFT on a prefix-cache miss vs hit, vs transformers; decode rate"),
+    "trace": ("runtime.bench:trace_main", "agent-style multi-turn trace: hit rate and TTFT vs cache off"),
     "load": ("runtime.loadtest:main", "concurrent streaming clients against a loopback server"),
     "prompt": ("agentcache.prompt.bench:main", "prompt build time with many tools and documents"),
     "cache": ("agentcache.cache.bench:main", "tool/retrieval result cache hit and miss latency"),
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentcache",
         description="Cache-friendly prompts for agents and RAG, plus a prefix-caching engine.",
     )
+    parser.add_argument("--version", action="version", version=f"agentcache {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_demo(sub)
     _add_serve(sub)
@@ -45,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lint(sub)
     _add_diff(sub)
     return parser
+
+
+def _version() -> str:
+    from agentcache import __version__
+
+    return __version__
 
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from agentcache.cli import build_parser
+from agentcache.cli import build_parser, main
 
 SUBCOMMANDS = ["demo", "serve", "bench", "lint", "diff"]
 
@@ -42,3 +42,38 @@ def test_help_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'agentcache --help imported torch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.metadata
+
+    import agentcache
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"agentcache {agentcache.__version__}"
+    assert agentcache.__version__ == importlib.metadata.version("agentcache")
+
+
+@pytest.mark.parametrize("kind", ["prompt", "cache"])
+def test_bench_help_is_user_facing(kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", kind, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--iterations" in out
+    for internal in ("``", "issue", "Target ("):
+        assert internal not in out
+
+
+@pytest.mark.parametrize(
+    "argv", [["bench", "prompt", "--iterations", "0"], ["bench", "cache", "--iterations", "-3"]]
+)
+def test_bench_rejects_non_positive_iterations(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "--iterations: must be at least 1" in capsys.readouterr().err
