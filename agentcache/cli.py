@@ -24,8 +24,8 @@ _HANDLERS: dict[str, str] = {
 # bench kind -> ("module:function", help). The function takes the remaining argv and returns an
 # exit code; each benchmark owns its own options (see `agentcache bench KIND --help`).
 _BENCHES: dict[str, tuple[str, str]] = {
-    "prefix": ("runtime.bench:prefix_main", "TTFT on a prefix-cache miss vs hit, vs transformers; decode rate"),
-    "trace": ("runtime.bench:trace_main", "agent-style multi-turn trace: hit rate and TTFT vs cache off"),
+    "prefix": ("runtime.bench:prefix_main", "TTFT on a prefix-cache miss vs hit; decode rate"),
+    "trace": ("runtime.bench:trace_main", "agent-style trace: hit rate, TTFT vs cache off"),
     "load": ("runtime.loadtest:main", "concurrent streaming clients against a loopback server"),
     "prompt": ("agentcache.prompt.bench:main", "prompt build time with many tools and documents"),
     "cache": ("agentcache.cache.bench:main", "tool/retrieval result cache hit and miss latency"),
