@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -19,13 +21,16 @@ from runtime.batch_mask import MaskPlan, mask_plan
 from runtime.exceptions import ModelLoadError
 from runtime.kv_cache import RequestKVCache
 
-__all__ = ["KVShape", "ModelRunner", "load_model", "reuse_blocker"]
+__all__ = ["KVShape", "ModelRunner", "is_local_path", "load_model", "reuse_blocker"]
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Layer kinds whose KV at position p depends only on tokens <= p, kept whole by RequestKVCache.
 _RESUMABLE_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
+# A Hugging Face hub id: ``name`` or ``namespace/name`` (letters, digits, ``_.-``).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+_PATH_STARTS = ("/", "./", "../", "~", ".\\", "..\\")
 
 
 class KVShape(NamedTuple):
@@ -43,15 +48,20 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+def _bundled() -> tuple[Any, tuple[str, ...]]:
+    """``(resolve_model, BUNDLED_MODELS)`` of ``runtime.models``, or ``(None, ())`` if absent."""
+    try:
+        models = importlib.import_module("runtime.models")
+    except ImportError:
+        return None, ()
+    return getattr(models, "resolve_model", None), tuple(getattr(models, "BUNDLED_MODELS", ()))
+
+
 def _resolve(model: str) -> str:
     """A bundled model name (``runtime.models.resolve_model``) or the path / hub id unchanged."""
     if Path(model).exists():
         return model
-    try:
-        models = importlib.import_module("runtime.models")
-    except ImportError:
-        return model
-    resolve = getattr(models, "resolve_model", None)
+    resolve, _ = _bundled()
     if resolve is None:
         return model
     try:
@@ -60,13 +70,35 @@ def _resolve(model: str) -> str:
         return model
 
 
+def is_local_path(model: str) -> bool:
+    """True when ``model`` names a filesystem path rather than a hub id.
+
+    Paths start with ``/``, ``./``, ``../`` or ``~``, or contain a separator without being a
+    valid ``namespace/name`` hub id (``a/b/c`` is a path, ``Qwen/Qwen2.5-0.5B`` a hub id).
+    """
+    if model.startswith(_PATH_STARTS) or model in {".", ".."}:
+        return True
+    has_sep = os.sep in model or (os.altsep is not None and os.altsep in model)
+    return has_sep and not _HUB_ID.match(model)
+
+
 def load_model(model: str, *, dtype: str, device: str, revision: str | None) -> tuple[Any, Any]:
     """Load model + tokenizer from a local path, bundled name or hub id.
 
     Raises:
-        ModelLoadError: when either cannot be loaded.
+        ModelLoadError: when either cannot be loaded, or (without touching the hub) when
+            ``model`` is a filesystem path (see ``is_local_path``) that does not exist.
     """
     path = _resolve(model)
+    if path == model and is_local_path(model):
+        path = os.path.expanduser(model)
+        if not Path(path).exists():
+            _, names = _bundled()
+            raise ModelLoadError(
+                f"no such model directory {model!r} (looked at {os.path.abspath(path)!r}); "
+                f"give an existing folder, a hub id like 'Qwen/Qwen2.5-0.5B-Instruct', or a "
+                f"bundled name: {', '.join(names) or 'none installed'}"
+            )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
         lm: Any = AutoModelForCausalLM.from_pretrained(

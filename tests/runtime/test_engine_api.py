@@ -17,6 +17,7 @@ from runtime import (
     ModelLoadError,
     PromptTooLongError,
     SamplingParams,
+    model_runner,
 )
 from runtime.model_runner import reuse_blocker
 from runtime.sampling import SEED_MAX, SEED_MIN
@@ -45,8 +46,35 @@ def test_from_pretrained_loads_tokenizer_and_template(engine: Engine) -> None:
     assert completion.usage.prompt_tokens == len(ids)
 
 
+def _no_hub(*args: object, **kwargs: object) -> None:
+    raise AssertionError("a filesystem path must not reach from_pretrained / the hub")
+
+
+@pytest.mark.parametrize(
+    "name", ["/nope/agentcache-model", "./nope", "../nope", "~/nope-agentcache", "a/b/c"]
+)
+def test_missing_local_path_is_a_load_error_without_the_hub(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(model_runner.AutoTokenizer, "from_pretrained", _no_hub)
+    with pytest.raises(ModelLoadError, match="no such model directory .*bundled name: tiny"):
+        Engine.from_pretrained(name)
+
+
+def _raise_os_error(*args: object, **kwargs: object) -> None:
+    raise OSError("not a model folder")
+
+
+@pytest.mark.parametrize("name", ["org/name", "gpt2"])
+def test_hub_ids_still_go_to_from_pretrained(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not model_runner.is_local_path(name)
+    monkeypatch.setattr(model_runner.AutoTokenizer, "from_pretrained", _raise_os_error)
+    with pytest.raises(ModelLoadError, match="cannot load model .*not a model folder"):
+        Engine.from_pretrained(name)
+
+
 def test_missing_model_is_a_load_error(tmp_path: Path) -> None:
-    with pytest.raises(ModelLoadError, match="cannot load model"):
+    with pytest.raises(ModelLoadError, match="no such model directory"):
         Engine.from_pretrained(str(tmp_path / "nope"))
 
 
