@@ -72,6 +72,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="prefix cache budget, bytes")
     p.add_argument("--no-prefix-cache", action="store_true", help="force-miss: never reuse KV")
     p.add_argument("--api-key", default=None, help="require this bearer token")
+    p.add_argument(
+        "--max-request-bytes", type=int, default=None, help="largest request body (413 beyond)"
+    )
 
 
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

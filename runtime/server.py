@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import hmac
 import json
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -37,9 +38,19 @@ from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.request_plan import RequestPlan, chat_plan, completion_plan
 from runtime.sampling import SamplingParams
 
-__all__ = ["ServingEngine", "create_app", "run_cli", "tenant_salt"]
+__all__ = [
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "ServingEngine",
+    "bind_socket",
+    "create_app",
+    "run_cli",
+    "tenant_salt",
+]
 
 _SALT_DOMAIN = b"agentcache.runtime.tenant.v1"
+
+DEFAULT_MAX_REQUEST_BYTES = 2 << 20
+"""Largest request body read (2 MiB): a 128k-token chat is about 0.5-1 MB of JSON."""
 
 
 class ServingEngine(Protocol):
@@ -115,8 +126,12 @@ class _Server:
         api_keys: Sequence[str],
         max_concurrency: int,
         max_queue: int,
+        max_request_bytes: int,
     ) -> None:
+        if max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes!r}")
         self.engine = engine
+        self.max_request_bytes = max_request_bytes
         self.api_keys = [key.encode() for key in api_keys]
         self.admission = Admission(max_running=max_concurrency, max_waiting=max_queue)
         self.limiter = anyio.CapacityLimiter(max_concurrency)
@@ -139,14 +154,39 @@ class _Server:
             )
         return key
 
+    async def read_body(self, request: Request) -> bytes:
+        """The body, refused before it is read in full when it exceeds ``max_request_bytes``.
+
+        NOTE: the size cap is the only pre-tokenization length check. No character bound on the
+        prompt is safe: one unknown-word token (WordLevel/WordPiece ``[UNK]``) or a normalizer
+        that drops characters lets any number of characters fit in a few tokens.
+
+        Raises:
+            ApiError: 413 when ``Content-Length`` or the bytes received exceed the limit.
+        """
+        limit = self.max_request_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise _too_large(int(declared), limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def parse(self, request: Request, model: type[BaseModel]) -> Any:
         """Read and validate a JSON body.
 
         Raises:
-            ApiError: 400 on malformed JSON or invalid fields, 404 on an unknown model.
+            ApiError: 413 on a body over the size limit, 400 on malformed JSON or invalid
+                fields, 404 on an unknown model.
         """
+        raw = await self.read_body(request)
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(
                 400, f"request body is not valid JSON: {exc}", code="invalid_json"
@@ -214,6 +254,16 @@ class _Server:
         self.metrics.observe_completion(completion, outcome)
 
 
+def _too_large(size: int, limit: int) -> ApiError:
+    # NOTE: ``size`` is what was declared or received so far, a lower bound of the body.
+    return ApiError(
+        413,
+        f"request body is over this server's limit of {limit} bytes (max_request_bytes; "
+        f"got at least {size}); shorten the prompt or raise the limit",
+        code="request_too_large",
+    )
+
+
 class _Disconnected(Exception):
     """The client went away before the response started."""
 
@@ -249,6 +299,7 @@ def create_app(
     max_concurrency: int = 16,
     max_queue: int = 256,
     default_max_tokens: int = 256,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """Build the FastAPI app serving ``engine``.
 
@@ -259,6 +310,8 @@ def create_app(
         max_concurrency: requests running in the engine at once; also the worker-thread pool.
         max_queue: requests waiting for a slot; beyond it the server answers 429 at once.
         default_max_tokens: ``max_tokens`` when a request gives none (capped by the context).
+        max_request_bytes: largest body read; larger ones get 413 before any parsing or
+            tokenizing (checked on ``Content-Length`` first, then on the bytes received).
 
     Returns:
         The app; ``app.state.server`` holds the admission counters and metrics.
@@ -269,13 +322,14 @@ def create_app(
         api_keys=keys,
         max_concurrency=max_concurrency,
         max_queue=max_queue,
+        max_request_bytes=max_request_bytes,
     )
     app = FastAPI(title="agentcache runtime", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError), f"unexpected {type(exc).__name__}"
-        if exc.status_code == 400:
+        if exc.status_code in (400, 413):
             server.metrics.count("invalid")
         return JSONResponse(exc.body(), status_code=exc.status_code)
 
@@ -329,25 +383,60 @@ def create_app(
     return app
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (what uvicorn would open), bound now.
+
+    Raises:
+        OSError: the address is taken, not local, or not allowed.
+    """
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # NOTE: as uvicorn does; on Linux this still refuses a port another socket listens on.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def run_cli(args: argparse.Namespace) -> int:
-    """``agentcache serve``: load the engine and serve until interrupted.
+    """``agentcache serve``: bind the port, load the engine and serve until interrupted.
+
+    The port is bound before the model loads, so a taken port fails in milliseconds.
 
     Returns:
-        0 after a clean shutdown, 2 when the model cannot be loaded.
+        0 after a clean shutdown, 2 when the model cannot be loaded, 3 when the address cannot
+        be bound (port in use, or a host that is not local).
     """
     import uvicorn
 
     from runtime.engine import Engine
     from runtime.exceptions import ModelLoadError
 
-    kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}
-    if args.kv_cache_bytes is not None:
-        kwargs["kv_cache_bytes"] = args.kv_cache_bytes
     try:
-        engine = Engine.from_pretrained(args.model, **kwargs)
-    except (ModelLoadError, FileNotFoundError) as exc:
-        print(f"agentcache serve: cannot load {args.model!r}: {exc}")
-        return 2
-    app = create_app(engine, api_key=args.api_key)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        print(
+            f"agentcache serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+            "stop the process using it or pick another --port"
+        )
+        return 3
+    with sock:
+        kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}
+        if args.kv_cache_bytes is not None:
+            kwargs["kv_cache_bytes"] = args.kv_cache_bytes
+        try:
+            engine = Engine.from_pretrained(args.model, **kwargs)
+        except (ModelLoadError, FileNotFoundError) as exc:
+            print(f"agentcache serve: cannot load {args.model!r}: {exc}")
+            return 2
+        max_bytes = getattr(args, "max_request_bytes", None) or DEFAULT_MAX_REQUEST_BYTES
+        app = create_app(engine, api_key=args.api_key, max_request_bytes=max_bytes)
+        print(f"agentcache serve: {engine.model_id!r} on http://{args.host}:{args.port}")
+        uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
     return 0

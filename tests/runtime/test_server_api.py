@@ -398,6 +398,26 @@ def test_accepted_edge_values_reach_the_engine() -> None:
     assert engine.seen[-1][1] == [ord("h"), ord("i")]
 
 
+def test_oversized_bodies_are_413_before_parsing() -> None:
+    engine = ScriptedEngine()
+    client = make_client(engine, max_request_bytes=1000)
+    body = json.dumps(chat_body(messages=[{"role": "user", "content": "x" * 2000}])).encode()
+    headers = {"content-type": "application/json"}
+    resp = client.post("/v1/chat/completions", content=body, headers=headers)
+    error = assert_openai_error(resp, 413)
+    assert error["code"] == "request_too_large" and "1000 bytes" in error["message"]
+    # Chunked upload (no Content-Length): counted as it arrives.
+    chunks = (body[i : i + 100] for i in range(0, len(body), 100))
+    resp = client.post("/v1/completions", content=chunks, headers=headers)
+    assert assert_openai_error(resp, 413)["code"] == "request_too_large"
+    assert engine.seen == []
+    # A body exactly at the limit is read and served.
+    small = json.dumps(chat_body()).encode()
+    exact = small + b" " * (1000 - len(small))
+    assert client.post("/v1/chat/completions", content=exact, headers=headers).status_code == 200
+    assert 'outcome="invalid"} 2.0' in client.get("/metrics").text
+
+
 def test_unknown_route_and_method_use_the_error_shape() -> None:
     client = make_client()
     assert_openai_error(client.get("/v1/nothing"), 404)
