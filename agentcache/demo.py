@@ -23,10 +23,11 @@ from agentcache._demo_report import TurnReport, print_summary, print_turn
 from agentcache.agent import Agent, AgentConfig, PlannedCall
 from agentcache.backends import BaseBackend, GenerationOptions, create_backend
 from agentcache.cache import DiskStore, RetrievalCache, ToolCache
-from agentcache.exceptions import AgentCacheError
+from agentcache.exceptions import AgentCacheError, ConfigError, EmptyCorpusError
 from agentcache.prompt import Document
 from agentcache.rag import Chunk, DocumentIndex, TextSource, format_chunks, load_folder
 from agentcache.rag.chunking import chunk_sources
+from agentcache.rag.loader import DEFAULT_SUFFIXES
 from agentcache.rag.stdlib import stdlib_sources
 
 __all__ = ["QUESTIONS", "DemoSession", "DocTools", "plan", "run"]
@@ -90,14 +91,16 @@ def plan(question: str) -> list[PlannedCall]:
 
 
 def load_corpus(docs: str | None, console: Console) -> list[TextSource]:
-    """Read ``docs`` (a folder) or the stdlib docstrings, with a progress bar."""
+    """Read ``docs`` (a folder) or the stdlib docstrings, with a progress bar.
+
+    Raises:
+        ConfigError: ``docs`` does not exist.
+        EmptyCorpusError: ``docs`` holds no readable, non-empty .md/.txt/.py file.
+    """
+    if docs is not None:
+        return _load_folder(docs, console)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console, transient=False) as bar:
-        if docs is not None:
-            task = bar.add_task(f"reading {docs}", total=None)
-            sources = load_folder(docs)
-            bar.update(task, total=len(sources), completed=len(sources))
-            return sources
         task = bar.add_task("reading stdlib docstrings", total=None)
 
         def progress(done: int, total: int) -> None:
@@ -106,10 +109,34 @@ def load_corpus(docs: str | None, console: Console) -> list[TextSource]:
         return stdlib_sources(progress=progress)
 
 
-def build_session(args: argparse.Namespace, backend: BaseBackend, console: Console) -> DemoSession:
+def _load_folder(docs: str, console: Console) -> list[TextSource]:
+    skipped: list[tuple[str, str]] = []
+    sources = load_folder(docs, on_skip=lambda name, why: skipped.append((name, why)))
+    if skipped:
+        shown = ", ".join(f"{name} ({why})" for name, why in skipped[:3])
+        more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        console.print(f"skipped {len(skipped)} file(s): {shown}{more}", markup=False)
+    if not sources:
+        suffixes = "/".join(DEFAULT_SUFFIXES)
+        raise EmptyCorpusError(f"no readable, non-empty {suffixes} files under {docs!r}")
+    return sources
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Reject unusable options before anything is loaded.
+
+    Raises:
+        ConfigError: ``--max-tokens`` is below 1.
+    """
+    if args.max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+
+
+def build_session(
+    args: argparse.Namespace, backend: BaseBackend, sources: list[TextSource], console: Console
+) -> DemoSession:
     """Index the corpus and assemble caches and agent (stores under the cache dir)."""
     cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else env.cache_dir()
-    sources = load_corpus(args.docs, console)
     started = time.perf_counter()
     chunks = chunk_sources(sources)
     retrieval_cache = RetrievalCache(DiskStore(cache_dir / "retrieval"))
@@ -198,21 +225,32 @@ def make_backend(args: argparse.Namespace) -> BaseBackend:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point of ``agentcache demo``; returns the exit code."""
+    """Entry point of ``agentcache demo``.
+
+    Returns:
+        0 on success; 2 when the options or inputs cannot be used (bad option, missing or empty
+        ``--docs``, model or endpoint unavailable); 1 when a turn fails.
+    """
     console = Console(highlight=False)
     started = time.perf_counter()
     try:
+        check_options(args)
+        sources = load_corpus(args.docs, console)
         backend = make_backend(args)
         console.print(TOY_NOTE if args.model == "tiny" else f"model: {args.model}")
-        session = build_session(args, backend, console)
-        reports: list[TurnReport] = []
+        session = build_session(args, backend, sources, console)
+    except AgentCacheError as exc:
+        console.print(f"agentcache demo: {exc}", style="red", markup=False, soft_wrap=True)
+        return 2
+    reports: list[TurnReport] = []
+    try:
         for question in questions(args, console):
             console.print(f"\n[bold]Q:[/bold] {question}\n[bold]A:[/bold] ", end="")
             report = ask(session, question, lambda t: console.print(t, end="", markup=False))
             print_turn(console, len(reports) + 1, report)
             reports.append(report)
     except AgentCacheError as exc:
-        console.print(f"[red]agentcache demo: {exc}[/red]")
+        console.print(f"\nagentcache demo: {exc}", style="red", markup=False, soft_wrap=True)
         return 1
     print_summary(console, reports, time.perf_counter() - started)
     return 0

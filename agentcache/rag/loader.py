@@ -6,7 +6,7 @@ index fingerprint, are the same on every run. Knows nothing about chunking or re
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +25,20 @@ def load_folder(
     suffixes: Iterable[str] = DEFAULT_SUFFIXES,
     max_file_bytes: int = 1_000_000,
     max_files: int | None = None,
+    on_skip: Callable[[str, str], None] | None = None,
 ) -> list[TextSource]:
     """Read every matching file under ``path``, in sorted relative-path order.
 
-    Hidden folders and virtual environments are skipped; files larger than ``max_file_bytes`` and
-    files that are not valid UTF-8 are skipped too.
+    Hidden folders and virtual environments are skipped; files larger than ``max_file_bytes``,
+    files that are not valid UTF-8 or cannot be read, and empty (whitespace-only) files are
+    skipped too, each reported to ``on_skip``.
 
     Args:
         path: Folder (or single file) to read.
         suffixes: File name endings to include.
         max_file_bytes: Larger files are skipped.
         max_files: Stop after this many files (``None``: no limit).
+        on_skip: Called with (relative name, reason) for every skipped matching file.
 
     Returns:
         One ``TextSource`` per file; ``source`` is the path relative to ``path`` (POSIX form).
@@ -52,15 +55,28 @@ def load_folder(
     for file in files:
         if max_files is not None and len(sources) >= max_files:
             break
-        if file.stat().st_size > max_file_bytes:
-            continue
-        try:
-            text = file.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
         name = file.name if file == root else file.relative_to(root).as_posix()
-        sources.append(TextSource(name, text))
+        text, reason = _read(file, max_file_bytes)
+        if text is not None:
+            sources.append(TextSource(name, text))
+        elif on_skip is not None:
+            on_skip(name, reason)
     return sources
+
+
+def _read(file: Path, max_file_bytes: int) -> tuple[str | None, str]:
+    """The file's text, or None and why it is skipped."""
+    try:
+        if file.stat().st_size > max_file_bytes:
+            return None, f"larger than {max_file_bytes} bytes"
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return None, "not valid UTF-8"
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    if not text.strip():
+        return None, "empty"
+    return text, ""
 
 
 def _walk(root: Path, suffixes: tuple[str, ...]) -> list[Path]:

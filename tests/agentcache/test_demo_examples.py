@@ -56,6 +56,70 @@ def test_plan_reads_named_objects() -> None:
     ]
 
 
+def demo_args(tmp_path: Path, **overrides: Any) -> Any:
+    values: dict[str, Any] = {
+        "model": None, "base_url": None, "docs": None, "interactive": False, "max_tokens": 4,
+        "cache_dir": str(tmp_path / "cache"),
+    }  # fmt: skip
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def no_backend(args: Any) -> Any:
+    raise AssertionError("bad options must be rejected before a model is loaded")
+
+
+@pytest.mark.parametrize("max_tokens", [0, -1])
+def test_demo_rejects_max_tokens_below_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    max_tokens: int,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(demo, "make_backend", no_backend)
+    assert demo.run(demo_args(tmp_path, max_tokens=max_tokens)) == 2
+    out = capsys.readouterr().out
+    assert f"--max-tokens must be at least 1, got {max_tokens}" in out
+    assert "Traceback" not in out
+
+
+def test_demo_with_an_empty_docs_folder_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(demo, "make_backend", no_backend)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "blank.md").write_text("  \n")
+    assert demo.run(demo_args(tmp_path, docs=str(docs))) == 2
+    out = capsys.readouterr().out
+    assert "skipped 1 file(s): blank.md (empty)" in out
+    assert "no readable, non-empty .md/.txt/.py files under" in out
+
+
+def test_demo_with_a_missing_docs_folder_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(demo, "make_backend", no_backend)
+    assert demo.run(demo_args(tmp_path, docs=str(tmp_path / "nope"))) == 2
+    assert "does not exist" in capsys.readouterr().out
+
+
+def test_demo_reports_skipped_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.console import Console
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_bytes(b"\xff\xfe not utf-8")
+    for name in ("b.md", "c.md", "d.md"):
+        (docs / name).write_text("")
+    (docs / "ok.md").write_text("The json module parses JSON.")
+    console = Console(record=True, width=200)
+    sources = demo.load_corpus(str(docs), console)
+    assert [s.source for s in sources] == ["ok.md"]
+    text = console.export_text()
+    assert (
+        "skipped 4 file(s): a.txt (not valid UTF-8), b.md (empty), c.md (empty) and 1 more" in text
+    )
+
+
 @pytest.mark.slow
 def test_demo_end_to_end_on_a_random_llama(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

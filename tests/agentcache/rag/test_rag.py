@@ -117,3 +117,18 @@ def test_embedding_retriever_when_installed() -> None:
         pytest.skip(str(exc))
     index = DocumentIndex.from_sources(DOCS, retriever=retriever)
     assert index.retriever.search("reading comma separated files", 1)[0].chunk.source == "csv.md"
+
+
+def test_load_folder_skips_empty_and_undecodable_files_and_says_so(tmp_path: Path) -> None:
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00")
+    (tmp_path / "blank.md").write_text(" \n\t")
+    (tmp_path / "big.md").write_text("x" * 50)
+    (tmp_path / "ok.md").write_text("Some text.")
+    skipped: list[tuple[str, str]] = []
+    sources = load_folder(tmp_path, max_file_bytes=20, on_skip=lambda n, r: skipped.append((n, r)))
+    assert [s.source for s in sources] == ["ok.md"]
+    assert skipped == [
+        ("bad.txt", "not valid UTF-8"),
+        ("big.md", "larger than 20 bytes"),
+        ("blank.md", "empty"),
+    ]
