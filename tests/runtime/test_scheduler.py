@@ -93,6 +93,36 @@ def test_old_head_of_queue_is_not_starved(model_path: Path) -> None:
     engine.close()
 
 
+def completion_of(req: Request) -> Any:
+    while True:
+        item = req.outbox.get(timeout=60)
+        if isinstance(item, BaseException):
+            raise item
+        if item.completion is not None:
+            return item.completion
+
+
+@pytest.mark.parametrize("max_batch_size", [64, 1])
+def test_requests_admitted_together_reuse_each_others_prefix(
+    model_path: Path, max_batch_size: int
+) -> None:
+    # A cold shared prefix of 6 blocks (block_size 4) and 8 requests that all arrive while the
+    # loop is held, so they are admitted in one iteration: the first prefills the prefix and
+    # stores its blocks before the next is matched, so every later one hits all 6 blocks.
+    engine = make_engine(model_path, max_batch_size=max_batch_size)
+    reqs = [
+        engine.make_request(SHARED + [i + 3, i + 4], SamplingParams(max_tokens=3))
+        for i in range(8)
+    ]
+    with engine._lock:
+        for req in reqs:
+            engine.scheduler.submit(req)
+    cached = sorted(completion_of(req).usage.cached_tokens for req in reqs)
+    assert cached == [0] + [len(SHARED)] * 7
+    engine.check_integrity()
+    engine.close()
+
+
 def test_kv_budget_is_never_exceeded(model_path: Path) -> None:
     probe = make_engine(model_path)
     row_bytes = 60 * probe.scheduler.batch.position_bytes
