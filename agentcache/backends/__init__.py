@@ -40,7 +40,7 @@ BACKENDS: dict[str, str] = {
 }
 """Registry: backend name -> ``module:class``."""
 
-_DEFAULT_MODELS: dict[str, str] = {"local": "tiny", "openai": "default"}
+_DEFAULT_MODELS: dict[str, str] = {"local": "tiny"}
 
 
 def create_backend(name_or_url: str, *, model: str | None = None, **options: Any) -> BaseBackend:
@@ -48,22 +48,23 @@ def create_backend(name_or_url: str, *, model: str | None = None, **options: Any
 
     Args:
         name_or_url: One of ``BACKENDS`` or the base URL of an OpenAI-compatible endpoint.
-        model: Model name or path; ``local`` defaults to the bundled ``tiny`` model and URLs to
-            ``"default"`` (servers that host one model ignore the name).
+        model: Model name or path; ``local`` defaults to the bundled ``tiny`` model; for a URL,
+            ``None`` asks the endpoint's ``GET /models`` and uses the first model listed.
         **options: Keyword options of the chosen backend's constructor.
 
     Returns:
         The backend instance.
 
     Raises:
-        ConfigError: Unknown name (the message lists the valid ones), or a missing model name.
-        BackendUnavailableError: The backend's optional dependency is not installed.
+        ConfigError: Unknown name (the message lists the valid ones), or a missing model name
+            (``openai`` and ``anthropic`` by name need one).
+        BackendUnavailableError: The backend's optional dependency is not installed, or a URL's
+            model list cannot be read.
     """
-    if name_or_url.startswith(("http://", "https://")):
+    is_url = name_or_url.startswith(("http://", "https://"))
+    name = "openai" if is_url else name_or_url
+    if is_url:
         options["base_url"] = name_or_url
-        name = "openai"
-    else:
-        name = name_or_url
     if name not in BACKENDS:
         valid = ", ".join(sorted(BACKENDS))
         raise ConfigError(
@@ -74,6 +75,8 @@ def create_backend(name_or_url: str, *, model: str | None = None, **options: Any
     if name == "fake":
         return cls(model=model or "fake-model", **options)  # type: ignore[no-any-return]
     chosen = model or _DEFAULT_MODELS.get(name)
+    if chosen is None and is_url:
+        return cls(None, **options)  # type: ignore[no-any-return]  # NOTE: discovers the model.
     if chosen is None:
         raise ConfigError(f"backend {name!r} needs a model: create_backend({name!r}, model=...)")
     return cls(chosen, **options)  # type: ignore[no-any-return]

@@ -28,7 +28,7 @@ from agentcache.backends.base import (
     ToolCall,
     as_prompt,
 )
-from agentcache.exceptions import BackendError
+from agentcache.exceptions import BackendError, BackendHTTPError, BackendUnavailableError
 from agentcache.usage import Usage
 
 __all__ = ["OpenAIBackend"]
@@ -43,7 +43,7 @@ class OpenAIBackend(BaseBackend):
 
     def __init__(
         self,
-        model: str,
+        model: str | None,
         *,
         base_url: str | None = None,
         api_key: str | None = None,
@@ -55,7 +55,9 @@ class OpenAIBackend(BaseBackend):
         """Create the backend.
 
         Args:
-            model: Model name sent as ``model``.
+            model: Model name sent as ``model``; ``None`` asks the endpoint's ``GET /models``
+                once, here, and uses the first model it lists (servers such as ``agentcache
+                serve``, vLLM and llama.cpp list the model they serve).
             base_url: Endpoint root ending in ``/v1``; default ``AGENTCACHE_BASE_URL`` or OpenAI.
             api_key: Bearer token; default from ``agentcache.env.api_key("openai")`` (may be none
                 for local servers).
@@ -63,13 +65,49 @@ class OpenAIBackend(BaseBackend):
             retry: Retry policy for 429/5xx and connection errors.
             transport: httpx transport override (tests, proxies).
             extra_body: Extra request fields (e.g. ``prompt_cache_key``), merged last.
+
+        Raises:
+            BackendUnavailableError: ``model`` is None and the endpoint cannot be reached or
+                lists no model.
+            BackendHTTPError: ``model`` is None and ``GET /models`` answered an HTTP error.
         """
-        self._model = model
         self.base_url = (base_url or env.base_url() or DEFAULT_BASE_URL).rstrip("/")
         self._api_key = api_key if api_key is not None else env.api_key("openai")
         self._retry = retry or RetryPolicy()
         self._extra = dict(extra_body or {})
         self._client = httpx.Client(timeout=timeout_s, transport=transport)
+        self._model = model if model is not None else self.list_models()[0]
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    def list_models(self) -> list[str]:
+        """Model ids the endpoint lists at ``GET {base_url}/models``, in its order.
+
+        Raises:
+            BackendUnavailableError: The endpoint cannot be reached, answers something that is
+                not a model list, or lists no model.
+            BackendHTTPError: The endpoint answered an HTTP error status.
+        """
+        url = f"{self.base_url}/models"
+        try:
+            response = self._client.get(url, headers=self._headers())
+        except httpx.HTTPError as exc:
+            raise BackendUnavailableError(f"cannot reach {url} to list models: {exc}") from exc
+        if response.status_code >= 400:
+            raise BackendHTTPError(
+                f"GET {url}: HTTP {response.status_code}; pass a model name instead",
+                status_code=response.status_code,
+                body=response.text,
+            )
+        try:
+            data = response.json().get("data")
+            ids = [str(item["id"]) for item in data]
+        except (ValueError, AttributeError, KeyError, TypeError) as exc:
+            raise BackendUnavailableError(f"{url} did not answer an OpenAI model list") from exc
+        if not ids:
+            raise BackendUnavailableError(f"{url} lists no models; pass a model name")
+        return ids
 
     @property
     def capabilities(self) -> Capabilities:
@@ -100,7 +138,7 @@ class OpenAIBackend(BaseBackend):
     ) -> Iterator[StreamEvent]:
         """Stream a completion (contract in ``BaseBackend.stream``)."""
         body = self.request_body(prompt, options or GenerationOptions())
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        headers = self._headers()
         url = f"{self.base_url}/chat/completions"
         start = time.perf_counter()
         state = _StreamState(start_s=start)

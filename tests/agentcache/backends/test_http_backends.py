@@ -309,3 +309,46 @@ def test_anthropic_529_is_retried() -> None:
     )
     assert backend.complete(make_prompt()).text == "Let me look."
     assert route.call_count == 2 and sleeps == [0.5]
+
+
+@respx.mock
+def test_model_none_uses_the_first_model_the_endpoint_lists() -> None:
+    models = {"object": "list", "data": [{"id": "tiny", "object": "model"}, {"id": "other"}]}
+    listed = respx.get(f"{BASE}/models").mock(return_value=httpx.Response(200, json=models))
+    chat = respx.post(f"{BASE}/chat/completions").mock(
+        return_value=httpx.Response(200, content=OPENAI_TEXT_STREAM)
+    )
+    backend = create_backend(BASE, api_key="sk-test")
+    assert isinstance(backend, OpenAIBackend) and backend.model == "tiny"
+    assert listed.calls.last.request.headers["Authorization"] == "Bearer sk-test"
+    backend.complete(make_prompt())
+    assert json.loads(chat.calls.last.request.content)["model"] == "tiny"
+
+
+@pytest.mark.parametrize(
+    ("response", "error", "match"),
+    [
+        (httpx.Response(200, json={"data": []}), BackendUnavailableError, "lists no models"),
+        (httpx.Response(200, text="<html>"), BackendUnavailableError, "model list"),
+        (httpx.Response(401, json={"error": "no"}), BackendHTTPError, "HTTP 401"),
+    ],
+)
+@respx.mock
+def test_model_discovery_failures_are_typed(
+    response: httpx.Response, error: type[Exception], match: str
+) -> None:
+    respx.get(f"{BASE}/models").mock(return_value=response)
+    with pytest.raises(error, match=match):
+        OpenAIBackend(None, base_url=BASE)
+
+
+@respx.mock
+def test_model_discovery_on_an_unreachable_endpoint() -> None:
+    respx.get(f"{BASE}/models").mock(side_effect=httpx.ConnectError("refused"))
+    with pytest.raises(BackendUnavailableError, match="cannot reach .*/models"):
+        create_backend(BASE)
+
+
+def test_openai_by_name_needs_a_model() -> None:
+    with pytest.raises(ConfigError, match="needs a model"):
+        create_backend("openai")
