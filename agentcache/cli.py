@@ -56,7 +56,12 @@ def _version() -> str:
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="answer questions over real documents, show cache savings")
-    p.add_argument("--model", default="tiny", help="bundled model name, local path or HF hub id")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="local: bundled name, path or HF hub id (default: tiny); with --base-url: the "
+        "endpoint's model (default: AGENTCACHE_MODEL, else the first one /models lists)",
+    )
     p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint instead of local")
     p.add_argument("--docs", default=None, help="folder of .md/.txt/.py files (default: stdlib)")
     p.add_argument("--interactive", action="store_true", help="ask your own questions")

@@ -22,6 +22,7 @@ from agentcache import env
 from agentcache._demo_report import TurnReport, print_summary, print_turn
 from agentcache.agent import Agent, AgentConfig, PlannedCall
 from agentcache.backends import BaseBackend, GenerationOptions, create_backend
+from agentcache.backends.local import LocalBackend  # NOTE: imports no torch until constructed.
 from agentcache.cache import DiskStore, RetrievalCache, ToolCache
 from agentcache.exceptions import AgentCacheError, ConfigError, EmptyCorpusError
 from agentcache.prompt import Document
@@ -151,7 +152,7 @@ def build_session(
         system=SYSTEM,
         documents=_pinned(chunks),
         tool_cache=ToolCache(DiskStore(cache_dir / "tools")),
-        planner=plan if args.model == "tiny" else None,
+        planner=plan if is_toy(backend) else None,
         config=AgentConfig(
             max_steps=3,
             generation=GenerationOptions(max_tokens=args.max_tokens),
@@ -203,25 +204,58 @@ def ask(session: DemoSession, question: str, write: Callable[[str], None]) -> Tu
     session.tools.retrieved.clear()
     started = time.perf_counter()
     result = session.agent.run(question, on_text=write)
+    wall_s = time.perf_counter() - started
     retrieval = session.retrieval_cache.stats().since(before)
     tools = result.tool_cache_stats
+    backend = session.agent.backend
+    # NOTE: the same prompt again with the prefix cache off: an honest per-turn comparison.
+    cold = backend.measure_cold_ttft() if isinstance(backend, LocalBackend) else None
     return TurnReport(
         question=question,
         usage=result.usages[-1],
-        wall_s=time.perf_counter() - started,
+        wall_s=wall_s,
         sources=sorted({c.source for c in session.tools.retrieved}),
         retrieval_hits=retrieval.hits,
         retrieval_misses=retrieval.misses,
         tool_hits=tools.hits if tools else 0,
         tool_misses=tools.misses if tools else 0,
+        cold_ttft_s=cold.ttft_s if cold is not None else None,
     )
 
 
 def make_backend(args: argparse.Namespace) -> BaseBackend:
-    """Local engine by default; an OpenAI-compatible endpoint with ``--base-url``."""
+    """Local engine by default; an OpenAI-compatible endpoint with ``--base-url``.
+
+    Without ``--model`` the local engine runs the bundled ``tiny`` model and an endpoint gets
+    ``AGENTCACHE_MODEL`` or else the first model its ``/models`` lists.
+    """
     if args.base_url:
-        return create_backend(args.base_url, model=args.model)
-    return create_backend("local", model=args.model)
+        return create_backend(args.base_url, model=args.model or env.default_model())
+    return create_backend("local", model=args.model or "tiny")
+
+
+def is_toy(backend: BaseBackend) -> bool:
+    """The bundled tiny model on the local engine (it cannot plan tool calls)."""
+    return backend.capabilities.is_local and backend.model == "tiny"
+
+
+def describe(backend: BaseBackend, args: argparse.Namespace) -> str:
+    """The one-line model note printed before the session."""
+    if is_toy(backend):
+        return TOY_NOTE
+    if args.base_url:
+        return f"model: {backend.model} at {args.base_url} (the model plans its own tool calls)"
+    return f"model: {backend.model} (local engine; the model plans its own tool calls)"
+
+
+def _answer_writer(console: Console, written: list[str]) -> Callable[[str], None]:
+    """Print streamed answer text as it comes (no markup parsing) and keep it in ``written``."""
+
+    def write(text: str) -> None:
+        written.append(text)
+        console.print(text, end="", markup=False, highlight=False)
+
+    return write
 
 
 def run(args: argparse.Namespace) -> int:
@@ -237,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         check_options(args)
         sources = load_corpus(args.docs, console)
         backend = make_backend(args)
-        console.print(TOY_NOTE if args.model == "tiny" else f"model: {args.model}")
+        console.print(describe(backend, args), soft_wrap=True)
         session = build_session(args, backend, sources, console)
     except AgentCacheError as exc:
         console.print(f"agentcache demo: {exc}", style="red", markup=False, soft_wrap=True)
@@ -246,7 +280,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         for question in questions(args, console):
             console.print(f"\n[bold]Q:[/bold] {question}\n[bold]A:[/bold] ", end="")
-            report = ask(session, question, lambda t: console.print(t, end="", markup=False))
+            written: list[str] = []
+            report = ask(session, question, _answer_writer(console, written))
+            if not "".join(written).strip():
+                console.print("[dim](no answer text)[/dim]", end="")
             print_turn(console, len(reports) + 1, report)
             reports.append(report)
     except AgentCacheError as exc:

@@ -8,6 +8,7 @@ engine's prefix cache matches the whole earlier conversation. Knows nothing abou
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 from collections.abc import Iterator
@@ -25,9 +26,24 @@ from agentcache.backends.base import (
 from agentcache.exceptions import BackendError, BackendUnavailableError
 from agentcache.usage import Usage
 
-__all__ = ["Carry", "LocalBackend"]
+__all__ = ["CHATML_STOPS", "Carry", "ColdRun", "LocalBackend"]
 
 _HINT = "install the local runtime: pip install 'agentcache[local]'"
+CHATML_STOPS: tuple[str, ...] = ("<|im_start|>", "<tool_response>", "</tool_response>")
+"""End-of-answer markers for ChatML templates: a model that starts a new turn (``<|im_start|>``)
+or writes a tool result itself (the Hermes ``<tool_response>`` block) has finished its answer;
+what follows would be invented conversation, not answer text."""
+
+
+class ColdRun(NamedTuple):
+    """One prompt run with the prefix cache forced off (see ``measure_cold_ttft``)."""
+
+    ttft_s: float
+    """Seconds from submitting the prompt ids to the first generated token."""
+    prompt_tokens: int
+    """Tokens in the prompt."""
+    prefill_tokens_computed: int
+    """Prompt tokens that went through the model (all of them, with the cache off)."""
 
 
 class Carry(NamedTuple):
@@ -37,6 +53,32 @@ class Carry(NamedTuple):
     """Leading ids reused from the previous call (prompt + generated), not re-tokenized."""
     prompt_tokens: int
     """All prompt ids."""
+
+
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """Hide transformers' weight-loading progress bar while a model loads, then restore it."""
+    hf_logging: Any = importlib.import_module("transformers.utils.logging")
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _turn_stops(tokenizer: Any) -> tuple[list[str], list[int]]:
+    """Stop strings and ids ending an answer for ChatML templates (none for other templates).
+
+    ``<|im_start|>`` is also a stop id when it is one token: special tokens are dropped from the
+    decoded text, so only the id can catch it.
+    """
+    if "<|im_start|>" not in str(getattr(tokenizer, "chat_template", None) or ""):
+        return [], []
+    ids = list(tokenizer.encode("<|im_start|>", add_special_tokens=False))
+    return list(CHATML_STOPS), ids if len(ids) == 1 else []
 
 
 def _import_runtime() -> Any:
@@ -92,10 +134,12 @@ class LocalBackend(BaseBackend):
             if kv_cache_bytes is not None:
                 options["kv_cache_bytes"] = kv_cache_bytes
             try:
-                engine = runtime.Engine.from_pretrained(runtime.resolve_model(model), **options)
+                with _quiet_loading():
+                    engine = runtime.Engine.from_pretrained(runtime.resolve_model(model), **options)
             except (runtime.RuntimeEngineError, OSError, ValueError) as exc:
                 raise BackendUnavailableError(f"cannot load local model {model!r}: {exc}") from exc
         self.engine = engine
+        self._stop_strings, self._stop_ids = _turn_stops(engine.tokenizer)
         self.cache_salt = cache_salt
         self._prev_ids: list[int] = []
         self._prev_prompt_text = ""
@@ -193,8 +237,12 @@ class LocalBackend(BaseBackend):
         start = time.perf_counter()
         text = self.render(as_prompt(prompt))
         ids = self.prompt_ids(text)
+        stop = list(dict.fromkeys([*options.stop, *self._stop_strings]))
         params = self._sampling_params(
-            max_tokens=options.max_tokens, temperature=options.temperature, stop=list(options.stop)
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            stop=stop,
+            stop_token_ids=self._stop_ids,
         )
         first_s: float | None = None
         completion: Any = None
@@ -234,6 +282,47 @@ class LocalBackend(BaseBackend):
             cost_usd=0.0,
             model=self._model,
         )
+
+    @property
+    def last_prompt_ids(self) -> list[int]:
+        """Prompt token ids of the last call (empty before the first call or after ``reset``)."""
+        return self._prev_ids[: len(self._prev_ids) - len(self._prev_generated)]
+
+    def measure_cold_ttft(self, prompt_ids: list[int] | None = None) -> ColdRun:
+        """Time to first token for ``prompt_ids`` with the prefix cache forced off.
+
+        Runs the same engine code path with ``use_prefix_cache=False`` and generates one token, so
+        a turn's TTFT can be compared with the same prompt computed from scratch. The timer starts
+        at submission; a normal call also renders and tokenizes first, so a ratio of the two
+        understates the cache's effect slightly. The carried ids are not changed.
+
+        Args:
+            prompt_ids: Token ids to run; default ``last_prompt_ids``.
+
+        Raises:
+            BackendError: There is no prompt to run, or the engine rejected it.
+        """
+        ids = list(prompt_ids if prompt_ids is not None else self.last_prompt_ids)
+        if not ids:
+            raise BackendError("no prompt to measure: make a call first or pass prompt_ids")
+        params = self._sampling_params(max_tokens=1)
+        start = time.perf_counter()
+        first_s: float | None = None
+        completion: Any = None
+        try:
+            request = self.engine.make_request(
+                ids, params, cache_salt=self.cache_salt, use_prefix_cache=False
+            )
+            for delta in self.engine.run(request):
+                first_s = first_s or time.perf_counter()
+                completion = delta.completion or completion
+        except Exception as exc:
+            if type(exc).__module__.startswith("runtime"):
+                raise BackendError(f"local engine rejected the request: {exc}") from exc
+            raise
+        assert completion is not None, "the engine's last delta carries the completion"
+        computed = int(completion.metrics.prefill_tokens_computed)
+        return ColdRun((first_s or time.perf_counter()) - start, len(ids), computed)
 
     def reset(self) -> None:
         """Forget the carried ids (the engine's prefix cache is kept)."""

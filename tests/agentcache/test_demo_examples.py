@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import pytest
+import respx
 
 from agentcache import demo
+from agentcache._demo_report import TurnReport, print_turn, summary_line
 from agentcache.backends import ToolCall
 from agentcache.backends.fake import FakeBackend
+from agentcache.usage import Usage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,12 +47,29 @@ def test_local_rag_example(tmp_path: Path) -> None:
     assert "abstract base classes" in str(tool_results[0]["content"])
 
 
-def test_remote_endpoint_example_runs_the_models_tool_call() -> None:
-    backend = FakeBackend([ToolCall("c1", "python_version", "{}"), "It is 3.x."])
-    assert load_example("remote_endpoint").main(backend) == "It is 3.x."
+def test_remote_endpoint_example_runs_the_models_tool_call(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    backend = FakeBackend([ToolCall("c1", "python_version", "{}"), "It is now 3.x."])
+    assert load_example("remote_endpoint").main(backend) == "It is now 3.x."
     assert backend.prompts[1].to_messages()[-1]["content"] == ".".join(
         map(str, sys.version_info[:3])
     )
+    assert capsys.readouterr().out.splitlines()[0] == "It is now 3.x."  # streamed on one line
+
+
+def test_remote_endpoint_example_reports_an_unreachable_endpoint_in_one_line(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "AGENTCACHE_BASE_URL": "http://127.0.0.1:1/v1"}
+    env.pop("AGENTCACHE_MODEL", None)
+    script = ROOT / "examples" / "remote_endpoint.py"
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("remote_endpoint: cannot reach http://127.0.0.1:1/v1/models")
 
 
 def test_plan_reads_named_objects() -> None:
@@ -54,6 +77,13 @@ def test_plan_reads_named_objects() -> None:
         ("search_docs", {"query": "What does functools.lru_cache do?"}),
         ("read_doc", {"name": "functools.lru_cache"}),
     ]
+
+
+def turn_report(
+    *, ttft_s: float, cold_ttft_s: float | None = None, prompt: int = 100, cached: int = 0
+) -> TurnReport:
+    usage = Usage(prompt_tokens=prompt, cached_tokens=cached, ttft_s=ttft_s)
+    return TurnReport("q", usage, 1.0, [], 0, 0, 0, 0, cold_ttft_s=cold_ttft_s)
 
 
 def demo_args(tmp_path: Path, **overrides: Any) -> Any:
@@ -102,6 +132,77 @@ def test_demo_with_a_missing_docs_folder_exits_2(
     assert "does not exist" in capsys.readouterr().out
 
 
+def test_demo_turn_line_compares_the_same_prompt_with_the_cache_off() -> None:
+    from rich.console import Console
+
+    report = turn_report(ttft_s=0.098, cold_ttft_s=0.310, prompt=2000, cached=1800)
+    console = Console(record=True, width=300)
+    print_turn(console, 2, report)
+    line = console.export_text()
+    assert "prefill computed 200/2000 tok, TTFT 98 ms (cache off: 310 ms, 3.2x)" in line
+
+
+def test_demo_summary_uses_same_prompt_ratios_of_later_turns_only() -> None:
+    reports = [
+        turn_report(ttft_s=0.100, cold_ttft_s=0.100),  # turn 1: nothing cached, left out
+        turn_report(ttft_s=0.300, cold_ttft_s=0.600),  # 2.0x, though slower than turn 1
+        turn_report(ttft_s=0.100, cold_ttft_s=0.400),  # 4.0x
+        turn_report(ttft_s=0.200, cold_ttft_s=0.600),  # 3.0x
+    ]
+    assert summary_line(reports) == (
+        "prefix cache: turns 2-4 reached the first token 3.0x faster (median) than the same "
+        "prompts with the cache forced off"
+    )
+
+
+def test_demo_summary_without_cache_off_runs_claims_no_speedup() -> None:
+    reports = [turn_report(ttft_s=0.5), turn_report(ttft_s=0.1)]
+    assert "needs the local engine" in summary_line(reports)
+    assert "faster" not in summary_line(reports)
+
+
+BASE = "http://127.0.0.1:8000/v1"
+
+
+@respx.mock
+def test_demo_base_url_uses_the_endpoints_model_and_no_toy_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AGENTCACHE_MODEL", raising=False)
+    respx.get(f"{BASE}/models").mock(
+        return_value=httpx.Response(200, json={"data": [{"id": "qwen2.5-7b"}]})
+    )
+    args = demo_args(tmp_path, base_url=BASE)
+    backend = demo.make_backend(args)
+    assert backend.model == "qwen2.5-7b" and not demo.is_toy(backend)
+    note = demo.describe(backend, args)
+    assert note == f"model: qwen2.5-7b at {BASE} (the model plans its own tool calls)"
+    assert "tiny" not in note
+
+
+def test_demo_base_url_prefers_model_option_then_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTCACHE_MODEL", "from-env")
+    assert demo.make_backend(demo_args(tmp_path, base_url=BASE)).model == "from-env"
+    args = demo_args(tmp_path, base_url=BASE, model="explicit")
+    assert demo.make_backend(args).model == "explicit"
+
+
+def test_demo_unreachable_base_url_exits_2_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("AGENTCACHE_MODEL", raising=False)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("The json module.")
+    args = demo_args(tmp_path, base_url="http://127.0.0.1:1/v1", docs=str(docs))
+    assert demo.run(args) == 2
+    out = capsys.readouterr().out
+    assert "agentcache demo: cannot reach http://127.0.0.1:1/v1/models" in out
+    assert "Traceback" not in out
+
+
 def test_demo_reports_skipped_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rich.console import Console
 
@@ -133,17 +234,26 @@ def test_demo_end_to_end_on_a_random_llama(
     docs.mkdir()
     for name in ("json", "functools", "csv"):
         (docs / f"{name}.md").write_text(f"# {name}\n\nThe {name} module. " * 40)
-    monkeypatch.setattr(demo, "make_backend", lambda args: LocalBackend(str(model_dir)))
-    args: Any = argparse.Namespace(
-        model="tiny", base_url=None, docs=str(docs), interactive=False, max_tokens=4,
-        cache_dir=str(tmp_path / "cache"),
-    )  # fmt: skip
+    from runtime import Engine
+
+    engine = Engine.from_pretrained(str(model_dir))
+    # NOTE: labelled "tiny" so the demo treats it as the toy model (deterministic planner).
+    monkeypatch.setattr(demo, "make_backend", lambda args: LocalBackend("tiny", engine=engine))
+    args = demo_args(tmp_path, docs=str(docs))
     assert demo.run(args) == 0
     first = capsys.readouterr().out
-    turns = re.findall(r"turn (\d): prompt (\d+) tok, cached (\d+)", first)
+    assert demo.TOY_NOTE.split()[0] in first
+    turns = re.findall(
+        r"turn (\d): prompt (\d+) tok, cached (\d+) .*prefill computed (\d+)/(\d+) tok, "
+        r"TTFT \d+ ms \(cache off: \d+ ms, [\d.]+x\)",
+        first,
+    )
     assert len(turns) == 4 and int(turns[0][2]) == 0
-    assert all(int(cached) > 0 for _, _, cached in turns[1:])
+    for _, prompt, cached, computed, total in turns:
+        assert int(computed) == int(prompt) - int(cached) and total == prompt
+    assert all(int(cached) > 0 for _, _, cached, _, _ in turns[1:])
     assert "retrieval cache 1 hit" in first  # question 4 repeats question 1
+    assert "prefix cache: turns 2-4 reached the first token" in first
     assert demo.run(args) == 0
     second = capsys.readouterr().out
     # A second process-level run reads the persistent retrieval and tool caches.

@@ -141,3 +141,49 @@ def test_mistyped_model_path_is_backend_unavailable(tmp_path: Path) -> None:
     missing = str(tmp_path / "no" / "such-model")
     with pytest.raises(BackendUnavailableError, match="such-model"):
         LocalBackend(missing)
+
+
+def test_chatml_models_stop_at_a_new_turn_or_tool_response(model_dir: Path) -> None:
+    from agentcache.backends.local import CHATML_STOPS
+
+    backend = LocalBackend(str(model_dir))
+    seen: list[Any] = []
+    real_stream = backend.engine.stream
+
+    def recording_stream(ids: list[int], params: Any, **kw: Any) -> Any:
+        seen.append(params)
+        return real_stream(ids, params, **kw)
+
+    backend.engine.stream = recording_stream
+    backend.complete("hi", GenerationOptions(max_tokens=2, stop=("END",)))
+    (params,) = seen
+    assert params.stop == ["END", *CHATML_STOPS]
+    im_start = backend.engine.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert params.stop_token_ids == [im_start]
+
+
+def test_measure_cold_ttft_recomputes_the_last_prompt_and_keeps_the_carry(model_dir: Path) -> None:
+    backend = LocalBackend(str(model_dir))
+    options = GenerationOptions(max_tokens=3)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "What is json? " * 8}]
+    first = backend.complete(PromptBuilder().system("Be brief.").history(history).build(), options)
+    ids = backend.last_prompt_ids
+    assert len(ids) == first.usage.prompt_tokens
+    cold = backend.measure_cold_ttft()
+    assert (cold.prompt_tokens, cold.prefill_tokens_computed) == (len(ids), len(ids))
+    assert cold.ttft_s > 0
+    assert backend.last_prompt_ids == ids  # the carried conversation is untouched
+    history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "csv?"}]
+    second = backend.complete(PromptBuilder().system("Be brief.").history(history).build(), options)
+    assert second.usage.cached_tokens and second.usage.cached_tokens >= 16
+
+
+def test_loading_a_model_hides_the_weight_progress_bar_and_restores_it(
+    model_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    LocalBackend(str(model_dir))
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()
