@@ -22,7 +22,10 @@ from agentcache import env
 from agentcache._demo_report import TurnReport, print_summary, print_turn
 from agentcache.agent import Agent, AgentConfig, PlannedCall
 from agentcache.backends import BaseBackend, GenerationOptions, create_backend
-from agentcache.backends.local import LocalBackend  # NOTE: imports no torch until constructed.
+from agentcache.backends.local import (  # NOTE: imports no torch until one is constructed.
+    CHATML_STOPS,
+    LocalBackend,
+)
 from agentcache.cache import DiskStore, RetrievalCache, ToolCache
 from agentcache.exceptions import AgentCacheError, ConfigError, EmptyCorpusError
 from agentcache.prompt import Document
@@ -152,10 +155,13 @@ def build_session(
         system=SYSTEM,
         documents=_pinned(chunks),
         tool_cache=ToolCache(DiskStore(cache_dir / "tools")),
-        planner=plan if is_toy(backend) else None,
+        planner=plan if needs_planner(backend) else None,
         config=AgentConfig(
             max_steps=3,
-            generation=GenerationOptions(max_tokens=args.max_tokens),
+            # NOTE: LocalBackend adds these itself; a server running the toy may not.
+            generation=GenerationOptions(
+                max_tokens=args.max_tokens, stop=CHATML_STOPS if needs_planner(backend) else ()
+            ),
             namespace="agentcache-demo",
             raise_on_step_limit=False,
         ),
@@ -239,13 +245,18 @@ def is_toy(backend: BaseBackend) -> bool:
     return backend.capabilities.is_local and backend.model == "tiny"
 
 
+def needs_planner(backend: BaseBackend) -> bool:
+    """Models named ``tiny`` (ours, locally or behind ``agentcache serve``) cannot plan tools."""
+    return backend.model == "tiny"
+
+
 def describe(backend: BaseBackend, args: argparse.Namespace) -> str:
     """The one-line model note printed before the session."""
     if is_toy(backend):
         return TOY_NOTE
-    if args.base_url:
-        return f"model: {backend.model} at {args.base_url} (the model plans its own tool calls)"
-    return f"model: {backend.model} (local engine; the model plans its own tool calls)"
+    planner = "the demo's planner picks" if needs_planner(backend) else "the model plans its own"
+    where = f"at {args.base_url}" if args.base_url else "on the local engine"
+    return f"model: {backend.model} {where} ({planner} tool calls)"
 
 
 def _answer_writer(console: Console, written: list[str]) -> Callable[[str], None]:

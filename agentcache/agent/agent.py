@@ -160,7 +160,8 @@ class Agent:
 
         Args:
             user_text: The user's message, appended to the history.
-            on_text: Called with each streamed piece of visible answer text.
+            on_text: Called with each streamed piece of visible answer text; ``<tool_call>``
+                markup is never passed on, whatever the backend.
 
         Returns:
             The final answer and every step.
@@ -196,18 +197,17 @@ class Agent:
 
     def _call_model(self, on_text: Callable[[str], None] | None) -> ModelResponse:
         prompt = self.build_prompt()
-        is_text_format = self.backend.capabilities.tool_call_format == "hermes"
-        markup = MarkupFilter() if is_text_format else None
+        # NOTE: native backends too: a server without a tool parser sends Hermes markup as text.
+        markup = MarkupFilter()
         final: ModelResponse | None = None
         for event in self.backend.stream(prompt, self.config.generation):
-            visible = markup.feed(event.text) if markup is not None else event.text
+            visible = markup.feed(event.text)
             if on_text is not None and visible:
                 on_text(visible)
             final = event.response or final
-        if markup is not None and on_text is not None:
-            rest = markup.flush()
-            if rest:
-                on_text(rest)
+        rest = markup.flush()
+        if on_text is not None and rest:
+            on_text(rest)
         assert final is not None, "BaseBackend.stream ends with a response"
         return final
 

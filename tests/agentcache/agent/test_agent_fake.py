@@ -143,3 +143,12 @@ def test_parse_hermes_and_markup_filter() -> None:
     assert "".join(shown) + markup.flush() == "Hi "
     plain = MarkupFilter()
     assert plain.feed("a <t") + plain.feed("able>") + plain.flush() == "a <table>"
+
+
+def test_streamed_text_never_shows_tool_call_markup_from_a_native_backend() -> None:
+    # A server without a tool parser returns the model's Hermes markup as plain content.
+    text = 'Let me look. <tool_call>{"name": "x", "arguments": {}}</tool_call>'
+    shown: list[str] = []
+    result = Agent(FakeBackend([text])).run("q", on_text=shown.append)
+    assert "".join(shown) == "Let me look. "
+    assert result.output == text  # the answer record keeps what the model wrote
