@@ -482,8 +482,11 @@ def save_model(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out:
     config["dtype"] = "float32"  # NOTE: stored in float16 to stay under 10 MB; computed in fp32.
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     GenerationConfig(  # type: ignore[no-untyped-call]
-        # NOTE: <|im_end|> ends a chat turn; <|endoftext|> ends a plain-text document.
-        eos_token_id=[token_id(tokenizer, "<|im_end|>"), token_id(tokenizer, "<|endoftext|>")],
+        # NOTE: <|im_end|> ends a chat turn; <|endoftext|> ends a plain-text document; a toy
+        # model that opens a new turn (<|im_start|>) without closing its own is done too.
+        eos_token_id=[
+            token_id(tokenizer, name) for name in ("<|im_end|>", "<|endoftext|>", "<|im_start|>")
+        ],
         pad_token_id=token_id(tokenizer, "<|endoftext|>"),
         do_sample=False,
     ).save_pretrained(str(out))
@@ -509,7 +512,8 @@ rendered as `<tool_call>\\n{{"name": ..., "arguments": ...}}\\n</tool_call>`; ea
 becomes its own user turn wrapping `<tool_response>\\n...\\n</tool_response>`. \
 History is never rewritten, so the prompt of turn n plus the reply and `<|im_end|>` is a \
 token prefix of turn n+1. \
-Generation stops at `<|im_end|>` (id 2) or `<|endoftext|>` (id 0).
+Generation stops at `<|im_end|>` (id 2), `<|endoftext|>` (id 0) or a new turn's \
+`<|im_start|>` (id 1).
 
 ## Training data
 Docstrings of the Python {python} standard library on the training machine (modules, classes,

@@ -135,7 +135,7 @@ def test_shipped_files_fit_the_budget() -> None:
     assert config["model_type"] == "llama"
     assert config["max_position_embeddings"] >= 4096
     generation = json.loads((TINY / "generation_config.json").read_text())
-    eos = [SPECIAL_IDS["<|im_end|>"], SPECIAL_IDS["<|endoftext|>"]]
+    eos = [SPECIAL_IDS[t] for t in ("<|im_end|>", "<|endoftext|>", "<|im_start|>")]
     assert generation["eos_token_id"] == eos
 
 
@@ -155,7 +155,7 @@ def test_special_tokens_are_single_tokens_with_fixed_ids(tokenizer: Any) -> None
 def test_loads_offline_in_float32_with_the_recorded_size(model: LlamaForCausalLM) -> None:
     assert model.dtype == torch.float32
     assert sum(p.numel() for p in model.parameters()) == STATS["num_parameters"]
-    eos = [SPECIAL_IDS["<|im_end|>"], SPECIAL_IDS["<|endoftext|>"]]
+    eos = [SPECIAL_IDS[t] for t in ("<|im_end|>", "<|endoftext|>", "<|im_start|>")]
     assert model.generation_config.eos_token_id == eos
 
 
