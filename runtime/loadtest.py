@@ -3,6 +3,7 @@
 Starts the server in-process on 127.0.0.1 (or targets ``--url``), sends chat requests that share
 one system prompt from 16 and 64 concurrent streaming clients, then the same number of requests
 one by one, and reports throughput ratio, TTFT p50/p99, hit rate, errors and pinned blocks.
+Clients run in a separate process (spawned once) so they do not share the server's GIL.
 Optionally times transformers' ``generate_batch`` on an 8-request shared-prefix workload.
 A benchmark script, never a timed test; it knows the HTTP API, not the engine's internals.
 """
@@ -12,10 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -108,6 +111,16 @@ async def _one(client: httpx.AsyncClient, body: dict[str, Any]) -> _Result:
     )
 
 
+def run_phase(
+    url: str, bodies: list[dict[str, Any]], concurrency: int, timeout_s: float
+) -> tuple[list[_Result], float]:
+    """Send ``bodies`` from ``concurrency`` streaming clients; ``(results, wall seconds)``."""
+    return asyncio.run(_phase(url, bodies, concurrency, timeout_s))
+
+
+_PhaseRunner = Callable[[str, list[dict[str, Any]], int, float], tuple[list[_Result], float]]
+
+
 async def _phase(
     url: str, bodies: list[dict[str, Any]], concurrency: int, timeout_s: float
 ) -> tuple[list[_Result], float]:
@@ -168,32 +181,37 @@ def _wait_unpinned(engine: Any, timeout_s: float = 30.0) -> int | None:
 def run_load(url: str, model: str, args: argparse.Namespace, engine: Any = None) -> dict[str, Any]:
     """Warm the shared prefix, then run each level concurrently and one by one.
 
+    Clients run in one spawned process unless ``args.in_process_clients`` (then they share
+    this process, and its GIL, with an in-process server).
+
     Returns:
         ``{"levels": [...], "errors": int, "pinned_blocks_after": int | None}``.
     """
+    if args.in_process_clients:
+        return _run_levels(url, model, args, engine, run_phase)
+    context = multiprocessing.get_context("spawn")  # NOTE: never fork a process running torch
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+
+        def remote(*phase: Any) -> tuple[list[_Result], float]:
+            return pool.submit(run_phase, *phase).result()
+
+        return _run_levels(url, model, args, engine, remote)
+
+
+def _run_levels(
+    url: str, model: str, args: argparse.Namespace, engine: Any, phase: _PhaseRunner
+) -> dict[str, Any]:
     system = _system_prompt(args.system_words)
-    warm, _ = asyncio.run(_phase(url, _bodies(model, system, "warm", 1, 4), 1, args.timeout_s))
+    warm, _ = phase(url, _bodies(model, system, "warm", 1, 4), 1, args.timeout_s)
     levels: list[dict[str, Any]] = []
     pinned: int | None = None
     for level in args.concurrency:
         n = level * args.rounds
         tag = f"c{level}"
-        conc = _report(
-            f"{level} concurrent",
-            level,
-            *asyncio.run(
-                _phase(url, _bodies(model, system, tag, n, args.max_tokens), level, args.timeout_s)
-            ),
-        )
-        seq = _report(
-            "one by one",
-            1,
-            *asyncio.run(
-                _phase(
-                    url, _bodies(model, system, tag + "s", n, args.max_tokens), 1, args.timeout_s
-                )
-            ),
-        )
+        bodies = _bodies(model, system, tag, n, args.max_tokens)
+        conc = _report(f"{level} concurrent", level, *phase(url, bodies, level, args.timeout_s))
+        bodies = _bodies(model, system, tag + "s", n, args.max_tokens)
+        seq = _report("one by one", 1, *phase(url, bodies, 1, args.timeout_s))
         pinned = _wait_unpinned(engine) if engine is not None else None
         ratio = conc.tokens_per_s / seq.tokens_per_s if seq.tokens_per_s else 0.0
         levels.append(
@@ -280,6 +298,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, default=16, help="server running slots")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout")
     p.add_argument("--hf", action="store_true", help="also time transformers generate_batch")
+    p.add_argument(
+        "--in-process-clients",
+        action="store_true",
+        help="run the clients in this process (shares the GIL with an in-process server)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p
 
