@@ -22,6 +22,7 @@ from runtime.model_runner import ModelRunner, load_model, reuse_blocker
 from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.prefix_cache import PrefixCache, namespace_of
 from runtime.request import Request
+from runtime.request_stream import RequestStream
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 
@@ -170,17 +171,18 @@ class Engine:
 
     def stream(
         self, prompt: Prompt, params: SamplingParams | None = None, *, cache_salt: str | None = None
-    ) -> Iterator[StreamDelta]:
+    ) -> RequestStream:
         """Generate incrementally; the last delta carries ``finish_reason`` and the Completion.
 
         The prompt is validated now (errors raise here, not on first ``next``). Closing the
         iterator early (``.close()``) cancels the request and releases everything it pinned.
+        Iterating yields one delta per token; ``RequestStream.poll`` reads without blocking.
 
         Raises:
             InvalidRequestError, PromptTooLongError: as ``generate``.
             EngineBusyError: (on first ``next``) the scheduler's queue is full.
         """
-        return self._run(self.make_request(prompt, params, cache_salt=cache_salt))
+        return self.run(self.make_request(prompt, params, cache_salt=cache_salt))
 
     def cache_stats(self) -> CacheStats:
         """Prefix cache counters and occupancy."""
@@ -241,9 +243,9 @@ class Engine:
             logits_log=[] if record_logits else None,
         )
 
-    def run(self, request: Request) -> Iterator[StreamDelta]:
+    def run(self, request: Request) -> RequestStream:
         """Drive a request made by ``make_request`` to completion (what ``stream`` returns)."""
-        return self._run(request)
+        return RequestStream(request, self.scheduler)
 
     def scheduler_stats(self) -> SchedulerStats:
         """Running and waiting requests, pinned prefix blocks and batch KV bytes now."""
@@ -256,26 +258,6 @@ class Engine:
         Idempotent; also runs at interpreter exit and when the engine is garbage collected.
         """
         self._finalizer()
-
-    # --- the consumer side of a request ---------------------------------------------------
-
-    def _run(self, req: Request) -> Iterator[StreamDelta]:
-        # NOTE: submitted on the first ``next``, so a stream never started pins nothing.
-        self.scheduler.submit(req)
-        is_done = False
-        try:
-            while True:
-                item = req.outbox.get()
-                if isinstance(item, BaseException):
-                    is_done = True
-                    raise item
-                is_done = item.completion is not None
-                yield item
-                if is_done:
-                    return
-        finally:
-            if not is_done:
-                self.scheduler.cancel(req)
 
     # --- input checks -------------------------------------------------------------------
 

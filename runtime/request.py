@@ -7,8 +7,10 @@ only holds the state and knows nothing about the model or the tree's internals.
 from __future__ import annotations
 
 import enum
+import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +22,8 @@ from runtime.radix_cache import Namespace, TreeNode
 from runtime.sampling import SamplingParams
 
 __all__ = ["Request", "RequestStatus"]
+
+_log = logging.getLogger(__name__)
 
 
 class RequestStatus(enum.Enum):
@@ -65,6 +69,17 @@ class Request:
     is_cancelled: bool = False
     t_enqueue: float = 0.0
     """``time.monotonic()`` when submitted (age bound of cache-aware ordering)."""
+    waker: Callable[[], None] | None = None
+    """Called (scheduler thread) after each ``post``: tells a polling consumer to read."""
+
+    def post(self, item: StreamDelta | BaseException) -> None:
+        """Hand a delta (or the error that ends the stream) to the consumer and wake it."""
+        self.outbox.put(item)
+        if self.waker is not None:
+            try:
+                self.waker()
+            except Exception:  # noqa: BLE001 - a consumer's waker never stops the loop
+                _log.exception("waker of a request failed; the consumer must poll")
 
     def accept(self, token: int) -> str:
         """Append a sampled token; set ``finish_reason`` when generation must end.

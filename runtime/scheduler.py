@@ -141,12 +141,13 @@ class Scheduler:
                 self._thread.start()
             self._cv.notify()
 
-    def cancel(self, req: Request) -> None:
-        """Mark ``req`` cancelled and wait until the loop released what it pinned."""
+    def cancel(self, req: Request, *, wait: bool = True) -> None:
+        """Mark ``req`` cancelled; with ``wait``, block until the loop released what it pinned."""
         with self._cv:
             req.is_cancelled = True
             self._cv.notify()
-        req.released.wait()
+        if wait:
+            req.released.wait()
 
     def close(self) -> None:
         """Stop the loop (after its current step) and fail every queued or running request."""
@@ -289,16 +290,16 @@ class Scheduler:
     def _emit(self, req: Request, token: int) -> None:
         text = req.accept(token)
         if req.finish_reason is None:
-            req.outbox.put(StreamDelta(token_ids=[token], text=text))
+            req.post(StreamDelta(token_ids=[token], text=text))
             return
         self._release(req, keep=True)
         req.t_end = time.perf_counter()
         text += req.detokenizer.flush()
-        req.outbox.put(StreamDelta([token], text, req.finish_reason, req.completion()))
+        req.post(StreamDelta([token], text, req.finish_reason, req.completion()))
 
     def _fail(self, req: Request, exc: BaseException) -> None:
         self._release(req, keep=False)
-        req.outbox.put(exc)
+        req.post(exc)
 
     def _release(self, req: Request, *, keep: bool) -> None:
         """Store the request's blocks (when ``keep``), unpin its node and free its row."""

@@ -1,0 +1,125 @@
+"""RequestStream: blocking reads give one delta per token; polls merge what is ready, never block.
+
+A stub scheduler scripts the outbox exactly; one tiny random Llama checks the real loop's wakes.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import pytest
+
+from runtime import RuntimeEngineError, SamplingParams
+from runtime.engine import Engine
+from runtime.outputs import StreamDelta
+from runtime.request import Request
+from runtime.request_stream import RequestStream, merge_deltas
+from tests.runtime.factories import VOCAB_SIZE, save_tiny_model
+
+PROMPT = [(7 * i + 2) % (VOCAB_SIZE - 3) + 3 for i in range(20)]
+
+
+class StubScheduler:
+    """Records submit/cancel; the test posts to the request's outbox itself."""
+
+    def __init__(self) -> None:
+        self.submitted: list[Request] = []
+        self.cancelled: list[tuple[Request, bool]] = []
+
+    def submit(self, req: Request) -> None:
+        self.submitted.append(req)
+
+    def cancel(self, req: Request, *, wait: bool = True) -> None:
+        self.cancelled.append((req, wait))
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    path = save_tiny_model("llama", Path(tmp_path_factory.mktemp("llama")))
+    eng = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 20, block_size=4)
+    eng.eos_ids = frozenset()
+    return eng
+
+
+def stub_stream(engine: Engine) -> tuple[RequestStream, Request, StubScheduler]:
+    req = engine.make_request(PROMPT, SamplingParams(max_tokens=4))
+    scheduler = StubScheduler()
+    return RequestStream(req, scheduler), req, scheduler  # type: ignore[arg-type]
+
+
+def test_poll_merges_ready_deltas_and_raises_a_later_error_on_the_next_poll(
+    engine: Engine,
+) -> None:
+    stream, req, scheduler = stub_stream(engine)
+    assert stream.poll() is None and scheduler.submitted == [req]  # submitted, nothing ready
+    req.post(StreamDelta([5], "a"))
+    req.post(StreamDelta([6, 7], "bc"))
+    req.post(RuntimeEngineError("boom"))
+    merged = stream.poll()
+    assert merged == StreamDelta([5, 6, 7], "abc") and not stream.is_done
+    with pytest.raises(RuntimeEngineError, match="boom"):
+        stream.poll()
+    assert stream.is_done and stream.poll() is None
+    stream.close()
+    assert scheduler.cancelled == []  # it ended with an error: nothing left to cancel
+
+
+def test_next_reads_one_delta_at_a_time_and_close_cancels(engine: Engine) -> None:
+    stream, req, scheduler = stub_stream(engine)
+    req.post(StreamDelta([5], "a"))
+    req.post(StreamDelta([6], "b"))
+    assert next(stream) == StreamDelta([5], "a")
+    assert next(stream) == StreamDelta([6], "b")
+    stream.close()
+    stream.close()
+    assert scheduler.cancelled == [(req, True)] and stream.is_done
+    with pytest.raises(StopIteration):
+        next(stream)
+
+
+def test_an_unsubmitted_stream_cancels_nothing(engine: Engine) -> None:
+    stream, _, scheduler = stub_stream(engine)
+    stream.close()
+    dropped, _, dropped_scheduler = stub_stream(engine)
+    del dropped
+    gc.collect()
+    assert scheduler.submitted == scheduler.cancelled == dropped_scheduler.cancelled == []
+
+
+def test_a_dropped_stream_is_cancelled_without_waiting(engine: Engine) -> None:
+    stream, req, scheduler = stub_stream(engine)
+    req.post(StreamDelta([5], "a"))
+    next(stream)
+    del stream
+    gc.collect()
+    assert scheduler.cancelled == [(req, False)]
+
+
+def test_the_loop_wakes_once_per_posted_delta_and_a_poll_gets_them_all(engine: Engine) -> None:
+    wakes: list[int] = []
+    stream = engine.stream(PROMPT, SamplingParams(max_tokens=8))
+    stream.set_waker(lambda: wakes.append(1))
+    early = stream.poll()  # submits; the loop may have posted a token already
+    assert stream.request.released.wait(timeout=60)
+    rest = stream.poll()
+    assert rest is not None and stream.is_done
+    merged = merge_deltas([early, rest] if early is not None else [rest])
+    assert merged.completion is not None and len(merged.token_ids) == 8
+    assert merged.token_ids == merged.completion.token_ids
+    assert merged.text == merged.completion.text
+    assert len(wakes) == 8  # one post per token, the last carrying the completion
+    assert engine.scheduler_stats().num_blocks_pinned == 0
+    engine.check_integrity()
+
+
+def test_a_poll_after_the_end_merges_every_token(engine: Engine) -> None:
+    expected = engine.generate(PROMPT, SamplingParams(max_tokens=6))
+    stream = engine.stream(PROMPT, SamplingParams(max_tokens=6))
+    first = next(stream)  # blocking read: exactly one token
+    assert stream.request.released.wait(timeout=60)
+    rest = stream.poll()
+    assert len(first.token_ids) == 1 and rest is not None and rest.completion is not None
+    assert first.token_ids + rest.token_ids == expected.token_ids
+    assert first.text + rest.text == expected.text
+    assert stream.poll() is None
