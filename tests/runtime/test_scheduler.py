@@ -111,8 +111,7 @@ def test_requests_admitted_together_reuse_each_others_prefix(
     # stores its blocks before the next is matched, so every later one hits all 6 blocks.
     engine = make_engine(model_path, max_batch_size=max_batch_size)
     reqs = [
-        engine.make_request(SHARED + [i + 3, i + 4], SamplingParams(max_tokens=3))
-        for i in range(8)
+        engine.make_request(SHARED + [i + 3, i + 4], SamplingParams(max_tokens=3)) for i in range(8)
     ]
     with engine._lock:
         for req in reqs:
