@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from runtime._argtypes import positive_int
+
 __all__ = ["PhaseReport", "main"]
 
 _WORDS = "cache prefix token block radix tenant stream decode prefill schema agent tool".split()
@@ -287,15 +289,22 @@ def hf_generate_batch_ratio(engine: Any, args: argparse.Namespace) -> dict[str, 
     }
 
 
+LOAD_HELP = """\
+Concurrent streaming clients (default 16 and 64) with a shared system prompt against the
+OpenAI-compatible server on 127.0.0.1 (started in-process, or --url), then the same requests one by
+one: throughput ratio, TTFT p50/p99, prefix cache hit rate, errors and pinned blocks afterwards.
+--hf also times transformers' generate_batch on an 8-request shared-prefix workload."""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agentcache bench load", description=__doc__)
+    p = argparse.ArgumentParser(prog="agentcache bench load", description=LOAD_HELP)
     p.add_argument("--model", default="tiny", help="model to serve in-process (ignored with --url)")
     p.add_argument("--url", default=None, help="target a running server instead")
-    p.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
-    p.add_argument("--rounds", type=int, default=2, help="requests per client at each level")
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--system-words", type=int, default=200, help="shared system prompt length")
-    p.add_argument("--max-concurrency", type=int, default=16, help="server running slots")
+    p.add_argument("--concurrency", type=positive_int, nargs="+", default=[16, 64])
+    p.add_argument("--rounds", type=positive_int, default=2, help="requests per client")
+    p.add_argument("--max-tokens", type=positive_int, default=16)
+    p.add_argument("--system-words", type=positive_int, default=200, help="system prompt words")
+    p.add_argument("--max-concurrency", type=positive_int, default=16, help="server running slots")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout")
     p.add_argument("--hf", action="store_true", help="also time transformers generate_batch")
     p.add_argument(

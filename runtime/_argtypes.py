@@ -1,0 +1,22 @@
+"""argparse value types for the runtime's command-line entry points (bench prefix/trace/load).
+
+Each converter raises ``argparse.ArgumentTypeError`` so argparse prints a one-line usage error and
+exits with status 2. The runtime never imports the SDK, so it keeps its own small copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["positive_int"]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (raises ``argparse.ArgumentTypeError`` otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
