@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from agentcache.exceptions import BackendHTTPError, BackendUnavailableError
+from agentcache.exceptions import BackendError, BackendHTTPError, BackendUnavailableError
 
 __all__ = ["RetryPolicy", "SSEEvent", "iter_sse", "open_stream"]
 
@@ -165,3 +165,22 @@ def iter_sse(lines: Iterator[str]) -> Iterator[SSEEvent]:
             data.append(value)
     if data:
         yield SSEEvent(event or "message", "\n".join(data))
+
+
+def decode_json_event(data: str, *, source: str) -> dict[str, Any]:
+    """Parse one SSE ``data`` payload as a JSON object.
+
+    Args:
+        data: The event's data text.
+        source: Who sent it, for the error message (e.g. ``"endpoint"``, ``"Anthropic"``).
+
+    Raises:
+        BackendError: ``data`` is not JSON, or not a JSON object.
+    """
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise BackendError(f"{source} sent a non-JSON stream event: {data[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise BackendError(f"{source} sent a non-object stream event: {data[:200]!r}")
+    return value

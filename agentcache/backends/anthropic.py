@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from agentcache import env
-from agentcache.backends._http import RetryPolicy, iter_sse, open_stream
+from agentcache.backends._http import RetryPolicy, decode_json_event, iter_sse, open_stream
 from agentcache.backends._usage import anthropic_usage, estimate_cost
 from agentcache.backends.base import (
     BaseBackend,
@@ -101,7 +101,7 @@ class AnthropicBackend(BaseBackend):
         state = _MessageState(start_s=time.perf_counter())
         with open_stream(self._client, url, body=body, headers=headers, retry=self._retry) as resp:
             for event in iter_sse(resp.iter_lines()):
-                delta = state.feed(event.event, _decode(event.data))
+                delta = state.feed(event.event, decode_json_event(event.data, source="Anthropic"))
                 if delta:
                     yield StreamEvent(delta)
                 if event.event == "message_stop":
@@ -111,16 +111,6 @@ class AnthropicBackend(BaseBackend):
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._client.close()
-
-
-def _decode(data: str) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise BackendError(f"Anthropic sent a non-JSON event: {data[:200]!r}") from exc
-    if not isinstance(value, dict):
-        raise BackendError(f"Anthropic sent a non-object event: {data[:200]!r}")
-    return value
 
 
 @dataclass(slots=True)

@@ -7,7 +7,6 @@ the prompt's own ``to_openai`` renderer.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -16,7 +15,7 @@ from typing import Any
 import httpx
 
 from agentcache import env
-from agentcache.backends._http import RetryPolicy, iter_sse, open_stream
+from agentcache.backends._http import RetryPolicy, decode_json_event, iter_sse, open_stream
 from agentcache.backends._usage import estimate_cost, openai_usage
 from agentcache.backends.base import (
     BaseBackend,
@@ -157,12 +156,7 @@ class OpenAIBackend(BaseBackend):
 
 
 def _decode(data: str) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise BackendError(f"endpoint sent a non-JSON stream chunk: {data[:200]!r}") from exc
-    if not isinstance(value, dict):
-        raise BackendError(f"endpoint sent a non-object stream chunk: {data[:200]!r}")
+    value = decode_json_event(data, source="endpoint")
     if "error" in value:
         raise BackendError(f"endpoint reported an error mid-stream: {value['error']!r}")
     return value
