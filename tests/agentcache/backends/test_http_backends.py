@@ -13,7 +13,12 @@ from agentcache.backends import GenerationOptions, create_backend
 from agentcache.backends._http import RetryPolicy, iter_sse
 from agentcache.backends.anthropic import AnthropicBackend
 from agentcache.backends.openai import OpenAIBackend
-from agentcache.exceptions import BackendHTTPError, BackendUnavailableError, ConfigError
+from agentcache.exceptions import (
+    BackendError,
+    BackendHTTPError,
+    BackendUnavailableError,
+    ConfigError,
+)
 from agentcache.prompt import Document, Prompt, PromptBuilder
 
 BASE = "http://llm.test/v1"
@@ -352,3 +357,17 @@ def test_model_discovery_on_an_unreachable_endpoint() -> None:
 def test_openai_by_name_needs_a_model() -> None:
     with pytest.raises(ConfigError, match="needs a model"):
         create_backend("openai")
+
+
+@respx.mock
+@pytest.mark.parametrize("payload", [b"data: {not json\n\n", b"data: [1, 2]\n\n"])
+def test_garbled_stream_events_are_backend_errors(payload: bytes) -> None:
+    respx.post(f"{BASE}/chat/completions").mock(return_value=httpx.Response(200, content=payload))
+    with pytest.raises(BackendError, match="endpoint sent a non-"):
+        openai_backend().complete(make_prompt())
+    respx.post("https://api.anthropic.test/v1/messages").mock(
+        return_value=httpx.Response(200, content=b"event: message_start\n" + payload)
+    )
+    backend = AnthropicBackend("claude-x", base_url="https://api.anthropic.test", api_key="ak")
+    with pytest.raises(BackendError, match="Anthropic sent a non-"):
+        backend.complete(make_prompt())
