@@ -284,6 +284,8 @@ def run(args: argparse.Namespace) -> int:
         backend = make_backend(args)
         console.print(describe(backend, args), soft_wrap=True)
         session = build_session(args, backend, sources, console)
+        if isinstance(backend, LocalBackend):
+            backend.warm_up()  # NOTE: keeps one-time start-up costs out of turn 1's TTFT.
     except AgentCacheError as exc:
         console.print(f"agentcache demo: {exc}", style="red", markup=False, soft_wrap=True)
         return 2

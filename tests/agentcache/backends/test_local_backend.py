@@ -178,6 +178,20 @@ def test_measure_cold_ttft_recomputes_the_last_prompt_and_keeps_the_carry(model_
     assert second.usage.cached_tokens and second.usage.cached_tokens >= 16
 
 
+def test_warm_up_leaves_the_prefix_cache_and_the_carry_alone(model_dir: Path) -> None:
+    backend = LocalBackend(str(model_dir))
+    options = GenerationOptions(max_tokens=3)
+    prompt = PromptBuilder().system("Be brief.").user("What is json? " * 8).build()
+    backend.complete(prompt, options)
+    ids, before = backend.last_prompt_ids, backend.engine.cache_stats()
+    backend.warm_up()
+    after = backend.engine.cache_stats()
+    assert backend.last_prompt_ids == ids
+    assert (after.num_blocks_used, after.hit_tokens) == (before.num_blocks_used, before.hit_tokens)
+    assert after.queried_tokens > before.queried_tokens  # it did run through the engine
+    backend.engine.check_integrity()
+
+
 def test_loading_a_model_hides_the_weight_progress_bar_and_restores_it(
     model_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
