@@ -49,7 +49,17 @@ SYSTEM = (
     "documents and tool results; cite chunk ids in brackets. Call search_docs to find passages "
     "and read_doc to read one object's full docstring."
 )
-PINNED_SOURCES = ("json", "functools", "csv", "pathlib", "collections", "itertools")
+PINNED_SOURCES = (
+    "json",
+    "functools",
+    "csv",
+    "pathlib",
+    "collections",
+    "itertools",
+    "re",
+    "datetime",
+    "heapq",
+)
 """Module docstrings pinned into the stable prefix (those present in the corpus)."""
 TOY_NOTE = (
     "model: bundled 'tiny' - a toy trained on stdlib docstrings. It shows the caching "
