@@ -17,10 +17,9 @@ import httpx
 
 from agentcache import env
 from agentcache.backends._http import RetryPolicy, decode_json_event, iter_sse, open_stream
+from agentcache.backends._remote import RemoteBackend
 from agentcache.backends._usage import anthropic_usage, estimate_cost
 from agentcache.backends.base import (
-    BaseBackend,
-    Capabilities,
     GenerationOptions,
     ModelResponse,
     PromptInput,
@@ -37,7 +36,7 @@ API_VERSION = "2023-06-01"
 """``anthropic-version`` header value (Anthropic API versioning docs)."""
 
 
-class AnthropicBackend(BaseBackend):
+class AnthropicBackend(RemoteBackend):
     """Messages API over httpx, streaming, with bounded retries on 429/5xx/529."""
 
     name = "anthropic"
@@ -62,21 +61,14 @@ class AnthropicBackend(BaseBackend):
             retry: Retry policy for 429/5xx/529 and connection errors.
             transport: httpx transport override (tests, proxies).
         """
-        self._model = model
-        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
-        self._api_key = api_key if api_key is not None else env.api_key("anthropic")
-        self._retry = retry or RetryPolicy()
-        self._client = httpx.Client(timeout=timeout_s, transport=transport)
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """Prompt caching via ``cache_control``; reads and writes are reported."""
-        return Capabilities(supports_prefix_cache=True, reports_cached_tokens=True)
-
-    @property
-    def model(self) -> str:
-        """The model name sent with each request."""
-        return self._model
+        super().__init__(
+            model,
+            base_url=base_url or DEFAULT_BASE_URL,
+            api_key=api_key if api_key is not None else env.api_key("anthropic"),
+            timeout_s=timeout_s,
+            retry=retry,
+            transport=transport,
+        )
 
     def request_body(self, prompt: PromptInput, options: GenerationOptions) -> dict[str, Any]:
         """The exact JSON body ``stream`` sends for ``prompt``."""
@@ -107,10 +99,6 @@ class AnthropicBackend(BaseBackend):
                 if event.event == "message_stop":
                     break
         yield StreamEvent("", state.response(self._model))
-
-    def close(self) -> None:
-        """Close the HTTP connection pool."""
-        self._client.close()
 
 
 @dataclass(slots=True)

@@ -16,10 +16,9 @@ import httpx
 
 from agentcache import env
 from agentcache.backends._http import RetryPolicy, decode_json_event, iter_sse, open_stream
+from agentcache.backends._remote import RemoteBackend
 from agentcache.backends._usage import estimate_cost, openai_usage
 from agentcache.backends.base import (
-    BaseBackend,
-    Capabilities,
     GenerationOptions,
     ModelResponse,
     PromptInput,
@@ -35,7 +34,7 @@ __all__ = ["OpenAIBackend"]
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
-class OpenAIBackend(BaseBackend):
+class OpenAIBackend(RemoteBackend):
     """Chat Completions over httpx, streaming, with bounded retries on 429/5xx."""
 
     name = "openai"
@@ -70,12 +69,17 @@ class OpenAIBackend(BaseBackend):
                 lists no model.
             BackendHTTPError: ``model`` is None and ``GET /models`` answered an HTTP error.
         """
-        self.base_url = (base_url or env.base_url() or DEFAULT_BASE_URL).rstrip("/")
-        self._api_key = api_key if api_key is not None else env.api_key("openai")
-        self._retry = retry or RetryPolicy()
+        super().__init__(
+            model or "",
+            base_url=base_url or env.base_url() or DEFAULT_BASE_URL,
+            api_key=api_key if api_key is not None else env.api_key("openai"),
+            timeout_s=timeout_s,
+            retry=retry,
+            transport=transport,
+        )
         self._extra = dict(extra_body or {})
-        self._client = httpx.Client(timeout=timeout_s, transport=transport)
-        self._model = model if model is not None else self.list_models()[0]
+        if model is None:
+            self._model = self.list_models()[0]
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
@@ -108,16 +112,6 @@ class OpenAIBackend(BaseBackend):
             raise BackendUnavailableError(f"{url} lists no models; pass a model name")
         return ids
 
-    @property
-    def capabilities(self) -> Capabilities:
-        """Servers may cache prefixes; ``cached_tokens`` is used when reported."""
-        return Capabilities(supports_prefix_cache=True, reports_cached_tokens=True)
-
-    @property
-    def model(self) -> str:
-        """The model name sent with each request."""
-        return self._model
-
     def request_body(self, prompt: PromptInput, options: GenerationOptions) -> dict[str, Any]:
         """The exact JSON body ``stream`` sends for ``prompt`` (useful for lint/diff)."""
         params: dict[str, Any] = {
@@ -149,10 +143,6 @@ class OpenAIBackend(BaseBackend):
                 if delta:
                     yield StreamEvent(delta)
         yield StreamEvent("", state.response(self._model))
-
-    def close(self) -> None:
-        """Close the HTTP connection pool."""
-        self._client.close()
 
 
 def _decode(data: str) -> dict[str, Any]:
