@@ -10,24 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
-from runtime.kv_cache import RequestKVCache
+from runtime.kv_cache import OwnedLayer, RequestKVCache
 
 __all__ = ["BatchKV"]
 
 
-class _StepLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+class _StepLayer(OwnedLayer):  # type: ignore[no-untyped-call]
     """One layer of a decode step over rows ``[0, n)`` (each row writes one position)."""
 
     def __init__(self, owner: BatchKV, layer_idx: int) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__(layer_idx)
         self.owner = owner
-        self.layer_idx = layer_idx
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        return None
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any

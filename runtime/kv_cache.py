@@ -13,10 +13,31 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-__all__ = ["RequestKVCache"]
+__all__ = ["OwnedLayer", "RequestKVCache"]
 
 
-class _BufferLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+class OwnedLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+    """A transformers cache layer whose tensors live in an owner's preallocated buffer.
+
+    Never lazily allocates, resets or crops: subclasses route ``update`` to their owner.
+    """
+
+    def __init__(self, layer_idx: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.layer_idx = layer_idx
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        return None
+
+    def reset(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} is never reset; make a new cache")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not crop")
+
+
+class _BufferLayer(OwnedLayer):  # type: ignore[no-untyped-call]
     """One model layer's view into the request buffer (full attention semantics).
 
     NOTE: sliding-window layers also use this class: the whole KV is kept and the model's own
@@ -24,13 +45,8 @@ class _BufferLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     """
 
     def __init__(self, owner: RequestKVCache, layer_idx: int) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__(layer_idx)
         self.owner = owner
-        self.layer_idx = layer_idx
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        return None
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -40,12 +56,6 @@ class _BufferLayer(DynamicLayer):  # type: ignore[no-untyped-call]
 
     def get_seq_length(self) -> int:
         return self.owner.length
-
-    def reset(self) -> None:
-        raise NotImplementedError("RequestKVCache is never reset; make a new one")
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("RequestKVCache does not crop")
 
 
 class RequestKVCache(Cache):
