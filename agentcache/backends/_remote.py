@@ -6,12 +6,15 @@ provider's payloads.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 
 from agentcache.backends._http import RetryPolicy
 from agentcache.backends.base import BaseBackend, Capabilities
+from agentcache.usage import Usage
 
-__all__ = ["RemoteBackend"]
+__all__ = ["RemoteBackend", "with_stream_timing"]
 
 
 class RemoteBackend(BaseBackend):
@@ -56,3 +59,29 @@ class RemoteBackend(BaseBackend):
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._client.close()
+
+
+def with_stream_timing(
+    usage: Usage, *, start_s: float, first_s: float | None, end_s: float
+) -> Usage:
+    """``usage`` with TTFT and decode rate measured on the client, unless the provider sent them.
+
+    Args:
+        usage: The provider's usage (its own ``ttft_s`` / ``decode_tokens_per_s`` win).
+        start_s: ``time.perf_counter()`` when the request was sent, seconds.
+        first_s: When the first text or tool-call delta arrived, or None if none did.
+        end_s: When the stream ended.
+
+    Returns:
+        The record with ``ttft_s = first_s - start_s`` and ``decode_tokens_per_s`` =
+        (completion tokens - 1) / (end_s - first_s); None where not measurable.
+    """
+    ttft = None if first_s is None else first_s - start_s
+    rate = None
+    if first_s is not None and usage.completion_tokens and end_s > first_s:
+        rate = max(usage.completion_tokens - 1, 0) / (end_s - first_s)
+    return replace(
+        usage,
+        ttft_s=usage.ttft_s if usage.ttft_s is not None else ttft,
+        decode_tokens_per_s=usage.decode_tokens_per_s or rate,
+    )

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from agentcache import env
 from agentcache.backends._http import RetryPolicy, decode_json_event, iter_sse, open_stream
-from agentcache.backends._remote import RemoteBackend
+from agentcache.backends._remote import RemoteBackend, with_stream_timing
 from agentcache.backends._usage import anthropic_usage, estimate_cost
 from agentcache.backends.base import (
     GenerationOptions,
@@ -159,13 +159,12 @@ class _MessageState:
             self.first_s = time.perf_counter()
 
     def response(self, requested_model: str) -> ModelResponse:
-        end = time.perf_counter()
-        usage = anthropic_usage(self.usage)
-        ttft = None if self.first_s is None else self.first_s - self.start_s
-        rate = None
-        if self.first_s is not None and usage.completion_tokens and end > self.first_s:
-            rate = max(usage.completion_tokens - 1, 0) / (end - self.first_s)
-        usage = replace(usage, ttft_s=ttft, decode_tokens_per_s=rate)
+        usage = with_stream_timing(
+            anthropic_usage(self.usage),
+            start_s=self.start_s,
+            first_s=self.first_s,
+            end_s=time.perf_counter(),
+        )
         calls = tuple(
             ToolCall(id=b["id"], name=b["name"], arguments=b["args"] or b["initial"] or "{}")
             for _, b in sorted(self.blocks.items())

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from agentcache import env
 from agentcache.backends._http import RetryPolicy, decode_json_event, iter_sse, open_stream
-from agentcache.backends._remote import RemoteBackend
+from agentcache.backends._remote import RemoteBackend, with_stream_timing
 from agentcache.backends._usage import estimate_cost, openai_usage
 from agentcache.backends.base import (
     GenerationOptions,
@@ -193,13 +193,12 @@ class _StreamState:
             self.first_s = time.perf_counter()
 
     def response(self, requested_model: str) -> ModelResponse:
-        end = time.perf_counter()
-        usage = openai_usage(self.usage_payload) if self.usage_payload else Usage()
-        ttft = None if self.first_s is None else self.first_s - self.start_s
-        rate = None
-        if self.first_s is not None and usage.completion_tokens and end > self.first_s:
-            rate = max(usage.completion_tokens - 1, 0) / (end - self.first_s)
-        usage = _with_timing(usage, ttft, rate)
+        usage = with_stream_timing(
+            openai_usage(self.usage_payload) if self.usage_payload else Usage(),
+            start_s=self.start_s,
+            first_s=self.first_s,
+            end_s=time.perf_counter(),
+        )
         calls = tuple(
             ToolCall(id=slot["id"] or f"call_{index}", name=slot["name"], arguments=slot["args"])
             for index, slot in sorted(self.calls.items())
@@ -213,11 +212,3 @@ class _StreamState:
             cost_usd=estimate_cost(model, usage),
             model=model,
         )
-
-
-def _with_timing(usage: Usage, ttft_s: float | None, rate: float | None) -> Usage:
-    return replace(
-        usage,
-        ttft_s=usage.ttft_s if usage.ttft_s is not None else ttft_s,
-        decode_tokens_per_s=usage.decode_tokens_per_s if usage.decode_tokens_per_s else rate,
-    )

@@ -371,3 +371,15 @@ def test_garbled_stream_events_are_backend_errors(payload: bytes) -> None:
     backend = AnthropicBackend("claude-x", base_url="https://api.anthropic.test", api_key="ak")
     with pytest.raises(BackendError, match="Anthropic sent a non-"):
         backend.complete(make_prompt())
+
+
+def test_stream_timing_is_measured_unless_the_provider_reports_it() -> None:
+    from agentcache.backends._remote import with_stream_timing
+    from agentcache.usage import Usage
+
+    measured = with_stream_timing(Usage(completion_tokens=11), start_s=1.0, first_s=1.5, end_s=3.5)
+    assert (measured.ttft_s, measured.decode_tokens_per_s) == (0.5, 5.0)  # 10 tokens in 2 s
+    reported = Usage(completion_tokens=11, ttft_s=0.2, decode_tokens_per_s=40.0)
+    assert with_stream_timing(reported, start_s=1.0, first_s=1.5, end_s=3.5) == reported
+    silent = with_stream_timing(Usage(), start_s=1.0, first_s=None, end_s=3.5)
+    assert (silent.ttft_s, silent.decode_tokens_per_s) == (None, None)
