@@ -16,7 +16,7 @@ __all__ = ["build_parser", "main"]
 # subcommand -> "module:function"; the function takes the parsed Namespace and returns an exit code.
 _HANDLERS: dict[str, str] = {
     "demo": "agentcache.demo:run",
-    "serve": "runtime.server:run_cli",
+    "serve": "runtime.serve.cli:run_cli",
     "lint": "agentcache.prompt.cli:run_lint",
     "diff": "agentcache.prompt.cli:run_diff",
 }
@@ -24,9 +24,12 @@ _HANDLERS: dict[str, str] = {
 # bench kind -> ("module:function", help). The function takes the remaining argv and returns an
 # exit code; each benchmark owns its own options (see `agentcache bench KIND --help`).
 _BENCHES: dict[str, tuple[str, str]] = {
-    "prefix": ("runtime.bench:prefix_main", "TTFT on a prefix-cache miss vs hit; decode rate"),
-    "trace": ("runtime.bench:trace_main", "agent-style trace: hit rate, TTFT vs cache off"),
-    "load": ("runtime.loadtest:main", "concurrent streaming clients against a loopback server"),
+    "prefix": (
+        "runtime.bench.prefix:prefix_main",
+        "TTFT on a prefix-cache miss vs hit; decode rate",
+    ),
+    "trace": ("runtime.bench.trace:trace_main", "agent-style trace: hit rate, TTFT vs cache off"),
+    "load": ("runtime.bench.load:main", "concurrent streaming clients against a loopback server"),
     "prompt": ("agentcache.prompt.bench:main", "prompt build time with many tools and documents"),
     "cache": ("agentcache.cache.bench:main", "tool/retrieval result cache hit and miss latency"),
 }

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from runtime._detokenizer import Detokenizer
+from runtime.cache.kv_pool import KVPool
+from runtime.cache.prefix_cache import PrefixCache, namespace_of
 from runtime.exceptions import InvalidRequestError, PromptTooLongError
-from runtime.kv_pool import KVPool
 from runtime.model_runner import ModelRunner, load_model, reuse_blocker
 from runtime.outputs import CacheStats, Completion, StreamDelta
-from runtime.prefix_cache import PrefixCache, namespace_of
 from runtime.request import Request
 from runtime.request_stream import RequestStream
 from runtime.sampling import SamplingParams

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime._detokenizer import Detokenizer
+from runtime.cache.radix_cache import Namespace, TreeNode
 from runtime.kv_cache import RequestKVCache
 from runtime.outputs import Completion, FinishReason, Metrics, StreamDelta, Usage
-from runtime.radix_cache import Namespace, TreeNode
 from runtime.sampling import SamplingParams
 
 __all__ = ["Request", "RequestStatus"]

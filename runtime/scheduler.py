@@ -19,10 +19,10 @@ from typing import NamedTuple
 import torch
 
 from runtime.batch_kv import BatchKV
+from runtime.cache.prefix_cache import PrefixCache
 from runtime.exceptions import EngineBusyError, PromptTooLongError, RuntimeEngineError
 from runtime.model_runner import ModelRunner
 from runtime.outputs import StreamDelta
-from runtime.prefix_cache import PrefixCache
 from runtime.request import Request, RequestStatus
 from runtime.sampling import sample
 

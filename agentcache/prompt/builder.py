@@ -19,6 +19,7 @@ from typing import Any
 from agentcache.canonical import JSONValue, canonical_json, normalize_text, stable_hash
 from agentcache.exceptions import PromptError, PromptTypeError
 from agentcache.prompt._templates import render_template
+from agentcache.prompt.render import anthropic_body, openai_body
 from agentcache.prompt.segments import (
     Document,
     Message,
@@ -105,8 +106,6 @@ class Prompt:
         Raises:
             PromptError: ``params`` would replace ``messages`` or ``tools``.
         """
-        from agentcache.prompt.render import openai_body
-
         return openai_body(self, model=model, **params)
 
     def to_anthropic(self, *, model: str, **params: Any) -> dict[str, Any]:
@@ -115,8 +114,6 @@ class Prompt:
         Raises:
             PromptError: ``params`` would replace ``messages``, ``tools`` or ``system``.
         """
-        from agentcache.prompt.render import anthropic_body
-
         return anthropic_body(self, model=model, **params)
 
 

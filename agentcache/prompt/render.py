@@ -10,18 +10,42 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agentcache.canonical import JSONValue, canonical_json, stable_hash
 from agentcache.exceptions import PromptError
 from agentcache.prompt.anthropic import Tier, TierSpan, Ttl, plan_breakpoints
-from agentcache.prompt.segments import STABLE_KINDS
+from agentcache.prompt.segments import STABLE_KINDS, Message, SegmentKind
+from agentcache.prompt.tools import ToolSpec
 from agentcache.tokens import estimate_tokens
 
-if TYPE_CHECKING:
-    from agentcache.prompt.builder import Prompt
-
 __all__ = ["anthropic_body", "anthropic_messages", "openai_body", "prompt_cache_key"]
+
+
+class Prompt(Protocol):
+    """What rendering reads from a built prompt (``builder.Prompt`` satisfies it).
+
+    A Protocol so this module never imports the builder that calls it (dependencies run one way).
+    """
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def system(self) -> str: ...
+    @property
+    def tools(self) -> tuple[ToolSpec, ...]: ...
+    @property
+    def history(self) -> tuple[Message, ...]: ...
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def volatile(self) -> str | None: ...
+    @property
+    def fingerprints(self) -> Mapping[SegmentKind, str]: ...
+    def documents_block(self) -> str: ...
+    def tool_schemas(self) -> list[dict[str, JSONValue]]: ...
+    def to_messages(self) -> list[dict[str, JSONValue]]: ...
+
 
 ANTHROPIC_DEFAULT_MAX_TOKENS = 1024
 """``max_tokens`` is required by the Messages API; this is used when the caller gives none."""

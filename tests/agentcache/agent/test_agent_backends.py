@@ -35,8 +35,8 @@ def define(word: str) -> str:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
     from runtime import Engine
-    from runtime.server import create_app
-    from runtime.server_thread import ServerThread
+    from runtime.serve.app import create_app
+    from runtime.serve.server_thread import ServerThread
 
     folder = build_tiny_llama(tmp_path_factory.mktemp("llama"), seed=3)
     engine = Engine.from_pretrained(str(folder))

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from runtime.cache.kv_pool import KVPool, contiguous_runs
+from runtime.cache.prefix_cache import PrefixCache, namespace_of
+from runtime.cache.radix_cache import RadixCache, TreeNode
 from runtime.kv_cache import RequestKVCache
-from runtime.kv_pool import KVPool, contiguous_runs
-from runtime.prefix_cache import PrefixCache, namespace_of
-from runtime.radix_cache import RadixCache, TreeNode
 
 BS = 4
 NS = namespace_of("m", None, "float32", None)

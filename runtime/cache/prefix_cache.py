@@ -8,13 +8,31 @@ its lock around every call).
 from __future__ import annotations
 
 import hashlib
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-from runtime.kv_cache import RequestKVCache
-from runtime.kv_pool import KVPool
-from runtime.radix_cache import Namespace, RadixCache, TreeNode
+import torch
 
-__all__ = ["PrefixCache", "PrefixHit", "namespace_of"]
+from runtime.cache.kv_pool import KVPool
+from runtime.cache.radix_cache import Namespace, RadixCache, TreeNode
+
+__all__ = ["KVBuffer", "PrefixCache", "PrefixHit", "namespace_of"]
+
+
+class KVBuffer(Protocol):
+    """A live request's KV buffer as the prefix cache sees it (``runtime.kv_cache`` implements it).
+
+    Defined here, not imported, so the cache layer never depends on the engine layer above it.
+    """
+
+    length: int
+    """Valid positions ``[0, length)``."""
+
+    def reserve(self, total_len: int) -> None:
+        """Make room for ``total_len`` positions (may reallocate)."""
+
+    def span(self, start: int, end: int) -> torch.Tensor:
+        """``[L, 2, H_kv, end - start, D]`` view of positions ``[start, end)`` (no copy)."""
+
 
 # NOTE: fixed, documented key function: sha256 over NUL-separated fields, version-tagged.
 _KEY_VERSION = "agentcache-prefix-v1"
@@ -54,7 +72,7 @@ class PrefixCache:
         self.num_evictions = 0
 
     def match(
-        self, namespace: Namespace, tokens: list[int], kv: RequestKVCache, *, use_cache: bool
+        self, namespace: Namespace, tokens: list[int], kv: KVBuffer, *, use_cache: bool
     ) -> PrefixHit:
         """Copy the longest cached prefix of ``tokens`` into ``kv`` (positions ``[0, cached_len)``).
 
@@ -83,7 +101,7 @@ class PrefixCache:
         return min(self.radix.peek(namespace, tokens), len(tokens) - 1)
 
     def insert(
-        self, namespace: Namespace, tokens: list[int], kv: RequestKVCache, held: TreeNode | None
+        self, namespace: Namespace, tokens: list[int], kv: KVBuffer, held: TreeNode | None
     ) -> TreeNode | None:
         """Store the whole blocks of ``tokens`` (KV from ``kv``), evicting LRU leaves if needed.
 

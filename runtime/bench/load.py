@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from runtime._argtypes import positive_int
+from runtime.bench._argtypes import positive_int
 
 __all__ = ["PhaseReport", "main"]
 
@@ -336,8 +336,8 @@ def main(argv: list[str]) -> int:
 
 def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
     from runtime.engine import Engine
-    from runtime.server import create_app
-    from runtime.server_thread import ServerThread
+    from runtime.serve.app import create_app
+    from runtime.serve.server_thread import ServerThread
 
     engine = Engine.from_pretrained(args.model)
     app = create_app(engine, max_concurrency=args.max_concurrency, max_queue=1024)

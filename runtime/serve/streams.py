@@ -12,11 +12,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from runtime.engine_call import EngineCall
-from runtime.openai_protocol import error_body, tool_call_dicts, usage_dict
 from runtime.outputs import Completion, StreamDelta
-from runtime.request_plan import RequestPlan
-from runtime.tool_parser import ParsedToolCall
+from runtime.serve.engine_call import EngineCall
+from runtime.serve.protocol import error_body, tool_call_dicts, usage_dict
+from runtime.serve.request_plan import RequestPlan
+from runtime.serve.tool_parser import ParsedToolCall
 
 __all__ = ["ChoiceStream", "final_json"]
 

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from runtime.loadtest import main
-from runtime.server import create_app
-from runtime.server_thread import ServerThread
-from tests.runtime.server_fakes import ScriptedEngine
+from runtime.bench.load import main
+from runtime.serve.app import create_app
+from runtime.serve.server_thread import ServerThread
+from tests.runtime.serve.server_fakes import ScriptedEngine
 
 
 def test_load_script_against_a_url_prints_one_json_object_last(

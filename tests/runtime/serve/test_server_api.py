@@ -1,7 +1,7 @@
 """OpenAI-compatible server on a scripted engine: shapes, streaming, tools, tenants, errors, auth.
 
-The fake engine (tests/runtime/server_fakes.py) makes outputs exact, so these tests check the
-wire format byte for byte; tests/runtime/test_server_e2e.py runs the real engine.
+The fake engine (tests/runtime/serve/server_fakes.py) makes outputs exact, so these tests check the
+wire format byte for byte; tests/runtime/serve/test_server_e2e.py runs the real engine.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
-from runtime.server import create_app, tenant_salt
-from tests.runtime.server_fakes import ScriptedEngine
+from runtime.serve.app import create_app, tenant_salt
+from tests.runtime.serve.server_fakes import ScriptedEngine
 
 MODEL = ScriptedEngine.model_id
 TOOLS: Any = [

@@ -17,12 +17,12 @@ from anyio.to_thread import run_sync
 from jinja2 import TemplateError
 
 from runtime.exceptions import InvalidRequestError
-from runtime.openai_protocol import ApiError, ChatCompletionRequest, CompletionRequest
 from runtime.sampling import SamplingParams
-from runtime.tool_parser import ToolCallParser, detect_tool_parser
+from runtime.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from runtime.serve.tool_parser import ToolCallParser, detect_tool_parser
 
 if TYPE_CHECKING:
-    from runtime.server import ServingEngine
+    from runtime.serve.engine_protocol import ServingEngine
 
 __all__ = ["RequestPlan", "chat_plan", "completion_plan"]
 

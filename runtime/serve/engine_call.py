@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 import anyio
 from anyio.to_thread import run_sync
 
-from runtime.admission import Admission
 from runtime.outputs import Completion, StreamDelta
 from runtime.request_stream import RequestStream
+from runtime.serve.admission import Admission
 
 __all__ = ["EngineCall"]
 

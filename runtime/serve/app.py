@@ -7,13 +7,11 @@ threads and turns deltas into JSON or SSE. Scheduling, batching and caching live
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import hmac
 import json
-import socket
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import anyio
 from anyio.to_thread import run_sync
@@ -22,28 +20,25 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from runtime.admission import Admission, AdmissionFullError
-from runtime.engine_call import EngineCall
 from runtime.exceptions import EngineBusyError, InvalidRequestError, PromptTooLongError
-from runtime.metrics import CONTENT_TYPE, ServerMetrics
-from runtime.openai_protocol import (
+from runtime.outputs import Completion
+from runtime.serve.admission import Admission, AdmissionFullError
+from runtime.serve.engine_call import EngineCall
+from runtime.serve.engine_protocol import ServingEngine
+from runtime.serve.metrics import CONTENT_TYPE, ServerMetrics
+from runtime.serve.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     error_body,
     validation_error,
 )
-from runtime.openai_stream import ChoiceStream, final_json
-from runtime.outputs import CacheStats, Completion, StreamDelta
-from runtime.request_plan import RequestPlan, chat_plan, completion_plan
-from runtime.sampling import SamplingParams
+from runtime.serve.request_plan import RequestPlan, chat_plan, completion_plan
+from runtime.serve.streams import ChoiceStream, final_json
 
 __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
-    "ServingEngine",
-    "bind_socket",
     "create_app",
-    "run_cli",
     "tenant_salt",
 ]
 
@@ -51,39 +46,6 @@ _SALT_DOMAIN = b"agentcache.runtime.tenant.v1"
 
 DEFAULT_MAX_REQUEST_BYTES = 2 << 20
 """Largest request body read (2 MiB): a 128k-token chat is about 0.5-1 MB of JSON."""
-
-
-class ServingEngine(Protocol):
-    """What the server needs from ``runtime.Engine`` (a fake engine can stand in for tests)."""
-
-    @property
-    def model_id(self) -> str: ...
-
-    @property
-    def max_context_len(self) -> int: ...
-
-    @property
-    def tokenizer(self) -> Any: ...
-
-    def render_chat(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-    ) -> list[int]: ...
-
-    def tokenize(self, text: str) -> list[int]: ...
-
-    def stream(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        *,
-        cache_salt: str | None = None,
-    ) -> Iterator[StreamDelta]: ...
-
-    def cache_stats(self) -> CacheStats: ...
 
 
 def tenant_salt(api_key: str | None, cache_salt: str | None) -> str | None:
@@ -381,62 +343,3 @@ def create_app(
         return Response(await run_sync(server.metrics.render), media_type=CONTENT_TYPE)
 
     return app
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (what uvicorn would open), bound now.
-
-    Raises:
-        OSError: the address is taken, not local, or not allowed.
-    """
-    family, _, _, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        # NOTE: as uvicorn does; on Linux this still refuses a port another socket listens on.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """``agentcache serve``: bind the port, load the engine and serve until interrupted.
-
-    The port is bound before the model loads, so a taken port fails in milliseconds.
-
-    Returns:
-        0 after a clean shutdown, 2 when the model cannot be loaded, 3 when the address cannot
-        be bound (port in use, or a host that is not local).
-    """
-    import uvicorn
-
-    from runtime.engine import Engine
-    from runtime.exceptions import ModelLoadError
-
-    try:
-        sock = bind_socket(args.host, args.port)
-    except OSError as exc:
-        print(
-            f"agentcache serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
-            "stop the process using it or pick another --port"
-        )
-        return 3
-    with sock:
-        kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}
-        if args.kv_cache_bytes is not None:
-            kwargs["kv_cache_bytes"] = args.kv_cache_bytes
-        try:
-            engine = Engine.from_pretrained(args.model, **kwargs)
-        except (ModelLoadError, FileNotFoundError) as exc:
-            print(f"agentcache serve: cannot load {args.model!r}: {exc}")
-            return 2
-        max_bytes = getattr(args, "max_request_bytes", None) or DEFAULT_MAX_REQUEST_BYTES
-        app = create_app(engine, api_key=args.api_key, max_request_bytes=max_bytes)
-        print(f"agentcache serve: {engine.model_id!r} on http://{args.host}:{args.port}")
-        uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
-    return 0

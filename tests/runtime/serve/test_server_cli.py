@@ -1,4 +1,4 @@
-"""``agentcache serve`` (``runtime.server.run_cli``) fails fast and clearly before serving.
+"""``agentcache serve`` (``runtime.serve.cli.run_cli``) fails fast and clearly before serving.
 
 A taken port is found before the model loads; a missing local model path is named as such.
 Nothing here starts uvicorn: every case returns before serving.
@@ -11,8 +11,8 @@ import socket
 
 import pytest
 
-from runtime import server
 from runtime.engine import Engine
+from runtime.serve import cli as server
 
 
 def serve_args(port: int, model: str = "tiny") -> argparse.Namespace:

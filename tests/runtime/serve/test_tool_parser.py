@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from runtime.tool_parser import ToolCallParser, detect_tool_parser
+from runtime.serve.tool_parser import ToolCallParser, detect_tool_parser
 
 PARSER = ToolCallParser()
 

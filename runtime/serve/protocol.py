@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from runtime.outputs import Usage
 from runtime.sampling import SEED_MAX, SEED_MIN
-from runtime.tool_parser import ParsedToolCall
+from runtime.serve.tool_parser import ParsedToolCall
 
 __all__ = [
     "ApiError",

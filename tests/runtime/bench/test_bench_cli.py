@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from runtime import bench, loadtest
+from runtime.bench import load as loadtest
+from runtime.bench import prefix, trace
 
 
 @pytest.mark.parametrize(
     ("main", "argv"),
     [
-        (bench.prefix_main, ["--repeats", "0"]),
-        (bench.prefix_main, ["--prefix-len", "-5"]),
-        (bench.trace_main, ["--system-len", "0"]),
-        (bench.trace_main, ["--layers", "x"]),
+        (prefix.prefix_main, ["--repeats", "0"]),
+        (prefix.prefix_main, ["--prefix-len", "-5"]),
+        (trace.trace_main, ["--system-len", "0"]),
+        (trace.trace_main, ["--layers", "x"]),
         (loadtest.main, ["--concurrency", "16", "0"]),
         (loadtest.main, ["--rounds", "0"]),
     ],
@@ -30,7 +31,7 @@ def test_non_positive_counts_are_usage_errors(
 
 
 def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
-    for main in (bench.prefix_main, bench.trace_main, loadtest.main):
+    for main in (prefix.prefix_main, trace.trace_main, loadtest.main):
         with pytest.raises(SystemExit):
             main(["--help"])
         out = capsys.readouterr().out

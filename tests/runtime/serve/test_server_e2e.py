@@ -23,9 +23,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from runtime.engine import Engine
-from runtime.server import create_app
-from runtime.server_thread import ServerThread
-from tests.runtime.server_fakes import ScriptedEngine
+from runtime.serve.app import create_app
+from runtime.serve.server_thread import ServerThread
+from tests.runtime.serve.server_fakes import ScriptedEngine
 
 CHATML_TOOLS = (
     "{%- if tools %}<|im_start|>system\n# Tools\n<tools>"

@@ -1,0 +1,4 @@
+"""Benchmarks behind ``agentcache bench prefix|trace|load``: scripts that print same-run ratios.
+
+Never imported by the engine or the server; never timed tests.
+"""

@@ -1,0 +1,85 @@
+"""Helpers shared by the engine benchmarks: the W1-shaped random model, a bench engine, timers.
+
+No downloads: models are built from configs. It knows nothing about HTTP or the SDK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from runtime.bench._argtypes import positive_int
+from runtime.engine import Engine
+from runtime.sampling import SamplingParams
+
+__all__ = [
+    "NullTokenizer",
+    "add_common_options",
+    "bench_engine",
+    "report",
+    "timed",
+    "ttft",
+    "w1_model",
+]
+
+
+class NullTokenizer:
+    """Stands in for a tokenizer: benchmarks feed token ids and ignore text."""
+
+    eos_token_id = None
+    chat_template = None
+    model_max_length = 1 << 20
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def w1_model(args: argparse.Namespace) -> Any:
+    """SmolLM2-135M-shaped Llama (W1) with random weights; ``--layers`` scales it down."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=576, num_hidden_layers=args.layers, num_attention_heads=9,
+        num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
+        max_position_embeddings=8192, tie_word_embeddings=True,
+    )  # fmt: skip
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()  # type: ignore[no-untyped-call]
+
+
+def bench_engine(model: Any, *, kv_bytes: int, prefix_cache: bool = True) -> Engine:
+    eng = Engine(model, NullTokenizer(), model_id="bench-w1", kv_cache_bytes=kv_bytes,
+                 prefix_cache=prefix_cache)  # fmt: skip
+    eng.eos_ids = frozenset()
+    return eng
+
+
+def ttft(eng: Engine, ids: list[int], *, use_cache: bool = True, max_tokens: int = 1) -> Any:
+    req = eng.make_request(ids, SamplingParams(max_tokens=max_tokens), use_prefix_cache=use_cache)
+    return list(eng.run(req))[-1].completion
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def add_common_options(parser: argparse.ArgumentParser, *, layers: int, repeats: int) -> None:
+    parser.add_argument("--layers", type=positive_int, default=layers, help="decoder layers")
+    parser.add_argument("--repeats", type=positive_int, default=repeats, help="runs per figure")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--json", action="store_true", help="one JSON object on the last line")
+
+
+def report(result: dict[str, Any], as_json: bool, header: dict[str, Any]) -> None:
+    for key, value in {**header, **result}.items():
+        print(f"{key:28s} {value:.4f}" if isinstance(value, float) else f"{key:28s} {value}")
+    if as_json:
+        print(json.dumps({**header, **result}, sort_keys=True))

@@ -1,0 +1,143 @@
+"""``agentcache bench prefix`` (W1): TTFT miss / hit / floor vs transformers recipes; decode rate.
+
+Random-weight models built from configs (no downloads), CPU by default. Every figure is a median
+over repetitions of one run, and ratios are taken within that run. A script, never a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import statistics
+from functools import partial
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from runtime.bench._argtypes import positive_int
+from runtime.bench._common import (
+    add_common_options,
+    bench_engine,
+    report,
+    timed,
+    ttft,
+    w1_model,
+)
+from runtime.engine import Engine
+
+__all__ = ["prefix_main"]
+
+
+def _hf_forward(model: Any, ids: list[int], cache: Any) -> int:
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1)
+    return int(out.logits[0, -1].argmax())
+
+
+def _hf_deepcopy_forward(model: Any, ids: list[int], prefix_cache: DynamicCache) -> int:
+    """HF's documented prompt-reuse recipe: deep-copy the prefilled cache, run the suffix."""
+    return _hf_forward(model, ids, copy.deepcopy(prefix_cache))
+
+
+def _hf_prefilled(model: Any, prefix: list[int]) -> DynamicCache:
+    cache = DynamicCache()
+    _hf_forward(model, prefix, cache)
+    return cache
+
+
+def _measure_prefix(args: argparse.Namespace) -> dict[str, float]:
+    model = w1_model(args)
+    rng = random.Random(0)
+
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(100, 49000) for _ in range(n)]
+
+    prefix, reps = toks(args.prefix_len), args.repeats
+    suffixes = [toks(args.suffix_len) for _ in range(reps + 1)]
+    kv_bytes = args.kv_cache_bytes
+    eng, off = (
+        bench_engine(model, kv_bytes=kv_bytes),
+        bench_engine(model, kv_bytes=kv_bytes, prefix_cache=False),
+    )
+    ttft(eng, prefix + suffixes[-1])  # warm-up + store the prefix
+    r: dict[str, list[float]] = {
+        k: [] for k in ("miss", "hit", "floor", "alone", "deep", "zero", "off")
+    }
+    hf_cache = _hf_prefilled(model, prefix)
+    for s in suffixes[:reps]:
+        r["hit"].append(ttft(eng, prefix + s).metrics.ttft_s)
+        # floor: suffix over the already materialized prefix, then crop it back (untimed).
+        r["floor"].append(timed(partial(_hf_forward, model, s, hf_cache)))
+        hf_cache.crop(-len(s))
+        r["deep"].append(timed(partial(_hf_deepcopy_forward, model, s, hf_cache)))
+        r["alone"].append(timed(partial(_hf_forward, model, s, None)))
+    for _ in range(reps):
+        r["miss"].append(
+            ttft(eng, toks(args.prefix_len) + suffixes[0], use_cache=False).metrics.ttft_s
+        )
+        r["zero"].append(ttft(eng, toks(args.prefix_len + args.suffix_len)).metrics.ttft_s)
+        r["off"].append(ttft(off, toks(args.prefix_len + args.suffix_len)).metrics.ttft_s)
+    out = {f"{k}_ttft_s": statistics.median(v) for k, v in r.items()}
+    out.update(_measure_decode(model, eng, prefix, suffixes[0], hf_cache, args))
+    return _rename(out)
+
+
+def _measure_decode(
+    model: Any, eng: Engine, prefix: list[int], suffix: list[int], hf_cache: Any,
+    args: argparse.Namespace,
+) -> dict[str, float]:  # fmt: skip
+    n, ours, hf = args.decode_tokens, [], []
+    ids = torch.tensor([prefix + suffix])
+    for _ in range(max(1, args.repeats // 2)):
+        ours.append(ttft(eng, prefix + suffix, max_tokens=n).metrics.decode_tokens_per_s)
+
+        def hf_gen(k: int) -> None:
+            with torch.no_grad():
+                model.generate(input_ids=ids, cache=copy.deepcopy(hf_cache), max_new_tokens=k,
+                               min_new_tokens=k, do_sample=False, pad_token_id=0)  # fmt: skip
+
+        t1, tn = timed(lambda: hf_gen(1)), timed(lambda: hf_gen(n))
+        hf.append((n - 1) / max(tn - t1, 1e-9))
+    return {
+        "decode_tokens_per_s": statistics.median(ours),
+        "hf_decode_tokens_per_s": statistics.median(hf),
+    }
+
+
+def _rename(raw: dict[str, float]) -> dict[str, float]:
+    names = {"alone_ttft_s": "suffix_alone_ttft_s", "deep_ttft_s": "hf_deepcopy_hit_ttft_s",
+             "zero_ttft_s": "zero_hit_ttft_s", "off_ttft_s": "cache_off_ttft_s"}  # fmt: skip
+    out = {names.get(k, k): v for k, v in raw.items()}
+    out["hit_over_floor"] = out["hit_ttft_s"] / out["floor_ttft_s"]
+    out["hit_over_hf_deepcopy"] = out["hit_ttft_s"] / out["hf_deepcopy_hit_ttft_s"]
+    out["decode_over_hf_decode"] = out["decode_tokens_per_s"] / out["hf_decode_tokens_per_s"]
+    out["zero_hit_over_cache_off"] = out["zero_hit_ttft_s"] / out["cache_off_ttft_s"]
+    out["miss_over_hit"] = out["miss_ttft_s"] / out["hit_ttft_s"]
+    return out
+
+
+PREFIX_HELP = """\
+TTFT of a prefix-cache miss, a hit, the hit floor (the model's own forward over KV already in
+memory), the suffix alone, transformers' deep-copy reuse recipe, and a 0%-hit request vs the cache
+off; decode tokens/s vs transformers generate. Default workload W1: a SmolLM2-135M-shaped Llama
+with random weights, 2000-token shared prefix, 30-token suffix, fp32. Figures are medians over
+--repeats, ratios are taken within the run."""
+
+
+def prefix_main(argv: list[str]) -> int:
+    """``agentcache bench prefix``: W1 TTFT miss/hit/floor/HF recipes and decode rate."""
+    p = argparse.ArgumentParser(prog="agentcache bench prefix", description=PREFIX_HELP)
+    add_common_options(p, layers=30, repeats=5)
+    p.add_argument("--prefix-len", type=positive_int, default=2000, help="shared prefix tokens")
+    p.add_argument("--suffix-len", type=positive_int, default=30, help="distinct suffix tokens")
+    p.add_argument("--decode-tokens", type=positive_int, default=32, help="decode rate tokens")
+    p.add_argument("--kv-cache-bytes", type=int, default=1 << 30, help="prefix cache budget")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = _measure_prefix(args)
+    header = {"workload": "W1", "layers": args.layers, "prefix_len": args.prefix_len}
+    report(result, args.json, {**header, "suffix_len": args.suffix_len})
+    return 0

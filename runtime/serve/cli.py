@@ -1,0 +1,73 @@
+"""``agentcache serve``: bind the port, load the engine, serve the app with uvicorn until stopped.
+
+The only place that loads a model for serving; the app itself takes any ``ServingEngine``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from typing import Any
+
+from runtime.serve.app import DEFAULT_MAX_REQUEST_BYTES, create_app
+
+__all__ = ["bind_socket", "run_cli"]
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (what uvicorn would open), bound now.
+
+    Raises:
+        OSError: the address is taken, not local, or not allowed.
+    """
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # NOTE: as uvicorn does; on Linux this still refuses a port another socket listens on.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``agentcache serve``: bind the port, load the engine and serve until interrupted.
+
+    The port is bound before the model loads, so a taken port fails in milliseconds.
+
+    Returns:
+        0 after a clean shutdown, 2 when the model cannot be loaded, 3 when the address cannot
+        be bound (port in use, or a host that is not local).
+    """
+    import uvicorn
+
+    from runtime.engine import Engine
+    from runtime.exceptions import ModelLoadError
+
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        print(
+            f"agentcache serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+            "stop the process using it or pick another --port"
+        )
+        return 3
+    with sock:
+        kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}
+        if args.kv_cache_bytes is not None:
+            kwargs["kv_cache_bytes"] = args.kv_cache_bytes
+        try:
+            engine = Engine.from_pretrained(args.model, **kwargs)
+        except (ModelLoadError, FileNotFoundError) as exc:
+            print(f"agentcache serve: cannot load {args.model!r}: {exc}")
+            return 2
+        max_bytes = getattr(args, "max_request_bytes", None) or DEFAULT_MAX_REQUEST_BYTES
+        app = create_app(engine, api_key=args.api_key, max_request_bytes=max_bytes)
+        print(f"agentcache serve: {engine.model_id!r} on http://{args.host}:{args.port}")
+        uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
+    return 0

@@ -1,0 +1,48 @@
+"""What the serving layer needs from an engine: ``ServingEngine`` (``runtime.Engine`` satisfies it).
+
+A Protocol so the serve layer depends on the engine's shape, not on its module, and a scripted fake
+engine can stand in for tests. It knows nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from runtime.outputs import CacheStats, StreamDelta
+from runtime.sampling import SamplingParams
+
+__all__ = ["ServingEngine"]
+
+
+class ServingEngine(Protocol):
+    """What the server needs from ``runtime.Engine`` (a fake engine can stand in for tests)."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def max_context_len(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def stream(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        cache_salt: str | None = None,
+    ) -> Iterator[StreamDelta]: ...
+
+    def cache_stats(self) -> CacheStats: ...
