@@ -177,7 +177,8 @@ def build_session(
         ),
     )
     agent.registry.add(tools.search_docs, cache=False)  # NOTE: RetrievalCache inside.
-    agent.registry.add(tools.read_doc, version="1")
+    # NOTE: read_doc answers from this corpus: its version is part of every key (freshness rule).
+    agent.registry.add(tools.read_doc, version="1", depends_on=lambda: tools.index.fingerprint)
     return DemoSession(tools, agent, retrieval_cache)
 
 

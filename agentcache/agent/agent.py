@@ -21,6 +21,8 @@ from agentcache.prompt import Document, Prompt, PromptBuilder
 if TYPE_CHECKING:
     from agentcache.cache import ToolCache
     from agentcache.cache.base import CacheStats
+    from agentcache.cache.scope import ScopeKind
+    from agentcache.cache.tool import DependsOn
     from agentcache.usage import Usage
 
 __all__ = ["Agent", "AgentConfig", "AgentResult", "PlannedCall", "Planner", "Step"]
@@ -98,6 +100,7 @@ class Agent:
         tools: Iterable[Callable[..., Any]] = (),
         documents: Iterable[Document] = (),
         tool_cache: ToolCache | None = None,
+        tool_scope: ScopeKind = "narrowest",
         planner: Planner | None = None,
         config: AgentConfig | None = None,
     ) -> None:
@@ -109,6 +112,11 @@ class Agent:
             tools: Functions to expose (type hints + docstrings); more via ``tool``.
             documents: Pinned documents, rendered in the stable system segment.
             tool_cache: Result cache for tools registered with ``cache=True``.
+            tool_scope: Who shares the tools' cached results (rule in
+                ``agentcache.cache.scope``): by default every id the active ``cache_scope``
+                sets, so two tenants never see each other's results; ``"global"`` (or
+                ``"tenant"``, ``"user"``, ``"session"``) opts in to wider sharing. Tools passed
+                already wrapped by a ``ToolCache`` keep their own scope.
             planner: Chooses tool calls before the model answers (for models that cannot plan
                 tool calls); they run through the same path and cache as the model's calls.
             config: Loop options.
@@ -118,7 +126,7 @@ class Agent:
         self.documents = tuple(documents)
         self.planner = planner
         self.config = config or AgentConfig()
-        self.registry = ToolRegistry(tool_cache)
+        self.registry = ToolRegistry(tool_cache, scope=tool_scope)
         self.registry.extend(tools)
         self._history: list[Message] = []
         self._num_calls = 0
@@ -129,12 +137,20 @@ class Agent:
         return tuple(self._history)
 
     def tool(
-        self, *, name: str | None = None, cache: bool = True, version: str | None = None
+        self,
+        *,
+        name: str | None = None,
+        cache: bool = True,
+        version: str | None = None,
+        scope: ScopeKind | None = None,
+        depends_on: DependsOn | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering a function as a tool (options as ``ToolRegistry.add``)."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.registry.add(fn, name=name, cache=cache, version=version)
+            self.registry.add(
+                fn, name=name, cache=cache, version=version, scope=scope, depends_on=depends_on
+            )
             return fn
 
         return register

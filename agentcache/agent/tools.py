@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from agentcache.cache.tool import cached_tool_scope
 from agentcache.canonical import canonical_json
 from agentcache.exceptions import AgentCacheError, ConfigError
 from agentcache.prompt.tools import ToolSpec, tool_spec
@@ -19,6 +20,8 @@ from agentcache.prompt.tools import ToolSpec, tool_spec
 if TYPE_CHECKING:
     from agentcache.backends.base import ToolCall
     from agentcache.cache import ToolCache
+    from agentcache.cache.scope import ScopeKind
+    from agentcache.cache.tool import DependsOn
 
 __all__ = ["Tool", "ToolOutcome", "ToolRegistry"]
 
@@ -48,10 +51,18 @@ class ToolOutcome(NamedTuple):
 class ToolRegistry:
     """Name -> tool; executes calls and never raises for model mistakes."""
 
-    def __init__(self, tool_cache: ToolCache | None = None) -> None:
-        """Create an empty registry; ``tool_cache`` wraps tools registered with ``cache=True``."""
+    def __init__(
+        self, tool_cache: ToolCache | None = None, *, scope: ScopeKind = "narrowest"
+    ) -> None:
+        """Create an empty registry.
+
+        Args:
+            tool_cache: Wraps tools registered with ``cache=True``.
+            scope: Default scope of the tools it wraps (rule in ``agentcache.cache.scope``).
+        """
         self._tools: dict[str, Tool] = {}
         self.tool_cache = tool_cache
+        self.scope = scope
 
     def add(
         self,
@@ -61,8 +72,13 @@ class ToolRegistry:
         cache: bool = True,
         version: str | None = None,
         ttl_s: float | None = None,
+        scope: ScopeKind | None = None,
+        depends_on: DependsOn | None = None,
     ) -> Tool:
         """Register ``fn`` as a tool.
+
+        A function already wrapped by a ``ToolCache`` is registered as it is (cached, with the
+        scope it was wrapped with), never wrapped again.
 
         Args:
             fn: Function with type hints and a Google-style docstring.
@@ -71,9 +87,12 @@ class ToolRegistry:
                 tools with side effects or with their own cache (retrieval).
             version: Bump to invalidate cached results when the tool's behaviour changes.
             ttl_s: Time to live of cached results, seconds.
+            scope: Who shares its cached results (default: the registry's ``scope``).
+            depends_on: Version of the state its answer depends on (see ``ToolCache.wrap``).
 
         Raises:
-            ConfigError: A tool with that name is already registered.
+            ConfigError: A tool with that name is already registered, or options (``version``,
+                ``ttl_s``, ``scope``, ``depends_on``) are given for an already wrapped tool.
             PromptError: No JSON Schema can be derived from ``fn``, or its name is not a valid
                 tool name (a lambda needs ``name=``).
         """
@@ -82,9 +101,25 @@ class ToolRegistry:
             raise ConfigError(f"tool {spec.name!r} is already registered; pick another name=")
         runner = fn
         is_cached = cache and self.tool_cache is not None
-        if is_cached:
+        if cached_tool_scope(fn) is not None:
+            options = {"version": version, "ttl_s": ttl_s, "scope": scope, "depends_on": depends_on}
+            given = sorted(name for name, value in options.items() if value is not None)
+            if given:
+                raise ConfigError(
+                    f"tool {spec.name!r} is already wrapped by a ToolCache; set {given} "
+                    "where it was wrapped"
+                )
+            is_cached = True
+        elif is_cached:
             assert self.tool_cache is not None
-            runner = self.tool_cache.wrap(fn, name=spec.name, version=version, ttl_s=ttl_s)
+            runner = self.tool_cache.wrap(
+                fn,
+                name=spec.name,
+                version=version,
+                ttl_s=ttl_s,
+                scope=scope or self.scope,
+                depends_on=depends_on,
+            )
         tool = Tool(spec=spec, fn=runner, is_cached=is_cached)
         self._tools[spec.name] = tool
         return tool

@@ -24,7 +24,7 @@ __all__ = [
     "tool_key",
 ]
 
-_TOOL_TAG = "agentcache.tool.v1"
+_TOOL_TAG = "agentcache.tool.v2"
 _RETRIEVAL_TAG = "agentcache.retrieval.v1"
 _INDEX_TAG = "agentcache.index.v1"
 
@@ -65,9 +65,11 @@ def signature_fingerprint(fn: Callable[..., Any]) -> str:
     return stable_hash("agentcache.signature.v1", name, str(inspect.signature(fn)))[:16]
 
 
-def tool_key(namespace: str, name: str, version: str, args_json: str, scope_json: str) -> str:
-    """Key of one tool call: tag, namespace, tool name, version, arguments, scope."""
-    return stable_hash(_TOOL_TAG, namespace, name, version, args_json, scope_json)
+def tool_key(
+    namespace: str, name: str, version: str, args_json: str, scope_json: str, state_json: str = "[]"
+) -> str:
+    """Key of one tool call: tag, namespace, name, version, arguments, scope, state versions."""
+    return stable_hash(_TOOL_TAG, namespace, name, version, args_json, scope_json, state_json)
 
 
 def normalize_query(query: str, *, casefold: bool = False) -> str:

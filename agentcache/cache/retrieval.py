@@ -30,8 +30,9 @@ class RetrievalCache:
     Args:
         store: Where entries live.
         namespace: Key prefix (default ``"retrieval"``).
-        scope: Who shares entries; tenant/user/session scopes read ``cache_scope`` (default
-            ``"global"``: the corpus is the same for everyone).
+        scope: Who shares entries (rule in ``agentcache.cache.scope``): by default every id the
+            active ``cache_scope`` sets; ``"global"`` opts in to sharing one corpus's results
+            with everyone.
         ttl_s: Seconds an entry stays valid (default: until evicted or the index changes).
         casefold_queries: Also casefold queries in the key; only for case-insensitive retrievers
             (see ``normalize_query``).
@@ -47,7 +48,7 @@ class RetrievalCache:
         store: CacheStore,
         *,
         namespace: str = "retrieval",
-        scope: ScopeKind = "global",
+        scope: ScopeKind = "narrowest",
         ttl_s: float | None = None,
         casefold_queries: bool = False,
         allow_pickle: bool = False,

@@ -1,5 +1,21 @@
 """Who may share a cached result: the ``cache_scope`` context and the scope part of cache keys.
 
+The scope rule (the one place it is written down; ``ToolCache``, ``RetrievalCache``, ``Agent`` and
+the embedding cache refer here):
+
+- By default (``scope="narrowest"``) an entry is keyed by every id the active ``cache_scope`` sets
+  (tenant, user, session): two callers share it only if all of those ids are equal. With no
+  ``cache_scope`` active there is one caller, the process, and its entries are its own.
+- Sharing wider than that is an explicit opt-in per tool or cache: ``"session"`` (requires a
+  session id), ``"user"`` (shared by a user's sessions, requires a user id), ``"tenant"``
+  (shared by a tenant's users, requires a tenant id) or ``"global"`` (shared by everyone).
+- An ``Agent`` passes its ``tool_scope`` to the tools it wraps; a tool already wrapped by a
+  ``ToolCache`` keeps its own scope and is never wrapped again.
+
+Freshness, the companion rule: a result whose truth depends on state (an index, a corpus, a
+file) carries a version of that state in its key (``ToolCache.wrap(depends_on=...)``,
+``RetrievalCache``'s index fingerprint).
+
 The scope travels in a ``contextvars.ContextVar``: asyncio tasks inherit it when created, and a
 thread sees it when started through ``contextvars.copy_context().run`` or ``asyncio.to_thread``.
 This module knows nothing about stores, tools or retrievers.
@@ -25,8 +41,9 @@ __all__ = [
     "validate_scope_kind",
 ]
 
-ScopeKind: TypeAlias = Literal["global", "tenant", "user", "session"]
-"""How widely a cached result is shared: by everyone, one tenant, one user or one session."""
+ScopeKind: TypeAlias = Literal["narrowest", "session", "user", "tenant", "global"]
+"""How widely a cached result is shared: by callers with all the same ``cache_scope`` ids (the
+default), one session, one user, one tenant or everyone."""
 
 _KINDS: tuple[str, ...] = get_args(ScopeKind)
 
@@ -89,7 +106,7 @@ def validate_scope_kind(kind: str) -> ScopeKind:
     """Return ``kind`` if it is a valid scope kind.
 
     Raises:
-        ConfigError: ``kind`` is not one of global, tenant, user, session.
+        ConfigError: ``kind`` is not one of narrowest, session, user, tenant, global.
     """
     if kind not in _KINDS:
         raise ConfigError(f"scope must be one of {', '.join(_KINDS)}; got {kind!r}")
@@ -105,7 +122,8 @@ def scope_key(kind: ScopeKind, *, what: str) -> str:
 
     Returns:
         ``"global"`` or canonical JSON of the kind and the identifiers it requires (a user scope
-        includes the tenant, a session scope the tenant and user, when set).
+        includes the tenant, a session scope the tenant and user, when set); for
+        ``"narrowest"`` every identifier, set or not.
 
     Raises:
         CacheScopeError: the identifier ``kind`` requires is not set by ``cache_scope``.
@@ -113,6 +131,10 @@ def scope_key(kind: ScopeKind, *, what: str) -> str:
     if kind == "global":
         return "global"
     values = _CURRENT.get()
+    if kind == "narrowest":
+        return canonical_json(
+            {"kind": kind, "tenant": values.tenant, "user": values.user, "session": values.session}
+        )
     if getattr(values, kind) is None:
         raise CacheScopeError(
             f"{what} is {kind}-scoped but was called without a {kind}; "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentcache.cache.keys import index_fingerprint
+from agentcache.cache.tool import DEPENDS_ON_ATTR
 from agentcache.rag.base import BaseRetriever
 from agentcache.rag.bm25 import BM25Retriever
 from agentcache.rag.chunking import Chunk, TextSource, chunk_sources
@@ -52,10 +53,33 @@ class DocumentIndex:
         """
         self.chunks = list(chunks)
         self.retriever = retriever or BM25Retriever()
-        self.retriever.index(self.chunks)
         self.cache = cache
+        self._reindex()
+
+    def _reindex(self) -> None:
+        self.retriever.index(self.chunks)
         self._by_id = {chunk.id: chunk for chunk in self.chunks}
         self.fingerprint = _fingerprint(self.chunks, self.retriever)
+
+    def add(self, chunks: Iterable[Chunk]) -> None:
+        """Add ``chunks`` (ids not yet in the index) and re-index.
+
+        The fingerprint changes with the corpus, so cached retrievals and ``search_tool`` results
+        of the old corpus are never served again.
+
+        Raises:
+            ValueError: a chunk id is already in the index.
+        """
+        new = list(chunks)
+        clash = sorted({c.id for c in new} & self._by_id.keys())
+        if clash:
+            raise ValueError(f"chunk ids already indexed: {clash[:5]}")
+        self.chunks.extend(new)
+        self._reindex()
+
+    def add_sources(self, sources: Iterable[TextSource], *, max_chars: int = 800) -> None:
+        """Chunk ``sources`` like ``from_sources`` and ``add`` them."""
+        self.add(chunk_sources(sources, max_chars=max_chars))
 
     @classmethod
     def from_sources(
@@ -102,7 +126,18 @@ class DocumentIndex:
         return sorted((self._by_id[i] for i in ids if i in self._by_id), key=lambda c: c.id)
 
     def search_tool(self, *, k: int = 4) -> Callable[[str], str]:
-        """A ``search_docs(query)`` tool function for an ``Agent`` (results via ``retrieve``)."""
+        """A ``search_docs(query)`` tool function for an ``Agent`` (results via ``retrieve``).
+
+        The function binds its state: a ``ToolCache`` that wraps it keys each call by the
+        index's fingerprint at call time, the retriever and ``k`` as well as the query, so
+        added documents are found at once (and after a restart) and tools with different ``k``
+        never share entries.
+
+        Raises:
+            ValueError: ``k`` < 1.
+        """
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k!r}")
 
         def search_docs(query: str) -> str:
             """Search the document collection and return the most relevant passages.
@@ -112,6 +147,10 @@ class DocumentIndex:
             """
             return format_chunks(self.retrieve(query, k))
 
+        def state() -> dict[str, Any]:
+            return {"index": self.fingerprint, "k": k, "retriever": self.retriever.retriever_id}
+
+        setattr(search_docs, DEPENDS_ON_ATTR, state)
         return search_docs
 
 

@@ -183,12 +183,62 @@ def test_user_and_session_scopes_nest_and_isolate(store: CacheStore) -> None:
 
 def test_global_tool_is_shared_across_tenants(store: CacheStore) -> None:
     cache, counter = ToolCache(store), Counter()
-    tool = cache.wrap(lambda x: (counter.record(x), x)[1], name="g")
+    tool = cache.wrap(lambda x: (counter.record(x), x)[1], name="g", scope="global")
     with cache_scope(tenant="a"):
         tool(1)
     with cache_scope(tenant="b"):
         tool(1)
     assert len(counter.calls) == 1
+
+
+def test_default_scope_keys_by_every_id_the_active_scope_sets(store: CacheStore) -> None:
+    cache, counter = ToolCache(store), Counter()
+    tool = cache.wrap(lambda x: (counter.record(x), x)[1], name="d")
+    tool(1)
+    tool(1)  # no cache_scope: one caller, its own entry
+    contexts = [
+        {"tenant": "a"},
+        {"tenant": "b"},
+        {"tenant": "a", "user": "u"},
+        {"tenant": "a", "user": "u", "session": "s1"},
+        {"tenant": "a", "user": "u", "session": "s2"},
+        {"user": "u"},
+    ]
+    for ids in contexts:
+        with cache_scope(**ids):
+            tool(1)
+            tool(1)
+    assert len(counter.calls) == 1 + len(contexts)
+
+
+def test_a_wrapped_tool_is_never_wrapped_twice(store: CacheStore) -> None:
+    cache = ToolCache(store)
+    once = cache.wrap(lambda x: x, name="once", scope="user")
+    with pytest.raises(ConfigError, match="never wrapped twice"):
+        cache.wrap(once)
+    with pytest.raises(ConfigError, match="never wrapped twice"):
+        ToolCache(MemoryStore()).wrap(once, scope="global")
+
+
+def test_depends_on_versions_the_key(store: CacheStore) -> None:
+    cache, counter = ToolCache(store), Counter()
+    state = {"version": "v1"}
+    tool = cache.wrap(
+        lambda x: (counter.record(x), state["version"])[1],
+        name="stateful",
+        depends_on=lambda: state["version"],
+    )
+    assert tool(1) == "v1"
+    assert tool(1) == "v1"
+    state["version"] = "v2"
+    assert tool(1) == "v2"
+    fixed = cache.wrap(lambda x: (counter.record(x), x)[1], name="fixed", depends_on="corpus-a")
+    fixed(1)
+    other = cache.wrap(lambda x: (counter.record(x), -x)[1], name="fixed", depends_on="corpus-b")
+    assert other(1) == -1
+    assert len(counter.calls) == 4
+    with pytest.raises(ConfigError, match="depends_on"):
+        cache.wrap(lambda: 0, name="bad", depends_on=3)  # type: ignore[arg-type]
 
 
 def test_exceptions_are_not_cached(store: CacheStore) -> None:

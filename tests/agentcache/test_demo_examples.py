@@ -259,3 +259,18 @@ def test_demo_end_to_end_on_a_random_llama(
     # A second process-level run reads the persistent retrieval and tool caches.
     assert re.findall(r"retrieval cache (\d) hit/0 miss", second) == ["1", "1", "1", "1"]
     assert "tool cache 1 hit/0 miss" in second
+
+
+def test_demo_read_doc_never_answers_from_another_corpus(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from agentcache.rag import TextSource
+
+    args = argparse.Namespace(cache_dir=str(tmp_path / "cache"), max_tokens=8)
+    answers = []
+    for text in ("Corpus one says hello.", "Corpus two says goodbye."):
+        sources = [TextSource("json", text), TextSource("csv", "Comma separated values.")]
+        session = demo.build_session(args, FakeBackend(["ok"]), sources, Console(quiet=True))
+        call = ToolCall("r1", "read_doc", '{"name": "json"}')
+        answers.append(session.agent.registry.run(call).content)
+    assert answers == ["Corpus one says hello.", "Corpus two says goodbye."]
