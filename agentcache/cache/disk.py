@@ -140,6 +140,8 @@ class DiskStore:
     def check_integrity(self) -> None:
         """Run SQLite's integrity check, diskcache's file check and every entry's checksum.
 
+        Orphan value files (left by a writer killed mid-``set``) are not damage and pass.
+
         Reads every entry: O(entries); meant for tests and post-mortems.
 
         Raises:
@@ -149,7 +151,10 @@ class DiskStore:
         try:
             with warnings.catch_warnings(record=True):
                 warnings.simplefilter("always")
-                problems = [str(w.message) for w in cache.check(fix=False, retry=True)]
+                found = [str(w.message) for w in cache.check(fix=False, retry=True)]
+            # NOTE: a writer killed between writing a value file and committing its row leaves an
+            # orphan file: wasted bytes (diskcache's check(fix=True) removes it), never wrong data.
+            problems = [text for text in found if not text.startswith("unknown file:")]
             for key in cache.iterkeys():
                 raw = cache.get(key, default=None)
                 if raw is not None and _verify(key, raw) is None:
