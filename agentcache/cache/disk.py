@@ -1,19 +1,17 @@
 """On-disk ``CacheStore`` built on diskcache (SQLite in WAL mode plus value files), shared safely by
 threads and processes that open the same directory.
 
-Each value is wrapped in a small envelope (magic, expiry time, BLAKE2b checksum over key, expiry
-and payload) so a damaged entry is detected and dropped instead of returned. A vanished or corrupt
-directory is recreated with a ``CacheRecoveryWarning``. Knows nothing about what the bytes mean.
+Each value is wrapped in the checksummed envelope of ``_envelope``, so a damaged entry is
+detected and dropped instead of returned. A vanished or corrupt directory is
+recreated with a ``CacheRecoveryWarning``. Knows nothing about what the bytes mean.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
 import sqlite3
-import struct
 import threading
 import time
 import warnings
@@ -23,6 +21,7 @@ from typing import NamedTuple, TypeVar
 
 import diskcache
 
+from agentcache.cache._envelope import pack, unpack
 from agentcache.cache.base import (
     CacheRecoveryWarning,
     CacheStats,
@@ -40,8 +39,6 @@ T = TypeVar("T")
 _DEFAULT_SIZE_LIMIT = 512 * 1024 * 1024
 _DB_NAME = "cache.db"  # NOTE: diskcache.core.DBNAME; the -wal/-shm files sit next to it.
 _VALUE_DIR = re.compile(r"^[0-9a-f]{2}$")  # diskcache's value-file folders (two hex digits)
-_MAGIC = b"AC1\x00"
-_HEADER = struct.Struct("<4sd16s")  # magic, expire_at in clock seconds (0.0 = never), checksum
 _TRANSIENT = ("locked", "busy")  # sqlite OperationalError texts that are contention, not damage
 
 
@@ -116,7 +113,7 @@ class DiskStore:
         """See ``CacheStore.set``."""
         validate_ttl(ttl_s)
         expire_at = 0.0 if ttl_s is None else self._clock() + ttl_s
-        envelope = _HEADER.pack(_MAGIC, expire_at, _checksum(key, expire_at, value)) + value
+        envelope = pack(key, expire_at, value)
         if len(envelope) > self.size_limit_bytes:
             self.delete(key)
             return
@@ -157,7 +154,7 @@ class DiskStore:
             problems = [text for text in found if not text.startswith("unknown file:")]
             for key in cache.iterkeys():
                 raw = cache.get(key, default=None)
-                if raw is not None and _verify(key, raw) is None:
+                if raw is not None and unpack(key, raw) is None:
                     problems.append(f"entry {key!r} fails its checksum")
         except (sqlite3.DatabaseError, OSError) as exc:
             raise CacheIntegrityError(f"cache at {str(self.directory)!r}: {exc}") from exc
@@ -243,7 +240,7 @@ class DiskStore:
                     shutil.rmtree(child, ignore_errors=True)
 
     def _unpack(self, key: str, raw: object) -> bytes | None:
-        verified = _verify(key, raw)
+        verified = unpack(key, raw)
         if verified is None:
             self.delete(key)
             _warn_recovered(f"cache entry {key[:16]}… failed its checksum; dropped it")
@@ -253,24 +250,6 @@ class DiskStore:
             self.delete(key)
             return None
         return payload
-
-
-def _checksum(key: str, expire_at: float, payload: bytes) -> bytes:
-    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=16)
-    digest.update(struct.pack("<d", expire_at))
-    digest.update(payload)
-    return digest.digest()
-
-
-def _verify(key: str, raw: object) -> tuple[bytes, float] | None:
-    """(payload, expire_at) of a well-formed envelope whose checksum matches, else ``None``."""
-    if not isinstance(raw, bytes) or len(raw) < _HEADER.size:
-        return None
-    magic, expire_at, digest = _HEADER.unpack_from(raw)
-    payload = raw[_HEADER.size :]
-    if magic != _MAGIC or digest != _checksum(key, expire_at, payload):
-        return None
-    return payload, expire_at
 
 
 def _close_quietly(cache: diskcache.Cache) -> None:
