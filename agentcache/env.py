@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["api_key", "base_url", "cache_dir", "default_model"]
+__all__ = ["api_key", "base_url", "cache_dir", "default_model", "redis_url"]
 
 Provider = Literal["openai", "anthropic"]
 
@@ -46,6 +46,11 @@ def cache_dir() -> Path:
 def base_url() -> str | None:
     """``AGENTCACHE_BASE_URL``: an OpenAI-compatible endpoint used instead of the local runtime."""
     return _get("AGENTCACHE_BASE_URL")
+
+
+def redis_url() -> str | None:
+    """``AGENTCACHE_REDIS_URL``: the Redis server of ``create_store("redis")`` (``redis://...``)."""
+    return _get("AGENTCACHE_REDIS_URL")
 
 
 def default_model() -> str | None:

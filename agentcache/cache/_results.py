@@ -3,7 +3,8 @@
 Single-flight: concurrent callers of one key in this process (threads or asyncio tasks, in any
 event loop) wait for the one running call through a ``concurrent.futures.Future``. If that call
 fails, nothing is stored or shared: each waiter retries (one becomes the next runner). Across
-processes nothing is locked; at worst the work is duplicated and the last equal write wins.
+processes, a ``SharedFlightStore`` (RedisStore) elects the one runner with a fenced lease; over
+any other store nothing is locked and at worst the work is duplicated (the last equal write wins).
 NOTE: a tool that calls itself with the same key in the same thread would wait on itself forever.
 Knows nothing about tools, arguments or retrievers: only keys and callables.
 """
@@ -22,6 +23,9 @@ from agentcache.cache.base import (
     CacheRecoveryWarning,
     CacheStats,
     CacheStore,
+    FlightClaim,
+    FlightLease,
+    SharedFlightStore,
     UncacheableResultWarning,
 )
 
@@ -36,6 +40,7 @@ class _Outcome(NamedTuple):
 
 _FAILED = _Outcome(False, None, None)
 _MISS: Any = object()
+_NO_CLAIM = FlightClaim(None, None)
 
 
 class ResultCacheCore:
@@ -44,6 +49,7 @@ class ResultCacheCore:
     def __init__(self, store: CacheStore, *, allow_pickle: bool) -> None:
         self.store = store
         self.allow_pickle = allow_pickle
+        self._shared = store if isinstance(store, SharedFlightStore) else None
         self._lock = threading.Lock()
         self._flights: dict[str, Future[_Outcome]] = {}
         self._warned: set[str] = set()
@@ -91,13 +97,20 @@ class ResultCacheCore:
             outcome = _FAILED
             try:
                 value = self._lookup_quiet(key)
+                claim = _NO_CLAIM
+                if value is _MISS and self._shared is not None:
+                    claim = await asyncio.to_thread(self._shared.claim, key)
+                    value = self._decode_claim(key, claim)
                 if value is not _MISS:
                     self._count(hit=True)
                     outcome = _Outcome(True, None, value)
                     return value
                 self._count(hit=False)
-                value = await compute()
-                outcome = self._store(key, value, ttl_s=ttl_s, what=what)
+                try:
+                    value = await compute()
+                    outcome = self._store(key, value, ttl_s=ttl_s, what=what, lease=claim.lease)
+                finally:
+                    _settle(claim.lease)
                 return value
             finally:
                 self._finish(key, flight, outcome)
@@ -114,13 +127,20 @@ class ResultCacheCore:
         outcome = _FAILED
         try:
             value = self._lookup_quiet(key)  # another thread may have stored it just before
+            claim = _NO_CLAIM
+            if value is _MISS and self._shared is not None:
+                claim = self._shared.claim(key)  # may wait for another process's run
+                value = self._decode_claim(key, claim)
             if value is not _MISS:
                 self._count(hit=True)
                 outcome = _Outcome(True, None, value)
                 return value
             self._count(hit=False)
-            value = compute()
-            outcome = self._store(key, value, ttl_s=ttl_s, what=what)
+            try:
+                value = compute()
+                outcome = self._store(key, value, ttl_s=ttl_s, what=what, lease=claim.lease)
+            finally:
+                _settle(claim.lease)
             return value
         finally:
             self._finish(key, flight, outcome)
@@ -168,13 +188,28 @@ class ResultCacheCore:
             warnings.warn(f"dropped unreadable cache entry: {exc}", CacheRecoveryWarning, 4)
             return _MISS
 
-    def _store(self, key: str, value: Any, *, ttl_s: float | None, what: str) -> _Outcome:
+    def _decode_claim(self, key: str, claim: FlightClaim) -> Any:
+        if claim.data is None:
+            return _MISS
+        try:
+            return decode(claim.data, allow_pickle=self.allow_pickle)
+        except CodecError as exc:
+            self.store.delete(key)
+            warnings.warn(f"dropped unreadable cache entry: {exc}", CacheRecoveryWarning, 4)
+            return _MISS
+
+    def _store(
+        self, key: str, value: Any, *, ttl_s: float | None, what: str, lease: FlightLease | None
+    ) -> _Outcome:
         try:
             data = encode(value, allow_pickle=self.allow_pickle)
         except CodecError as exc:
             self._warn_uncacheable(what, exc)
             return _Outcome(True, None, value)
-        self.store.set(key, data, ttl_s=ttl_s)
+        if lease is not None:
+            lease.commit(data, ttl_s=ttl_s)  # refused if a newer lease took over (fencing)
+        else:
+            self.store.set(key, data, ttl_s=ttl_s)
         return _Outcome(True, data, None)
 
     def _warn_uncacheable(self, what: str, exc: CodecError) -> None:
@@ -190,3 +225,9 @@ class ResultCacheCore:
                 self._hits += 1
             else:
                 self._misses += 1
+
+
+def _settle(lease: FlightLease | None) -> None:
+    """Release a lease that was not committed (the computation raised, or was uncacheable)."""
+    if lease is not None:
+        lease.release()  # NOTE: a no-op after commit

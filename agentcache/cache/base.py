@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 __all__ = [
     "CacheRecoveryWarning",
@@ -17,6 +17,9 @@ __all__ = [
     "CacheStore",
     "CacheWarning",
     "Clock",
+    "FlightClaim",
+    "FlightLease",
+    "SharedFlightStore",
     "UncacheableResultWarning",
 ]
 
@@ -137,6 +140,60 @@ class CacheStore(Protocol):
 
     def close(self) -> None:
         """Release files and connections; the store must not be used afterwards."""
+        ...
+
+
+class FlightLease(Protocol):
+    """The right, held across processes, to compute one missing key and store its result.
+
+    Obtained from ``SharedFlightStore.claim``. Exactly one of ``commit`` or ``release`` takes
+    effect; later calls do nothing. A lease that is never settled (its process died) expires on
+    its own, so no one waits for it longer than the store's lock expiry.
+    """
+
+    token: int
+    """Fencing token: strictly increasing across every lease the store ever hands out."""
+
+    def commit(self, value: bytes, *, ttl_s: float | None) -> bool:
+        """Store ``value`` (as ``CacheStore.set`` would) and release the lease, atomically.
+
+        Returns:
+            ``False`` when the write was refused: a newer lease was handed out after this one
+            expired (the fencing rule: a stale holder never overwrites), the value is over the
+            budget, or the store is unreachable.
+        """
+        ...
+
+    def release(self) -> None:
+        """Give the lease up without storing anything (the computation failed)."""
+        ...
+
+
+class FlightClaim(NamedTuple):
+    """What ``SharedFlightStore.claim`` ended with.
+
+    Attributes:
+        data: The value another process stored while this one waited, or ``None``.
+        lease: The lease to compute the value, or ``None``.
+
+    Neither set: the wait timed out or the store is unreachable; compute without a lease.
+    """
+
+    data: bytes | None
+    lease: FlightLease | None
+
+
+@runtime_checkable
+class SharedFlightStore(CacheStore, Protocol):
+    """A ``CacheStore`` that also elects one computing caller per missing key across processes."""
+
+    def claim(self, key: str) -> FlightClaim:
+        """Take the lease for ``key``, or wait for its holder to store a value.
+
+        Blocks (polling) at most the store's wait timeout, then gives up with an empty claim so
+        the caller computes the value itself: a caller never hangs on a lost or slow holder.
+        Does not count a hit or a miss in the store's stats.
+        """
         ...
 
 

@@ -1,4 +1,4 @@
-"""CacheStore contract, run against MemoryStore and DiskStore alike."""
+"""CacheStore contract, run against MemoryStore, DiskStore and RedisStore (a real server) alike."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def make_store(kind: str, tmp_path: Path, clock: FakeClock, size_limit: int) -> 
     return DiskStore(tmp_path / "cache", size_limit_bytes=size_limit, clock=clock)
 
 
-@pytest.fixture(params=["memory", "disk"])
+@pytest.fixture(params=["memory", "disk", "redis"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -38,8 +38,14 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def store(kind: str, tmp_path: Path, clock: FakeClock) -> Iterator[CacheStore]:
-    s = make_store(kind, tmp_path, clock, 64 * 1024 * 1024)
+def store(
+    kind: str, tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> Iterator[CacheStore]:
+    if kind == "redis":  # NOTE: TTLs are checked on the injected clock as well as natively
+        url = request.getfixturevalue("redis_url")
+        s: CacheStore = create_store("redis", url=url, clock=clock)
+    else:
+        s = make_store(kind, tmp_path, clock, 64 * 1024 * 1024)
     yield s
     s.check_integrity()
     s.close()
@@ -140,8 +146,8 @@ def test_bad_size_limits_rejected(tmp_path: Path) -> None:
 def test_create_store_by_name(tmp_path: Path) -> None:
     assert isinstance(create_store("memory"), MemoryStore)
     assert isinstance(create_store("disk", tmp_path / "d"), DiskStore)
-    with pytest.raises(ConfigError, match="memory, disk"):
-        create_store("redis")
+    with pytest.raises(ConfigError, match="memory, disk, redis"):
+        create_store("sqlite")
     with pytest.raises(ConfigError, match="directory"):
         create_store("disk")
 
