@@ -236,7 +236,8 @@ class Engine:
             params=params,
             namespace=namespace_of(self.model_id, self.revision, self._dtype_name, cache_salt),
             max_total_len=min(self.max_context_len, len(ids) + params.max_tokens),
-            stop_ids=frozenset(params.stop_token_ids) | self.eos_ids,
+            stop_ids=frozenset(params.stop_token_ids)
+            | (frozenset() if params.ignore_eos else self.eos_ids),
             detokenizer=Detokenizer(self.tokenizer, list(params.stop)),
             generator=torch.Generator(device="cpu").manual_seed(seed),
             use_prefix_cache=use_prefix_cache,

@@ -44,7 +44,10 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     """Stop strings: generation ends when one appears; it is cut from the text."""
     stop_token_ids: list[int] = field(default_factory=list)
-    """Extra token ids that end generation (the model's EOS ids always do)."""
+    """Extra token ids that end generation (the model's EOS ids do too unless ``ignore_eos``)."""
+    ignore_eos: bool = False
+    """Keep generating past the model's EOS ids (benchmarks, tests); ``stop_token_ids`` and
+    ``stop`` still end generation."""
 
     def __post_init__(self) -> None:
         max_tokens = self.max_tokens

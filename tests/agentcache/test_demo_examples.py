@@ -223,13 +223,14 @@ def test_demo_reports_skipped_files(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 @pytest.mark.slow
 def test_demo_end_to_end_on_a_random_llama(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    bpe_llama_dir: Path,
 ) -> None:
-    pytest.importorskip("torch")
     from agentcache.backends.local import LocalBackend
-    from tests.agentcache._tiny_llama import build_tiny_llama
 
-    model_dir = build_tiny_llama(tmp_path / "model", seed=3)
+    model_dir = bpe_llama_dir
     docs = tmp_path / "docs"
     docs.mkdir()
     for name in ("json", "functools", "csv"):

@@ -18,7 +18,7 @@ from runtime.engine import Engine
 from runtime.outputs import StreamDelta
 from runtime.request import Request
 from runtime.sampling import SamplingParams
-from tests.runtime.factories import ARCHS, EOS_ID, VOCAB_SIZE, make_tokenizer, save_tiny_model
+from tests.conftest import ARCHS, EOS_ID, VOCAB_SIZE, make_tokenizer, save_tiny_model
 from tests.runtime.test_engine_exactness import TOL, assert_same_answer
 
 SHARED = [(11 * i + 4) % (VOCAB_SIZE - 3) + 3 for i in range(20)]
@@ -55,7 +55,6 @@ def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     else:
         save_tiny_model(request.param, path)
     eng = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 22, block_size=4)
-    eng.eos_ids = frozenset()  # NOTE: random weights hit EOS often; keep every step comparable.
     return eng
 
 
@@ -63,7 +62,10 @@ def start(
     engine: Engine, ids: list[int], *, use_cache: bool
 ) -> tuple[Request, Iterator[StreamDelta]]:
     req = engine.make_request(
-        ids, SamplingParams(max_tokens=NUM_TOKENS), use_prefix_cache=use_cache, record_logits=True
+        ids,
+        SamplingParams(ignore_eos=True, max_tokens=NUM_TOKENS),
+        use_prefix_cache=use_cache,
+        record_logits=True,
     )
     return req, engine.run(req)
 

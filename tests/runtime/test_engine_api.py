@@ -21,17 +21,14 @@ from runtime import (
 )
 from runtime.model_runner import reuse_blocker
 from runtime.sampling import SEED_MAX, SEED_MIN
-from tests.runtime.factories import EOS_ID, VOCAB_SIZE, make_config, save_tiny_model
+from tests.conftest import EOS_ID, VOCAB_SIZE, make_config, save_tiny_model
 
 PROMPT = [(3 * i + 5) % (VOCAB_SIZE - 3) + 3 for i in range(30)]
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    path = save_tiny_model("llama", Path(tmp_path_factory.mktemp("llama")))
-    eng = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 20, block_size=4)
-    eng.eos_ids = frozenset()  # NOTE: random weights; stop only where a test asks for it.
-    return eng
+def engine(llama_path: Path) -> Engine:
+    return Engine.from_pretrained(str(llama_path), kv_cache_bytes=1 << 20, block_size=4)
 
 
 def test_from_pretrained_loads_tokenizer_and_template(engine: Engine) -> None:
@@ -41,7 +38,7 @@ def test_from_pretrained_loads_tokenizer_and_template(engine: Engine) -> None:
     )
     assert engine.max_context_len == 256 and "llama" in engine.model_id
     completion = engine.generate(
-        [{"role": "user", "content": "w1 w2"}], SamplingParams(max_tokens=3)
+        [{"role": "user", "content": "w1 w2"}], SamplingParams(ignore_eos=True, max_tokens=3)
     )
     assert completion.usage.prompt_tokens == len(ids)
 
@@ -98,7 +95,12 @@ def test_bad_input_raises_and_engine_keeps_serving(
     with pytest.raises(error, match=match):
         engine.generate(prompt, params)
     assert isinstance(error(), ValueError)
-    assert engine.generate(PROMPT, SamplingParams(max_tokens=2)).usage.completion_tokens >= 1
+    assert (
+        engine.generate(
+            PROMPT, SamplingParams(ignore_eos=True, max_tokens=2)
+        ).usage.completion_tokens
+        >= 1
+    )
     engine.check_integrity()
 
 
@@ -125,8 +127,10 @@ def test_bad_sampling_params(kwargs: dict[str, float]) -> None:
 def test_usage_metrics_and_stats(engine: Engine) -> None:
     engine.flush_cache()
     before = engine.cache_stats()
-    first = engine.generate(PROMPT, SamplingParams(max_tokens=5, stop_token_ids=[EOS_ID]))
-    second = engine.generate(PROMPT, SamplingParams(max_tokens=5))
+    first = engine.generate(
+        PROMPT, SamplingParams(ignore_eos=True, max_tokens=5, stop_token_ids=[EOS_ID])
+    )
+    second = engine.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=5))
     assert first.usage.cached_tokens == 0 and first.metrics.prefill_tokens_computed == 30
     assert second.usage.cached_tokens == 28 and second.metrics.prefill_tokens_computed == 2
     assert second.metrics.ttft_s > 0 and second.token_ids[: len(first.token_ids)] == first.token_ids
@@ -140,16 +144,20 @@ def test_usage_metrics_and_stats(engine: Engine) -> None:
 
 def test_salts_isolate_tenants(engine: Engine) -> None:
     engine.flush_cache()
-    engine.generate(PROMPT, SamplingParams(max_tokens=1), cache_salt="tenant-a")
-    other = engine.generate(PROMPT, SamplingParams(max_tokens=1), cache_salt="tenant-b")
-    unsalted = engine.generate(PROMPT, SamplingParams(max_tokens=1))
-    same = engine.generate(PROMPT, SamplingParams(max_tokens=1), cache_salt="tenant-a")
+    engine.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=1), cache_salt="tenant-a")
+    other = engine.generate(
+        PROMPT, SamplingParams(ignore_eos=True, max_tokens=1), cache_salt="tenant-b"
+    )
+    unsalted = engine.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=1))
+    same = engine.generate(
+        PROMPT, SamplingParams(ignore_eos=True, max_tokens=1), cache_salt="tenant-a"
+    )
     assert other.usage.cached_tokens == 0 and unsalted.usage.cached_tokens == 0
     assert same.usage.cached_tokens == 28
 
 
 def test_stream_deltas_add_up_to_the_completion(engine: Engine) -> None:
-    deltas = list(engine.stream(PROMPT, SamplingParams(max_tokens=6)))
+    deltas = list(engine.stream(PROMPT, SamplingParams(ignore_eos=True, max_tokens=6)))
     last = deltas[-1].completion
     assert last is not None and deltas[-1].finish_reason == last.finish_reason == "length"
     assert [t for d in deltas for t in d.token_ids] == last.token_ids
@@ -158,40 +166,44 @@ def test_stream_deltas_add_up_to_the_completion(engine: Engine) -> None:
 
 
 def test_stop_string_cuts_text(engine: Engine) -> None:
-    full = engine.generate(PROMPT, SamplingParams(max_tokens=8))
+    full = engine.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=8))
     words = full.text.split(" ")
     stop = " ".join(words[2:4])
-    cut = engine.generate(PROMPT, SamplingParams(max_tokens=8, stop=[stop]))
+    cut = engine.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=8, stop=[stop]))
     assert cut.finish_reason == "stop" and stop not in cut.text
     assert full.text.startswith(cut.text) and len(cut.token_ids) <= 4
     stop_id = engine.generate(
-        PROMPT, SamplingParams(max_tokens=8, stop_token_ids=[full.token_ids[1]])
+        PROMPT, SamplingParams(ignore_eos=True, max_tokens=8, stop_token_ids=[full.token_ids[1]])
     )
     assert stop_id.token_ids == full.token_ids[:2] and stop_id.finish_reason == "stop"
 
 
 def test_cancelled_stream_releases_its_pins(engine: Engine) -> None:
-    engine.generate(PROMPT, SamplingParams(max_tokens=1))
-    stream = engine.stream(PROMPT + [7, 8, 9, 10, 11], SamplingParams(max_tokens=50))
+    engine.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=1))
+    stream = engine.stream(
+        PROMPT + [7, 8, 9, 10, 11], SamplingParams(ignore_eos=True, max_tokens=50)
+    )
     next(stream)
     next(stream)
     assert engine.prefix_cache.radix.num_in_use_blocks > 0
     stream.close()
     assert engine.prefix_cache.radix.num_in_use_blocks == 0
     engine.check_integrity()
-    unstarted = engine.stream(PROMPT, SamplingParams(max_tokens=5))
+    unstarted = engine.stream(PROMPT, SamplingParams(ignore_eos=True, max_tokens=5))
     del unstarted  # never started: nothing was pinned
     assert engine.prefix_cache.radix.num_in_use_blocks == 0
 
 
 def test_sampling_is_seeded(engine: Engine) -> None:
-    params = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, top_k=20, seed=3)
+    params = SamplingParams(
+        ignore_eos=True, max_tokens=8, temperature=1.0, top_p=0.9, top_k=20, seed=3
+    )
     assert engine.generate(PROMPT, params).token_ids == engine.generate(PROMPT, params).token_ids
 
 
 @pytest.mark.parametrize("seed", [SEED_MIN, -1, 0, SEED_MAX])
 def test_seeds_at_the_ends_of_the_signed_64_bit_range_run(engine: Engine, seed: int) -> None:
-    params = SamplingParams(max_tokens=3, temperature=1.0, seed=seed)
+    params = SamplingParams(ignore_eos=True, max_tokens=3, temperature=1.0, seed=seed)
     assert engine.generate(PROMPT, params).token_ids == engine.generate(PROMPT, params).token_ids
 
 
@@ -204,11 +216,15 @@ def test_a_negative_seed_is_its_twos_complement(engine: Engine) -> None:
 
 def test_concurrent_requests_match_sequential(engine: Engine) -> None:
     prompts = [PROMPT[:10] + [i + 3] * 6 for i in range(4)]
-    expected = [engine.generate(p, SamplingParams(max_tokens=6)).token_ids for p in prompts]
+    expected = [
+        engine.generate(p, SamplingParams(ignore_eos=True, max_tokens=6)).token_ids for p in prompts
+    ]
     got: dict[int, list[int]] = {}
 
     def worker(i: int) -> None:
-        got[i] = engine.generate(prompts[i], SamplingParams(max_tokens=6)).token_ids
+        got[i] = engine.generate(
+            prompts[i], SamplingParams(ignore_eos=True, max_tokens=6)
+        ).token_ids
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
     for t in threads:
@@ -221,7 +237,7 @@ def test_concurrent_requests_match_sequential(engine: Engine) -> None:
 
 
 def test_decode_does_not_reallocate_per_token(engine: Engine) -> None:
-    req = engine.make_request(PROMPT, SamplingParams(max_tokens=40))
+    req = engine.make_request(PROMPT, SamplingParams(ignore_eos=True, max_tokens=40))
     it = engine.run(req)
     next(it)
     kv = req.kv
@@ -270,14 +286,18 @@ def test_unresumable_models_disable_reuse(caplog: pytest.LogCaptureFixture, tmp_
     assert "recurrent state" in caplog.text
     stats = eng.cache_stats()
     assert not stats.is_enabled and stats.disabled_reason == "recurrent state"
-    eng.generate(PROMPT, SamplingParams(max_tokens=1))
-    assert eng.generate(PROMPT, SamplingParams(max_tokens=1)).usage.cached_tokens == 0
+    eng.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=1))
+    assert (
+        eng.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=1)).usage.cached_tokens == 0
+    )
 
 
 def test_prefix_cache_off_is_force_miss(tmp_path: Path) -> None:
     path = save_tiny_model("llama", tmp_path / "m")
     eng = Engine.from_pretrained(str(path), prefix_cache=False, block_size=4)
-    eng.generate(PROMPT, SamplingParams(max_tokens=1))
-    assert eng.generate(PROMPT, SamplingParams(max_tokens=1)).usage.cached_tokens == 0
+    eng.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=1))
+    assert (
+        eng.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=1)).usage.cached_tokens == 0
+    )
     assert eng.cache_stats().disabled_reason == "prefix_cache=False (force-miss)"
     eng.check_integrity()

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from runtime.engine import Engine
 from runtime.sampling import SamplingParams
-from tests.runtime.factories import ARCHS, VOCAB_SIZE, save_tiny_model
+from tests.conftest import ARCHS, VOCAB_SIZE, save_tiny_model
 
 TOL = 1e-4
 
@@ -25,7 +25,6 @@ TOL = 1e-4
 def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Engine:
     path = save_tiny_model(request.param, Path(tmp_path_factory.mktemp(request.param)))
     eng = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 22, block_size=4)
-    eng.eos_ids = frozenset()  # NOTE: random weights hit EOS often; keep every step comparable.
     return eng
 
 
@@ -33,7 +32,10 @@ def run(
     engine: Engine, ids: list[int], n: int, *, use_cache: bool
 ) -> tuple[list[int], list[torch.Tensor], int]:
     req = engine.make_request(
-        ids, SamplingParams(max_tokens=n), use_prefix_cache=use_cache, record_logits=True
+        ids,
+        SamplingParams(ignore_eos=True, max_tokens=n),
+        use_prefix_cache=use_cache,
+        record_logits=True,
     )
     deltas = list(engine.run(req))
     completion = deltas[-1].completion

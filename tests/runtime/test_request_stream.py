@@ -15,7 +15,7 @@ from runtime.engine import Engine
 from runtime.outputs import StreamDelta
 from runtime.request import Request
 from runtime.request_stream import RequestStream, merge_deltas
-from tests.runtime.factories import VOCAB_SIZE, save_tiny_model
+from tests.conftest import VOCAB_SIZE
 
 PROMPT = [(7 * i + 2) % (VOCAB_SIZE - 3) + 3 for i in range(20)]
 
@@ -35,15 +35,12 @@ class StubScheduler:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    path = save_tiny_model("llama", Path(tmp_path_factory.mktemp("llama")))
-    eng = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 20, block_size=4)
-    eng.eos_ids = frozenset()
-    return eng
+def engine(llama_path: Path) -> Engine:
+    return Engine.from_pretrained(str(llama_path), kv_cache_bytes=1 << 20, block_size=4)
 
 
 def stub_stream(engine: Engine) -> tuple[RequestStream, Request, StubScheduler]:
-    req = engine.make_request(PROMPT, SamplingParams(max_tokens=4))
+    req = engine.make_request(PROMPT, SamplingParams(ignore_eos=True, max_tokens=4))
     scheduler = StubScheduler()
     return RequestStream(req, scheduler), req, scheduler  # type: ignore[arg-type]
 
@@ -98,7 +95,7 @@ def test_a_dropped_stream_is_cancelled_without_waiting(engine: Engine) -> None:
 
 def test_the_loop_wakes_once_per_posted_delta_and_a_poll_gets_them_all(engine: Engine) -> None:
     wakes: list[int] = []
-    stream = engine.stream(PROMPT, SamplingParams(max_tokens=8))
+    stream = engine.stream(PROMPT, SamplingParams(ignore_eos=True, max_tokens=8))
     stream.set_waker(lambda: wakes.append(1))
     early = stream.poll()  # submits; the loop may have posted a token already
     assert stream.request.released.wait(timeout=60)
@@ -114,8 +111,8 @@ def test_the_loop_wakes_once_per_posted_delta_and_a_poll_gets_them_all(engine: E
 
 
 def test_a_poll_after_the_end_merges_every_token(engine: Engine) -> None:
-    expected = engine.generate(PROMPT, SamplingParams(max_tokens=6))
-    stream = engine.stream(PROMPT, SamplingParams(max_tokens=6))
+    expected = engine.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=6))
+    stream = engine.stream(PROMPT, SamplingParams(ignore_eos=True, max_tokens=6))
     first = next(stream)  # blocking read: exactly one token
     assert stream.request.released.wait(timeout=60)
     rest = stream.poll()

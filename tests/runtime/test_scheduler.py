@@ -17,21 +17,20 @@ from runtime import EngineBusyError, RuntimeEngineError, SamplingParams
 from runtime.engine import Engine
 from runtime.request import Request
 from runtime.scheduler import SchedulerConfig
-from tests.runtime.factories import VOCAB_SIZE, save_tiny_model
+from tests.conftest import VOCAB_SIZE
 
 SHARED = [(5 * i + 7) % (VOCAB_SIZE - 3) + 3 for i in range(24)]
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model("llama", Path(tmp_path_factory.mktemp("llama")))
+def model_path(llama_path: Path) -> Path:
+    return llama_path
 
 
 def make_engine(model_path: Path, **limits: int | float) -> Engine:
     eng = Engine.from_pretrained(
         str(model_path), kv_cache_bytes=1 << 20, block_size=4, scheduler=SchedulerConfig(**limits)
     )
-    eng.eos_ids = frozenset()
     return eng
 
 
@@ -48,7 +47,7 @@ def admitted_order(engine: Engine, prompts: list[list[int]]) -> list[int]:
     """Submit all prompts while the loop is held; return prompt indices in prefill order."""
     order: list[int] = []
     prefill = engine.scheduler._prefill
-    reqs = [engine.make_request(p, SamplingParams(max_tokens=2)) for p in prompts]
+    reqs = [engine.make_request(p, SamplingParams(ignore_eos=True, max_tokens=2)) for p in prompts]
 
     def spy(req: Request) -> None:
         order.append(reqs.index(req))
@@ -67,7 +66,7 @@ def admitted_order(engine: Engine, prompts: list[list[int]]) -> list[int]:
 
 def test_longest_cached_prefix_goes_first(model_path: Path) -> None:
     engine = make_engine(model_path, max_batch_size=1)
-    engine.generate(SHARED, SamplingParams(max_tokens=1))  # cache SHARED's blocks
+    engine.generate(SHARED, SamplingParams(ignore_eos=True, max_tokens=1))  # cache SHARED's blocks
     cold_a, cold_b = [9] * 12, [10] * 12
     warm_short, warm_long = SHARED[:9] + [11, 12], SHARED + [13, 14]
     order = admitted_order(engine, [cold_a, warm_short, cold_b, warm_long])
@@ -78,7 +77,7 @@ def test_longest_cached_prefix_goes_first(model_path: Path) -> None:
 
 def test_fifo_when_the_queue_is_long(model_path: Path) -> None:
     engine = make_engine(model_path, max_batch_size=1, fifo_threshold=2)
-    engine.generate(SHARED, SamplingParams(max_tokens=1))
+    engine.generate(SHARED, SamplingParams(ignore_eos=True, max_tokens=1))
     order = admitted_order(engine, [[9] * 12, [10] * 12, [11] * 12, SHARED + [13]])
     # 4 then 3 waiting (> 2): FIFO; with 2 left the warm one goes before the cold one.
     assert order == [0, 1, 3, 2]
@@ -87,7 +86,7 @@ def test_fifo_when_the_queue_is_long(model_path: Path) -> None:
 
 def test_old_head_of_queue_is_not_starved(model_path: Path) -> None:
     engine = make_engine(model_path, max_batch_size=1, max_wait_s=1e-9)
-    engine.generate(SHARED, SamplingParams(max_tokens=1))
+    engine.generate(SHARED, SamplingParams(ignore_eos=True, max_tokens=1))
     order = admitted_order(engine, [[9] * 12, SHARED + [13], [10] * 12])
     assert order == [0, 1, 2]  # every head is "old" at once: pure arrival order
     engine.close()
@@ -111,7 +110,8 @@ def test_requests_admitted_together_reuse_each_others_prefix(
     # stores its blocks before the next is matched, so every later one hits all 6 blocks.
     engine = make_engine(model_path, max_batch_size=max_batch_size)
     reqs = [
-        engine.make_request(SHARED + [i + 3, i + 4], SamplingParams(max_tokens=3)) for i in range(8)
+        engine.make_request(SHARED + [i + 3, i + 4], SamplingParams(ignore_eos=True, max_tokens=3))
+        for i in range(8)
     ]
     with engine._lock:
         for req in reqs:
@@ -136,21 +136,27 @@ def test_kv_budget_is_never_exceeded(model_path: Path) -> None:
         return decode(token_ids, batch)  # type: ignore[arg-type]
 
     engine.runner.decode = spy  # type: ignore[method-assign]
-    reqs = [engine.make_request([i + 3] * 30, SamplingParams(max_tokens=30)) for i in range(5)]
+    reqs = [
+        engine.make_request([i + 3] * 30, SamplingParams(ignore_eos=True, max_tokens=30))
+        for i in range(5)
+    ]
     for req in reqs:
         engine.scheduler.submit(req)
     assert all(len(drain(req)) == 30 for req in reqs)
     assert max(sizes) == 2
     engine.check_integrity()
     with pytest.raises(RuntimeEngineError, match="batch_kv_bytes"):
-        engine.generate([3] * 100, SamplingParams(max_tokens=30))
+        engine.generate([3] * 100, SamplingParams(ignore_eos=True, max_tokens=30))
     engine.close()
 
 
 def test_cancel_between_steps_releases_pins(model_path: Path) -> None:
     engine = make_engine(model_path)
-    engine.generate(SHARED, SamplingParams(max_tokens=1))
-    streams = [engine.stream(SHARED + [i + 3], SamplingParams(max_tokens=200)) for i in range(3)]
+    engine.generate(SHARED, SamplingParams(ignore_eos=True, max_tokens=1))
+    streams = [
+        engine.stream(SHARED + [i + 3], SamplingParams(ignore_eos=True, max_tokens=200))
+        for i in range(3)
+    ]
     for stream in streams:
         next(stream)
     stats = engine.scheduler_stats()
@@ -168,7 +174,9 @@ def test_cancel_between_steps_releases_pins(model_path: Path) -> None:
 
 def test_full_queue_is_busy(model_path: Path) -> None:
     engine = make_engine(model_path, max_waiting=2)
-    reqs = [engine.make_request(SHARED, SamplingParams(max_tokens=2)) for _ in range(3)]
+    reqs = [
+        engine.make_request(SHARED, SamplingParams(ignore_eos=True, max_tokens=2)) for _ in range(3)
+    ]
     with engine._lock:
         engine.scheduler.submit(reqs[0])
         engine.scheduler.submit(reqs[1])
@@ -192,7 +200,7 @@ def test_close_stops_the_loop_and_fails_running_requests(model_path: Path) -> No
         return decode(*args, **kwargs)
 
     engine.runner.decode = gated_decode  # type: ignore[method-assign]
-    stream = engine.stream(SHARED, SamplingParams(max_tokens=250))
+    stream = engine.stream(SHARED, SamplingParams(ignore_eos=True, max_tokens=250))
     next(stream)
     assert entered.wait(timeout=30)
     thread = engine.scheduler._thread
@@ -209,7 +217,7 @@ def test_close_stops_the_loop_and_fails_running_requests(model_path: Path) -> No
     with pytest.raises(RuntimeEngineError, match="closed"):
         list(stream)
     with pytest.raises(RuntimeEngineError, match="closed"):
-        engine.generate(SHARED, SamplingParams(max_tokens=2))
+        engine.generate(SHARED, SamplingParams(ignore_eos=True, max_tokens=2))
     engine.close()  # idempotent
     assert engine.scheduler_stats().num_blocks_pinned == 0
     engine.check_integrity()

@@ -17,7 +17,6 @@ from agentcache.backends import BaseBackend, GenerationOptions  # noqa: E402
 from agentcache.backends.local import LocalBackend  # noqa: E402
 from agentcache.backends.openai import OpenAIBackend  # noqa: E402
 from agentcache.cache import MemoryStore, ToolCache  # noqa: E402
-from tests.agentcache._tiny_llama import build_tiny_llama  # noqa: E402
 
 CALLS: list[str] = []
 
@@ -33,13 +32,12 @@ def define(word: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
+def served(bpe_llama_dir: Path) -> Iterator[tuple[Any, str]]:
     from runtime import Engine
     from runtime.serve.app import create_app
     from runtime.serve.server_thread import ServerThread
 
-    folder = build_tiny_llama(tmp_path_factory.mktemp("llama"), seed=3)
-    engine = Engine.from_pretrained(str(folder))
+    engine = Engine.from_pretrained(str(bpe_llama_dir))
     with ServerThread(create_app(engine)) as url:
         yield engine, url
 

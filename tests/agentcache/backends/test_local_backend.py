@@ -20,12 +20,11 @@ from agentcache.backends.base import PromptInput  # noqa: E402
 from agentcache.backends.local import LocalBackend  # noqa: E402
 from agentcache.prompt import Document, PromptBuilder  # noqa: E402
 from agentcache.rag import stdlib_sources  # noqa: E402
-from tests.agentcache._tiny_llama import build_tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), seed=3)
+def model_dir(bpe_llama_dir: Path) -> Path:
+    return bpe_llama_dir
 
 
 class RecordingBackend(LocalBackend):

@@ -17,62 +17,19 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
 from openai import OpenAI
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from runtime.engine import Engine
 from runtime.serve.app import create_app
 from runtime.serve.server_thread import ServerThread
 from tests.runtime.serve.server_fakes import ScriptedEngine
 
-CHATML_TOOLS = (
-    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>"
-    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n"
-    'Call a tool with <tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\n'
-    "{%- endif %}"
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
-)
 SYSTEM = "You are a terse assistant. " * 12  # ~320 byte tokens shared by every request
 
 
-def make_byte_tokenizer() -> PreTrainedTokenizerFast:
-    """Byte-level BPE without merges: 256 byte tokens + ChatML specials."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    core = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>"],
-        chat_template=CHATML_TOOLS,
-        clean_up_tokenization_spaces=False,
-    )
-    return tok
-
-
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("byte-llama")
-    tokenizer = make_byte_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+@pytest.fixture(scope="module")
+def model_dir(byte_llama_dir: Path) -> Path:
+    return byte_llama_dir
 
 
 def make_engine(model_dir: Path, *, prefix_cache: bool = True) -> Engine:
