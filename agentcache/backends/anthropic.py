@@ -28,6 +28,7 @@ from agentcache.backends.base import (
     as_prompt,
 )
 from agentcache.exceptions import BackendError
+from agentcache.prompt.render import check_anthropic_markers
 
 __all__ = ["AnthropicBackend"]
 
@@ -86,6 +87,7 @@ class AnthropicBackend(RemoteBackend):
     ) -> Iterator[StreamEvent]:
         """Stream a completion (contract in ``BaseBackend.stream``)."""
         body = self.request_body(prompt, options or GenerationOptions())
+        check_anthropic_markers(body)  # NOTE: the provider answers 400 beyond 4; fail here instead.
         headers = {"anthropic-version": API_VERSION}
         if self._api_key:
             headers["x-api-key"] = self._api_key
@@ -126,7 +128,9 @@ class _MessageState:
             return self._delta(int(data.get("index", 0)), data.get("delta") or {})
         elif kind == "message_delta":
             self.stop_reason = (data.get("delta") or {}).get("stop_reason") or self.stop_reason
-            self.usage.update(data.get("usage") or {})
+            # NOTE: a null here means "not in this event", not zero: keep message_start's counts.
+            late = data.get("usage") or {}
+            self.usage.update({k: v for k, v in late.items() if v is not None})
         return ""
 
     def _start_block(self, index: int, block: dict[str, Any]) -> None:

@@ -116,7 +116,11 @@ class BreakpointPlan:
 
 
 def plan_breakpoints(
-    spans: Sequence[TierSpan], *, model: str, ttl: Mapping[Tier, Ttl] | None = None
+    spans: Sequence[TierSpan],
+    *,
+    model: str,
+    ttl: Mapping[Tier, Ttl] | None = None,
+    min_tokens: int | None = None,
 ) -> BreakpointPlan:
     """Place one breakpoint at the end of each tier whose prefix reaches the model's minimum.
 
@@ -126,12 +130,20 @@ def plan_breakpoints(
         model: Anthropic model id; selects the minimum cacheable length.
         ttl: Tier -> TTL; tiers not named get ``"5m"``. A ``"1h"`` tier after a ``"5m"`` marker is
             downgraded to ``"5m"`` (Anthropic requires 1h entries before 5m ones) and noted.
+        min_tokens: Overrides the table's minimum cacheable length for ``model``, tokens.
 
     Returns:
         The plan; never more than ``MAX_BREAKPOINTS`` markers.
+
+    Raises:
+        ValueError: ``min_tokens`` is not a positive int.
     """
     ttl = ttl or {}
-    minimum = min_cacheable_tokens(model)
+    if min_tokens is not None and (
+        isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 1
+    ):
+        raise ValueError(f"min_tokens must be a positive int, got {min_tokens!r}")
+    minimum = min_tokens if min_tokens is not None else min_cacheable_tokens(model)
     prefix = 0
     placed: list[Breakpoint] = []
     notes: list[str] = []

@@ -112,7 +112,8 @@ class Prompt:
         """Anthropic Messages body with planned breakpoints; see ``render.anthropic_body``.
 
         Raises:
-            PromptError: ``params`` would replace ``messages``, ``tools`` or ``system``.
+            PromptError: ``params`` would replace ``messages``, ``tools`` or ``system``, or names
+                a field outside ``render.ANTHROPIC_PARAMS`` (use ``extra_body=``).
         """
         return anthropic_body(self, model=model, **params)
 

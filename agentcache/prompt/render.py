@@ -14,12 +14,20 @@ from typing import Any, Protocol
 
 from agentcache.canonical import JSONValue, canonical_json, stable_hash
 from agentcache.exceptions import PromptError
-from agentcache.prompt.anthropic import Tier, TierSpan, Ttl, plan_breakpoints
+from agentcache.prompt.anthropic import MAX_BREAKPOINTS, Tier, TierSpan, Ttl, plan_breakpoints
 from agentcache.prompt.segments import STABLE_KINDS, Message, SegmentKind
 from agentcache.prompt.tools import ToolSpec
 from agentcache.tokens import estimate_tokens
 
-__all__ = ["anthropic_body", "anthropic_messages", "openai_body", "prompt_cache_key"]
+__all__ = [
+    "ANTHROPIC_PARAMS",
+    "anthropic_body",
+    "anthropic_messages",
+    "check_anthropic_markers",
+    "count_anthropic_markers",
+    "openai_body",
+    "prompt_cache_key",
+]
 
 
 class Prompt(Protocol):
@@ -110,15 +118,42 @@ def _sorted(body: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+ANTHROPIC_PARAMS = frozenset(
+    {
+        "max_tokens",
+        "metadata",
+        "service_tier",
+        "stop_sequences",
+        "stream",
+        "temperature",
+        "thinking",
+        "tool_choice",
+        "top_k",
+        "top_p",
+    }
+)
+"""Messages API body fields ``anthropic_body`` accepts as keywords (API reference, reviewed
+2026-12-01); anything else goes through ``extra_body`` so a misspelt option is never sent."""
+
+
 def anthropic_body(
     prompt: Prompt,
     *,
     model: str,
     ttl: Mapping[Tier, Ttl] | None = None,
     count_tokens: Callable[[str], int] = estimate_tokens,
+    min_cacheable_tokens: int | None = None,
+    extra_body: Mapping[str, Any] | None = None,
     **params: Any,
 ) -> dict[str, Any]:
     """Anthropic Messages body with ``cache_control`` breakpoints at stability-tier boundaries.
+
+    Top-level fields come in stable-to-volatile order (``model``, the sampling fields, then
+    ``tools``, ``system``, ``messages`` last) so that serialized in order, as httpx does, one
+    turn's body minus its closing ``]}`` is a byte prefix of the next turn's wherever the moving
+    conversation marker allows; keys inside every object are sorted. Markers found in the
+    history (for example inside ``tool_result`` content) are stripped: the planner's at most
+    ``MAX_BREAKPOINTS`` are the only ones, and the final body is checked.
 
     Args:
         prompt: The built prompt.
@@ -126,14 +161,22 @@ def anthropic_body(
         ttl: Tier -> ``"5m"``/``"1h"`` (default 5m everywhere); see ``plan_breakpoints``.
         count_tokens: Token counter for the minimum-length rule. Anthropic publishes no local
             tokenizer, so the default is the labelled estimate of ``agentcache.tokens``.
-        **params: Extra body fields (``max_tokens`` defaults to 1024).
+        min_cacheable_tokens: Overrides the model's minimum cacheable length, tokens (for a
+            model the table does not know or a changed provider rule).
+        extra_body: Body fields outside ``ANTHROPIC_PARAMS``, sent as given (sorted, before
+            ``tools``).
+        **params: Body fields named in ``ANTHROPIC_PARAMS`` (``max_tokens`` defaults to 1024).
 
     Raises:
-        PromptError: ``params`` names a rendered field (``messages``, ``tools``, ``system``).
+        PromptError: ``params`` names a rendered field (``messages``, ``tools``, ``system``) or
+            a field outside ``ANTHROPIC_PARAMS``; ``extra_body`` names a rendered field.
         PromptError: the history holds a ``system``/``developer`` message (Anthropic takes the
             system prompt only as the top-level ``system`` field).
+        ValueError: ``min_cacheable_tokens`` is not a positive int.
     """
     _check_params(params, ANTHROPIC_RENDERED, "to_anthropic")
+    _check_known(params)
+    _check_params(extra_body or {}, ANTHROPIC_RENDERED | {"model"}, "to_anthropic extra_body")
     tools: list[dict[str, Any]] = [tool.anthropic() for tool in prompt.tools]
     system: list[dict[str, Any]] = [
         {"type": "text", "text": text} for text in (prompt.system, prompt.documents_block()) if text
@@ -145,16 +188,64 @@ def anthropic_body(
         TierSpan("documents", count_tokens(prompt.documents_block()), ("system", len(system) - 1)),
         TierSpan("conversation", _count(messages, count_tokens), anchor),
     ]
-    body: dict[str, Any] = {"model": model, "max_tokens": ANTHROPIC_DEFAULT_MAX_TOKENS}
-    if tools:
-        body["tools"] = tools
-    if system:
-        body["system"] = system
-    body["messages"] = messages
-    for bp in plan_breakpoints(spans, model=model, ttl=ttl).breakpoints:
-        _block_at(body, bp.location)["cache_control"] = bp.cache_control
-    body.update(params)
-    return _sorted(body)
+    head: dict[str, Any] = {"max_tokens": ANTHROPIC_DEFAULT_MAX_TOKENS, **(extra_body or {})}
+    head.update(params)
+    rendered: dict[str, Any] = {"tools": tools, "system": system, "messages": messages}
+    plan = plan_breakpoints(spans, model=model, ttl=ttl, min_tokens=min_cacheable_tokens)
+    for bp in plan.breakpoints:
+        _block_at(rendered, bp.location)["cache_control"] = bp.cache_control
+    body: dict[str, Any] = {"model": model, **_sorted(head)}
+    body.update((key, _sorted_value(rendered[key])) for key in ("tools", "system") if rendered[key])
+    body["messages"] = _sorted_value(messages)
+    check_anthropic_markers(body)
+    return body
+
+
+def _check_known(params: Mapping[str, Any]) -> None:
+    unknown = sorted(params.keys() - ANTHROPIC_PARAMS)
+    if unknown:
+        raise PromptError(
+            f"to_anthropic: unknown body field(s) {unknown}; known: {sorted(ANTHROPIC_PARAMS)}. "
+            "Pass fields the API added since through extra_body={...}"
+        )
+
+
+def _sorted_value(value: Any) -> Any:
+    return json.loads(canonical_json(value))
+
+
+def count_anthropic_markers(value: Any) -> int:
+    """Number of ``cache_control`` keys anywhere in ``value`` (a body or any part of one)."""
+    if isinstance(value, dict):
+        own = 1 if "cache_control" in value else 0
+        return own + sum(count_anthropic_markers(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(count_anthropic_markers(v) for v in value)
+    return 0
+
+
+def check_anthropic_markers(body: Mapping[str, Any]) -> None:
+    """Refuse a Messages body with more ``cache_control`` markers than Anthropic accepts.
+
+    Raises:
+        PromptError: more than ``MAX_BREAKPOINTS`` markers, nested ones included (the provider
+            would answer 400).
+    """
+    found = count_anthropic_markers(dict(body))
+    if found > MAX_BREAKPOINTS:
+        raise PromptError(
+            f"Anthropic body carries {found} cache_control markers; at most {MAX_BREAKPOINTS} "
+            "are allowed (build it with to_anthropic, which strips markers inside the history)"
+        )
+
+
+def _without_markers(value: Any) -> Any:
+    """A copy of ``value`` with every ``cache_control`` key removed, at any depth."""
+    if isinstance(value, dict):
+        return {k: _without_markers(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_without_markers(v) for v in value]
+    return value
 
 
 def _count(value: list[dict[str, Any]], count_tokens: Callable[[str], int]) -> int:
@@ -205,7 +296,7 @@ def _convert(message: Mapping[str, JSONValue], index: int) -> tuple[str, list[di
         block = {
             "type": "tool_result",
             "tool_use_id": message.get("tool_call_id"),
-            "content": content,
+            "content": _without_markers(content),
         }
         return "user", [block]
     if role not in ("user", "assistant"):
@@ -216,7 +307,7 @@ def _convert(message: Mapping[str, JSONValue], index: int) -> tuple[str, list[di
     if isinstance(content, str) and content:
         blocks.append({"type": "text", "text": content})
     elif isinstance(content, list):
-        blocks.extend(dict(part) for part in content if isinstance(part, dict))
+        blocks.extend(_without_markers(part) for part in content if isinstance(part, dict))
     for call in message.get("tool_calls") or []:  # type: ignore[union-attr]
         blocks.append(_tool_use(call, index))
     return str(role), blocks

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from agentcache.canonical import JSONValue, canonical_json, normalize_text, to_canonical
-from agentcache.exceptions import PromptError, PromptTypeError
+from agentcache.exceptions import CanonicalizationError, PromptError, PromptTypeError
 
 __all__ = [
     "STABLE_KINDS",
@@ -123,8 +123,9 @@ def _normalized_fields(doc_id: str, text: str, source: str | None) -> tuple[str,
 def normalize_message(message: Mapping[str, Any], index: int) -> Message:
     """Return one OpenAI chat message in canonical form.
 
-    Text is NFC with trailing whitespace removed; tool-call ``arguments`` JSON is re-rendered
-    canonically; stale ``cache_control`` markers are stripped.
+    Text is NFC with trailing whitespace removed; tool-call ``arguments`` JSON and tool results
+    given as JSON object/array text are both re-rendered canonically (scalars are kept as
+    written: ``"1.0"`` stays ``"1.0"``); stale ``cache_control`` markers are stripped at any depth.
 
     Raises:
         PromptTypeError: the message is not a mapping.
@@ -155,7 +156,9 @@ def _normalize_message(message: Mapping[str, Any], index: int) -> Message:
         raise PromptError(f"history[{index}]: role {role!r} is not one of {sorted(_ROLES)}")
     out: dict[str, Any] = {k: v for k, v in message.items() if k != "cache_control"}
     content = out.get("content")
-    if isinstance(content, str):
+    if isinstance(content, str) and role == "tool":
+        out["content"] = _canonical_result_text(normalize_text(content))
+    elif isinstance(content, str):
         out["content"] = normalize_text(content)
     elif isinstance(content, list):
         out["content"] = [_normalize_part(part) for part in content]
@@ -167,10 +170,22 @@ def _normalize_message(message: Mapping[str, Any], index: int) -> Message:
     return sorted_result
 
 
+def _canonical_result_text(text: str) -> str:
+    """A tool result's text; JSON object/array text re-rendered canonically (like arguments)."""
+    if not text.startswith(("{", "[")):
+        return text
+    try:
+        return canonical_json(json.loads(text))
+    except (ValueError, TypeError, CanonicalizationError):
+        return text  # NOTE: not JSON after all; the tool's text is kept byte for byte.
+
+
 def _normalize_part(part: Any) -> Any:
+    if isinstance(part, list):
+        return [_normalize_part(item) for item in part]
     if not isinstance(part, Mapping):
         return part
-    out = {k: v for k, v in part.items() if k != "cache_control"}
+    out = {k: _normalize_part(v) for k, v in part.items() if k != "cache_control"}
     if isinstance(out.get("text"), str):
         out["text"] = normalize_text(out["text"])
     return out
