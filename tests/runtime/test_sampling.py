@@ -1,4 +1,4 @@
-"""SamplingParams validation and the sampler on hand-made logits; ``ignore_eos`` on a real engine."""
+"""SamplingParams validation and the sampler on hand-made logits; ``ignore_eos`` on an engine."""
 
 from __future__ import annotations
 
