@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.holdback import held_back_len
+
 __all__ = ["Detokenizer"]
 
 
@@ -39,7 +41,7 @@ class Detokenizer:
         if cut is not None:
             self._text, self.is_stopped = text[:cut], True
             return self._take(cut)
-        return self._take(len(text) - self._holdback(text))
+        return self._take(len(text) - held_back_len(text, self._stop))
 
     def flush(self) -> str:
         """Release held-back text at the end of generation."""
@@ -54,13 +56,3 @@ class Detokenizer:
         start = max(0, self._emitted - max((len(s) for s in self._stop), default=0))
         hits = [i for i in (text.find(s, start) for s in self._stop) if i >= 0]
         return min(hits) if hits else None
-
-    def _holdback(self, text: str) -> int:
-        """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
-        best = 0
-        for s in self._stop:
-            for k in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:k]):
-                    best = k
-                    break
-        return best

@@ -2,7 +2,9 @@
 
 ``parse_hermes`` splits generated text into visible content, well-formed calls and error messages
 for malformed blocks (which the agent sends back to the model). ``MarkupFilter`` hides the markup
-from streamed output. Knows text formats only; never sees token ids or backends.
+from streamed output. Knows text formats only; never sees token ids or backends. The server's
+parser (``runtime.serve.tool_parser``) behaves the same; one case table
+(``tests/tool_call_cases.py``) runs against both, since the SDK may not import the runtime.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ __all__ = ["CLOSE_TAG", "OPEN_TAG", "MarkupFilter", "ParsedText", "TextCall", "p
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
+# NOTE: a block ends at its close tag or at the end of the text (generation cut at max_tokens).
 _BLOCK = re.compile(re.escape(OPEN_TAG) + r"(.*?)(?:" + re.escape(CLOSE_TAG) + r"|\Z)", re.DOTALL)
 
 
@@ -43,21 +46,27 @@ def parse_hermes(text: str) -> ParsedText:
     may stop at max_tokens).
 
     Returns:
-        ``ParsedText``: ``content`` is the text outside blocks (stripped); a block whose body is
-        not a JSON object with a string ``name`` and an object ``arguments`` yields an error
+        ``ParsedText``: ``content`` is the text outside well-formed blocks (stripped when a call
+        was found); a block whose body is not a JSON object with a string ``name`` and an object
+        ``arguments`` (or ``parameters``; not both) stays in the content and yields an error
         message instead of a call.
     """
     calls: list[TextCall] = []
     errors: list[str] = []
+    kept: list[str] = []
+    pos = 0
     for match in _BLOCK.finditer(text):
         body = match.group(1).strip()
         call, error = _parse_body(body)
-        if call is not None:
-            calls.append(call)
-        else:
+        if call is None:
             errors.append(f"could not parse tool call {body[:200]!r}: {error}")
-    content = _BLOCK.sub("", text).strip()
-    return ParsedText(content, calls, errors)
+            continue
+        kept.append(text[pos : match.start()])
+        pos = match.end()
+        calls.append(call)
+    kept.append(text[pos:])
+    content = "".join(kept)
+    return ParsedText(content.strip() if calls else content, calls, errors)
 
 
 def _parse_body(body: str) -> tuple[TextCall | None, str]:
@@ -67,7 +76,9 @@ def _parse_body(body: str) -> tuple[TextCall | None, str]:
         return None, f"invalid JSON ({exc})"
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
         return None, 'expected {"name": "<tool>", "arguments": {...}}'
-    arguments = data.get("arguments", {})
+    if "arguments" in data and "parameters" in data:
+        return None, 'give "arguments" or "parameters", not both'
+    arguments = data.get("arguments", data.get("parameters", {}))
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)

@@ -1,8 +1,11 @@
 """Tool-call parsing of model output: Hermes/Qwen ``<tool_call>{json}</tool_call>`` blocks.
 
 Turns generated text into plain content plus structured calls (name + JSON arguments string).
-It knows only text formats; it never sees token ids, the engine or HTTP. A block whose JSON
-does not parse stays in the content, so a model mistake is shown rather than lost.
+It knows only text formats; it never sees token ids, the engine or HTTP. The behaviour is the
+SDK's (``agentcache.agent.parsing.parse_hermes``); one case table (``tests/tool_call_cases.py``)
+runs against both: ``"parameters"`` is read when ``"arguments"`` is absent, an unterminated last
+block (cut at ``max_tokens``) is parsed if its JSON is whole, and a malformed block stays in the
+content, so a model mistake is shown rather than lost.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import json
 import re
 from typing import NamedTuple
+
+from runtime.holdback import held_back_len
 
 __all__ = [
     "HERMES_CLOSE",
@@ -22,7 +27,10 @@ __all__ = [
 
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
-_HERMES_BLOCK = re.compile(re.escape(HERMES_OPEN) + r"(.*?)" + re.escape(HERMES_CLOSE), re.DOTALL)
+# NOTE: a block ends at its close tag or at the end of the text (generation cut at max_tokens).
+_HERMES_BLOCK = re.compile(
+    re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|\Z)", re.DOTALL
+)
 
 
 class ParsedToolCall(NamedTuple):
@@ -56,8 +64,9 @@ class ToolCallParser:
             text: the whole generated text of one choice.
 
         Returns:
-            ``ParsedOutput``; content keeps text outside well-formed blocks (stripped), and any
-            block whose body is not ``{"name": str, "arguments": object}`` stays in the content.
+            ``ParsedOutput``; content keeps text outside well-formed blocks (stripped when a call
+            was found), and any block whose body is not ``{"name": str, "arguments": object}``
+            (or ``"parameters"`` instead of ``"arguments"``) stays in the content.
         """
         calls: list[ParsedToolCall] = []
         kept: list[str] = []
@@ -83,10 +92,7 @@ class ToolCallParser:
         found = text.find(self.open_tag)
         if found >= 0:
             return found
-        for keep in range(min(len(self.open_tag) - 1, len(text)), 0, -1):
-            if self.open_tag.startswith(text[-keep:]):
-                return len(text) - keep
-        return len(text)
+        return len(text) - held_back_len(text, (self.open_tag,))
 
 
 def _parse_call(body: str) -> ParsedToolCall | None:
@@ -95,6 +101,8 @@ def _parse_call(body: str) -> ParsedToolCall | None:
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    if "arguments" in obj and "parameters" in obj:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):

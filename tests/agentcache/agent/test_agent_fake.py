@@ -136,8 +136,6 @@ def test_parse_hermes_and_markup_filter() -> None:
     text = 'Let me check.<tool_call>{"name": "f", "arguments": {"b": 1, "a": 2}}</tool_call>'
     parsed = parse_hermes(text)
     assert parsed.content == "Let me check." and parsed.calls[0].arguments == '{"a":2,"b":1}'
-    assert parse_hermes("<tool_call>[1]</tool_call>").errors
-    assert parse_hermes('<tool_call>{"name": "f", "arguments": {}}').calls[0].name == "f"
     markup = MarkupFilter()
     shown = [markup.feed(p) for p in ["Hi <to", "ol_call>{", "}</tool_call>"]]
     assert "".join(shown) + markup.flush() == "Hi "
