@@ -20,6 +20,7 @@ from agentcache.exceptions import (
     PromptError,
 )
 from agentcache.prompt import Document, Prompt, PromptBuilder
+from agentcache.proxy.wrap import wrap
 from agentcache.usage import Usage
 
 __version__ = "0.1.0"
@@ -43,4 +44,5 @@ __all__ = [
     "Usage",
     "__version__",
     "cache_scope",
+    "wrap",
 ]

@@ -19,6 +19,7 @@ _HANDLERS: dict[str, str] = {
     "serve": "runtime.serve.cli:run_cli",
     "lint": "agentcache.prompt.cli:run_lint",
     "diff": "agentcache.prompt.cli:run_diff",
+    "proxy": "agentcache.proxy.cli:run_proxy",
 }
 
 # bench kind -> ("module:function", help). The function takes the remaining argv and returns an
@@ -32,6 +33,7 @@ _BENCHES: dict[str, tuple[str, str]] = {
     "load": ("runtime.bench.load:main", "concurrent streaming clients against a loopback server"),
     "prompt": ("agentcache.prompt.bench:main", "prompt build time with many tools and documents"),
     "cache": ("agentcache.cache.bench:main", "tool/retrieval result cache hit and miss latency"),
+    "proxy": ("agentcache.proxy.bench:main", "a careless app's hit rate direct vs via the proxy"),
 }
 
 
@@ -48,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_lint(sub)
     _add_diff(sub)
+    _add_proxy(sub)
     return parser
 
 
@@ -109,6 +112,34 @@ def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("b", help="second request body (JSON)")
     p.add_argument("--show-content", action="store_true", help="print the divergent text")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _add_proxy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "proxy", help="make unmodified OpenAI/Anthropic apps cache-friendly (HTTP proxy)"
+    )
+    p.add_argument("--upstream", required=True, help="e.g. https://api.openai.com/v1")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    p.add_argument("--port", default="8080", help="listen port (1-65535)")
+    p.add_argument(
+        "--provider",
+        choices=["openai", "anthropic"],
+        default=None,
+        help="rewrite only this API's requests (default: both routes)",
+    )
+    p.add_argument("--keep-tool-order", action="store_true", help="do not sort tools by name")
+    p.add_argument(
+        "--no-breakpoints", action="store_true", help="Anthropic: never add cache_control"
+    )
+    p.add_argument("--no-prompt-cache-key", action="store_true", help="OpenAI: never set one")
+    p.add_argument(
+        "--response-cache-ttl",
+        default=None,
+        help="seconds; turns on the exact response cache for temperature-0 / seeded requests",
+    )
+    p.add_argument(
+        "--response-cache-dir", default=None, help="keep that cache on disk (default: memory)"
+    )
 
 
 def _load(target: str) -> Callable[..., int]:

@@ -24,6 +24,7 @@ AGENTCACHE_ALL = {
     "Usage",
     "__version__",
     "cache_scope",
+    "wrap",
 }
 
 RUNTIME_ALL = {

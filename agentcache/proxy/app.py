@@ -1,0 +1,232 @@
+"""``agentcache proxy``: an HTTP proxy that makes unmodified apps' requests cache-friendly.
+
+OpenAI Chat Completions (``POST /v1/chat/completions``) and Anthropic Messages
+(``POST /v1/messages``) bodies are rewritten by ``rewrite.rewrite`` and forwarded with httpx;
+answers (JSON or SSE, streamed as they arrive) come back byte for byte with the upstream's
+status. Every other path is forwarded untouched. A body that is not JSON is forwarded untouched
+with a warning, never refused. Prefix breaks are recorded per session (``sessions.SessionLog``)
+and usage is accounted per model (``usage_tap.UsageBook``) for ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from agentcache.proxy.metrics import CONTENT_TYPE, ProxyMetrics
+from agentcache.proxy.response_cache import ResponseCache
+from agentcache.proxy.rewrite import Provider, RewriteOptions, rewrite
+from agentcache.proxy.sessions import SessionLog, derive_session_id
+from agentcache.proxy.usage_tap import SSEUsageTap, UsageBook, usage_of_body
+
+__all__ = ["SESSION_HEADER", "create_proxy_app"]
+
+logger = logging.getLogger("agentcache.proxy")
+
+SESSION_HEADER = "x-agentcache-session"
+"""Request header naming the caller's session (else one is derived; see ``derive_session_id``)."""
+
+# NOTE: hop-by-hop headers (RFC 9110 section 7.6.1) and those httpx/uvicorn set themselves.
+_DROP_REQUEST = frozenset(
+    {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "te",
+     "proxy-connection", "accept-encoding", SESSION_HEADER}
+)  # fmt: skip
+_DROP_RESPONSE = frozenset(
+    {"content-length", "connection", "keep-alive", "transfer-encoding", "content-encoding"}
+)
+_ROUTES: dict[str, Provider] = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic"}
+
+
+def _upstream_url(upstream: str, path: str, query: str) -> str:
+    """``upstream`` + ``path``; a ``/v1`` both end and start with is written once."""
+    base = upstream.rstrip("/")
+    if urlsplit(base).path.endswith("/v1") and path.startswith("/v1/"):
+        path = path[3:]
+    return f"{base}{path}" + (f"?{query}" if query else "")
+
+
+def _api_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    return auth.removeprefix("Bearer ").strip() or request.headers.get("x-api-key")
+
+
+class _Proxy:
+    def __init__(
+        self,
+        upstream: str,
+        client: httpx.AsyncClient,
+        options: RewriteOptions,
+        response_cache: ResponseCache | None,
+        routes: dict[str, Provider],
+    ) -> None:
+        self.routes = routes
+        self.upstream = upstream
+        self.client = client
+        self.options = options
+        self.response_cache = response_cache
+        self.sessions = SessionLog()
+        self.book = UsageBook()
+        self.metrics = ProxyMetrics(self.book, self.sessions)
+
+    async def handle(self, request: Request, path: str) -> Response:
+        raw = await request.body()
+        provider = self.routes.get(path) if request.method == "POST" else None
+        body = _json_object(raw) if provider else None
+        if provider and body is None:
+            logger.warning("%s: body is not a JSON object; forwarded untouched", path)
+        if provider is None or body is None:
+            return await self.forward(request, path, raw, provider=None, model="")
+        session = request.headers.get(SESSION_HEADER) or derive_session_id(body, _api_key(request))
+        sent = rewrite(body, provider, session_id=session, options=self.options).body
+        brk = self.sessions.observe(session, body, sent)
+        if brk is not None:
+            self.metrics.prefix_breaks.labels(brk.reason, str(brk.fixed).lower()).inc()
+        content = json.dumps(sent, ensure_ascii=False, separators=(",", ":")).encode()
+        model = str(sent.get("model") or "")
+        cache_key = self._cache_key(request, provider, path, sent)
+        if cache_key is not None and self.response_cache is not None:
+            hit = self.response_cache.get(cache_key)
+            if hit is not None:
+                self.metrics.response_cache_hits.inc()
+                return hit
+        return await self.forward(
+            request, path, content, provider=provider, model=model, cache_key=cache_key
+        )
+
+    def _cache_key(
+        self, request: Request, provider: Provider, path: str, sent: dict[str, Any]
+    ) -> str | None:
+        if self.response_cache is None or not self.response_cache.is_deterministic(sent):
+            return None
+        key_hash = hashlib.sha256((_api_key(request) or "").encode()).hexdigest()
+        return self.response_cache.key(provider, path, sent, key_hash)
+
+    async def forward(
+        self,
+        request: Request,
+        path: str,
+        content: bytes,
+        *,
+        provider: Provider | None,
+        model: str,
+        cache_key: str | None = None,
+    ) -> Response:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
+        url = _upstream_url(self.upstream, path, request.url.query)
+        upstream_request = self.client.build_request(
+            request.method, url, headers=headers, content=content
+        )
+        try:
+            answer = await self.client.send(upstream_request, stream=True)
+        except httpx.HTTPError as exc:
+            return _bad_gateway(exc)
+        out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in _DROP_RESPONSE}
+        if answer.headers.get("content-type", "").startswith("text/event-stream"):
+            stream = self._relay(answer, provider, model, cache_key)
+            return StreamingResponse(
+                stream, answer.status_code, out_headers, background=BackgroundTask(answer.aclose)
+            )
+        try:
+            data = await answer.aread()
+        except httpx.HTTPError as exc:
+            return _bad_gateway(exc)
+        finally:
+            await answer.aclose()
+        if provider is not None and answer.status_code == 200:
+            self.book.record(model, usage_of_body(provider, data))
+            if cache_key is not None and self.response_cache is not None:
+                self.response_cache.put(cache_key, data, out_headers.get("content-type", ""))
+        return Response(data, answer.status_code, out_headers)
+
+    async def _relay(
+        self, answer: httpx.Response, provider: Provider | None, model: str, cache_key: str | None
+    ) -> AsyncIterator[bytes]:
+        tap = SSEUsageTap(provider or "openai")
+        kept: list[bytes] = []
+        async for chunk in answer.aiter_bytes():
+            tap.feed(chunk)
+            if cache_key is not None:
+                kept.append(chunk)
+            yield chunk
+        if provider is not None and answer.status_code == 200:
+            self.book.record(model, tap.usage)
+            if cache_key is not None and self.response_cache is not None:
+                self.response_cache.put(cache_key, b"".join(kept), "text/event-stream")
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _bad_gateway(exc: Exception) -> Response:
+    message = f"agentcache proxy: upstream unreachable or broke off: {type(exc).__name__}"
+    body = {"error": {"message": message, "type": "upstream_error", "code": "bad_gateway"}}
+    return JSONResponse(body, status_code=502)
+
+
+def create_proxy_app(
+    upstream: str,
+    *,
+    options: RewriteOptions | None = None,
+    response_cache: ResponseCache | None = None,
+    timeout_s: float = 600.0,
+    transport: httpx.AsyncBaseTransport | None = None,
+    providers: Provider | None = None,
+) -> FastAPI:
+    """The proxy as an ASGI app.
+
+    Args:
+        upstream: Base URL of the provider or server, e.g. ``https://api.openai.com/v1``,
+            ``https://api.anthropic.com`` or ``http://127.0.0.1:8000/v1``.
+        options: What the rewrite may change (default: everything).
+        response_cache: Exact response cache for deterministic requests; None (default) = off.
+        timeout_s: Upstream read timeout, seconds.
+        transport: httpx transport (tests); default: a pooled network transport.
+        providers: Rewrite only this API's route (the other is forwarded untouched); default both.
+
+    Routes: ``POST /v1/chat/completions`` and ``POST /v1/messages`` (rewritten),
+    ``GET /agentcache/metrics`` (Prometheus), ``GET /agentcache/report`` (breaks and totals, no
+    content), everything else forwarded untouched.
+    """
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s, connect=10.0), transport=transport, follow_redirects=False
+    )
+    routes = {p: v for p, v in _ROUTES.items() if providers in (None, v)}
+    proxy = _Proxy(upstream, client, options or RewriteOptions(), response_cache, routes)
+    app = FastAPI(title="agentcache proxy", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.proxy = proxy
+    app.router.on_shutdown.append(client.aclose)
+
+    @app.get("/agentcache/metrics")
+    async def metrics() -> Response:
+        return Response(proxy.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/agentcache/report")
+    async def report() -> Response:
+        totals: dict[str, dict[str, float]] = {}
+        for model, t in proxy.book.snapshot().items():
+            totals[model] = {
+                "requests": t.requests, "prompt_tokens": t.prompt_tokens,
+                "cached_tokens": t.cached_tokens, "hit_rate": t.hit_rate,
+                "cost_usd": t.cost_usd, "saved_usd": t.saved_usd,
+            }  # fmt: skip
+        return JSONResponse({"sessions": proxy.sessions.report(), "models": totals})
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+    async def everything(request: Request, path: str) -> Response:
+        return await proxy.handle(request, "/" + path)
+
+    return app

@@ -1,0 +1,251 @@
+"""``agentcache proxy`` over loopback HTTP with the official clients, in front of real servers.
+
+Upstreams: our own server (``agentcache serve``'s app) on the bundled ``tiny`` model or on the
+scripted engine, and a small Anthropic-shaped server that validates markers and reports reads by
+its own prefix rule (``anthropic_upstream.py``). Nothing leaves 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+from openai import OpenAI
+
+from agentcache import wrap
+from agentcache.cache import MemoryStore
+from agentcache.cli import main as cli_main
+from agentcache.proxy import create_proxy_app
+from agentcache.proxy.app import SESSION_HEADER
+from agentcache.proxy.bench import SYSTEM, shuffled_tools
+from agentcache.proxy.response_cache import HIT_HEADER, ResponseCache
+from runtime.engine import Engine
+from runtime.serve.app import create_app
+from runtime.serve.server_thread import ServerThread
+from tests.agentcache.proxy.anthropic_upstream import create_upstream
+from tests.agentcache.proxy.test_rewrite import LONG, anthropic_body
+from tests.runtime.serve.server_fakes import ScriptedEngine
+
+
+@pytest.fixture(scope="module")
+def tiny_url() -> Iterator[str]:
+    engine = Engine.from_pretrained("tiny", kv_cache_bytes=64 << 20)
+    try:
+        with ServerThread(create_app(engine)) as url:
+            yield url
+    finally:
+        engine.close()
+
+
+def _hit_rate(client: OpenAI, calls: int) -> float:
+    rng = random.Random(7)
+    prompt = cached = 0
+    for i in range(calls):
+        out = client.chat.completions.create(
+            model="tiny",
+            messages=[
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"What does module number {i} do?"},
+            ],  # fmt: skip
+            tools=shuffled_tools(rng),  # type: ignore[arg-type]
+            max_tokens=1,
+            temperature=0,
+        )
+        assert out.usage is not None and out.usage.prompt_tokens_details is not None
+        prompt += out.usage.prompt_tokens
+        cached += out.usage.prompt_tokens_details.cached_tokens or 0
+    return cached / prompt
+
+
+def test_shuffling_app_hits_more_through_the_proxy(tiny_url: str) -> None:
+    direct = _hit_rate(OpenAI(base_url=f"{tiny_url}/v1", api_key="direct"), 6)
+    with ServerThread(create_proxy_app(f"{tiny_url}/v1")) as proxy_url:
+        proxied = _hit_rate(OpenAI(base_url=f"{proxy_url}/v1", api_key="proxied"), 6)
+    # NOTE: the first call of each run is a miss (different API keys are different tenants).
+    assert proxied > 0.7
+    assert proxied > direct + 0.2
+
+
+def test_stream_passes_through_with_usage(tiny_url: str) -> None:
+    with ServerThread(create_proxy_app(f"{tiny_url}/v1")) as proxy_url:
+        client = OpenAI(base_url=f"{proxy_url}/v1", api_key="k")
+        chunks = list(client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hello there"}], max_tokens=4,
+            stream=True, stream_options={"include_usage": True},
+        ))  # fmt: skip
+        report = httpx.get(f"{proxy_url}/agentcache/report").json()
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens > 0
+    assert report["models"]["tiny"]["prompt_tokens"] == chunks[-1].usage.prompt_tokens
+
+
+@pytest.fixture()
+def scripted_url() -> Iterator[tuple[str, ScriptedEngine]]:
+    engine = ScriptedEngine(max_context_len=20_000)
+    with ServerThread(create_app(engine)) as url:
+        yield url, engine
+
+
+def _post(url: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def test_miss_log_names_segment_and_reason(scripted_url: tuple[str, ScriptedEngine]) -> None:
+    url, _ = scripted_url
+    rng = random.Random(1)
+    tools = shuffled_tools(rng)
+    base = {"model": "fake-model", "max_tokens": 2, "tools": tools, "messages": [
+        {"role": "system", "content": "You help. Today is 2026-12-01 09:00:00."},
+        {"role": "user", "content": "first"}, {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "second"}]}  # fmt: skip
+    steps: list[tuple[str, Any]] = []
+    timestamp = copy.deepcopy(base)
+    timestamp["messages"][0]["content"] = "You help. Today is 2026-12-01 09:00:41."
+    steps.append(("timestamp in system", timestamp))
+    added = copy.deepcopy(timestamp)
+    added["tools"].append(
+        shuffled_tools(rng)[0] | {"function": {"name": "zz_new", "parameters": {}}}
+    )
+    steps.append(("tool added", added))
+    reordered = copy.deepcopy(added)
+    reordered["tools"] = reordered["tools"][::-1]
+    steps.append(("tools reordered", reordered))
+    edited = copy.deepcopy(reordered)
+    edited["messages"][2]["content"] = "Hello (edited)"
+    steps.append(("history edited", edited))
+    with ServerThread(create_proxy_app(f"{url}/v1")) as proxy_url:
+        assert _post(proxy_url, base, **{SESSION_HEADER: "s1"}).status_code == 200
+        for _, body in steps:
+            assert _post(proxy_url, body, **{SESSION_HEADER: "s1"}).status_code == 200
+        report = httpx.get(f"{proxy_url}/agentcache/report").json()["sessions"]
+        metrics = httpx.get(f"{proxy_url}/agentcache/metrics").text
+    breaks = report["recent_breaks"]
+    assert [b["reason"] for b in breaks] == [reason for reason, _ in steps]
+    assert [b["segment"] for b in breaks] == ["system", "tools", "tools", "history"]
+    assert [b["fixed"] for b in breaks] == [False, False, True, False]
+    assert all(b["byte_offset"] > 0 for b in breaks[:1] + breaks[3:])
+    assert "2026-12-01" not in json.dumps(report)  # records hold no prompt content
+    assert (
+        'agentcache_proxy_prefix_breaks_total{fixed="true",reason="tools reordered"} 1.0' in metrics
+    )
+
+
+def test_upstream_errors_and_bad_bodies_pass_through(
+    scripted_url: tuple[str, ScriptedEngine],
+) -> None:
+    url, _ = scripted_url
+    with ServerThread(create_proxy_app(f"{url}/v1")) as proxy_url:
+        body = {"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}
+        direct, proxied = _post(url, body), _post(proxy_url, body)
+        assert proxied.status_code == direct.status_code == 404
+        assert proxied.json() == direct.json()
+        garbage = httpx.post(f"{proxy_url}/v1/chat/completions", content=b"{not json",
+                             headers={"content-type": "application/json"})  # fmt: skip
+        assert garbage.status_code == 400  # upstream's answer, not the proxy's
+        models = httpx.get(f"{proxy_url}/v1/models")
+        assert models.status_code == 200 and models.json() == httpx.get(f"{url}/v1/models").json()
+    with ServerThread(create_proxy_app("http://127.0.0.1:9/v1")) as dead_proxy:
+        gone = _post(dead_proxy, body)
+        assert gone.status_code == 502 and gone.json()["error"]["type"] == "upstream_error"
+
+
+def test_response_cache_replays_deterministic_answers_per_tenant(
+    scripted_url: tuple[str, ScriptedEngine],
+) -> None:
+    url, engine = scripted_url
+    cache = ResponseCache(MemoryStore(), ttl_s=60)
+    body = {"model": "fake-model", "temperature": 0, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "same question"}]}  # fmt: skip
+    with ServerThread(create_proxy_app(f"{url}/v1", response_cache=cache)) as proxy_url:
+        first = _post(proxy_url, body, authorization="Bearer tenant-a")
+        second = _post(proxy_url, body, authorization="Bearer tenant-a")
+        other = _post(proxy_url, body, authorization="Bearer tenant-b")
+        sampled = _post(proxy_url, {**body, "temperature": 0.7}, authorization="Bearer tenant-a")
+        again = _post(proxy_url, {**body, "temperature": 0.7}, authorization="Bearer tenant-a")
+        stream_body = {**body, "stream": True}
+        s1 = _post(proxy_url, stream_body, authorization="Bearer tenant-a")
+        s2 = _post(proxy_url, stream_body, authorization="Bearer tenant-a")
+    assert second.json() == first.json() and second.headers[HIT_HEADER] == "hit"
+    assert HIT_HEADER not in first.headers and HIT_HEADER not in other.headers
+    assert HIT_HEADER not in again.headers and HIT_HEADER not in sampled.headers
+    assert s2.headers[HIT_HEADER] == "hit" and s2.text == s1.text and "data: [DONE]" in s2.text
+    assert len(engine.seen) == 5  # first, other, two sampled, first stream
+
+
+@pytest.fixture()
+def anthropic_url() -> Iterator[tuple[str, Any]]:
+    app = create_upstream()
+    with ServerThread(app) as url:
+        yield url, app
+
+
+def test_anthropic_client_through_the_proxy_reads_on_the_second_call(
+    anthropic_url: tuple[str, Any],
+) -> None:
+    url, app = anthropic_url
+    with ServerThread(create_proxy_app(url)) as proxy_url:
+        client = anthropic.Anthropic(base_url=proxy_url, api_key="k", max_retries=0)
+        body = anthropic_body()
+        first = client.messages.create(**body)
+        body["messages"] += [{"role": "assistant", "content": "ok"},
+                             {"role": "user", "content": "and then?"}]  # fmt: skip
+        second = client.messages.create(**body)
+        report = httpx.get(f"{proxy_url}/agentcache/report").json()
+    assert first.usage.cache_creation_input_tokens and not first.usage.cache_read_input_tokens
+    assert second.usage.cache_read_input_tokens and second.usage.cache_read_input_tokens > 1000
+    assert len(app.state.bodies) == 2  # both accepted: never a 400
+    assert report["models"]["claude-sonnet-5"]["cached_tokens"] > 1000
+
+
+def test_anthropic_client_markers_trimmed_never_a_400(anthropic_url: tuple[str, Any]) -> None:
+    url, app = anthropic_url
+    body = anthropic_body(turns=4)
+    for message in body["messages"]:
+        if isinstance(message["content"], list):
+            message["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    body["system"] = [{"type": "text", "text": LONG, "cache_control": {"type": "ephemeral"}}]
+    direct = httpx.post(f"{url}/v1/messages", json=body)
+    assert direct.status_code == 400  # 6 markers: the provider refuses the body as sent
+    with ServerThread(create_proxy_app(url)) as proxy_url:
+        client = anthropic.Anthropic(base_url=proxy_url, api_key="k", max_retries=0)
+        client.messages.create(**body)
+    assert len(app.state.bodies) == 1
+
+
+def test_wrapped_clients_rewrite_in_process(tiny_url: str, anthropic_url: tuple[str, Any]) -> None:
+    wrapped = wrap(OpenAI(base_url=f"{tiny_url}/v1", api_key="wrapped"))
+    rate = _hit_rate(wrapped, 4)  # type: ignore[arg-type]
+    report = wrapped.cache_report()
+    assert rate > 0.6 and report["models"]["tiny"]["requests"] == 4
+    # NOTE: the app broke its own prefix on every call; the rewrite repaired each break.
+    assert sum(report["breaks_by_reason"].values()) == 3
+    assert set(report["breaks_by_reason"]) <= {"tools reordered", "tool schema key order"}
+    assert all(b["fixed"] for b in report["recent_breaks"])
+    url, app = anthropic_url
+    claude = wrap(anthropic.Anthropic(base_url=url, api_key="k", max_retries=0))
+    out = claude.messages.create(**anthropic_body())
+    assert isinstance(out, anthropic.types.Message)
+    assert app.state.bodies[-1]["system"][-1]["cache_control"] == {"type": "ephemeral"}
+    with pytest.raises(TypeError, match="cannot wrap"):
+        wrap(object())
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--upstream", "ftp://x"], "--upstream must be an http(s) URL"),
+        (["--upstream", "http://127.0.0.1:1/v1", "--port", "99999"], "--port must be"),
+        (["--upstream", "http://127.0.0.1:1/v1", "--response-cache-ttl", "-3"], "ttl"),
+    ],
+)
+def test_proxy_command_refuses_bad_options(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["proxy", *argv]) == 2
+    out = capsys.readouterr().out.strip()
+    assert says in out and len(out.splitlines()) == 1
