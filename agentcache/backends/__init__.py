@@ -18,12 +18,14 @@ from agentcache.backends.base import (
     StreamEvent,
     ToolCall,
 )
+from agentcache.backends.hints import EngineHints
 from agentcache.exceptions import ConfigError
 
 __all__ = [
     "BACKENDS",
     "BaseBackend",
     "Capabilities",
+    "EngineHints",
     "GenerationOptions",
     "ModelResponse",
     "PromptLike",

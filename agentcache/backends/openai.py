@@ -26,6 +26,7 @@ from agentcache.backends.base import (
     ToolCall,
     as_prompt,
 )
+from agentcache.backends.hints import EngineHints
 from agentcache.exceptions import BackendError, BackendHTTPError, BackendUnavailableError
 from agentcache.usage import Usage
 
@@ -49,6 +50,7 @@ class OpenAIBackend(RemoteBackend):
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
         extra_body: dict[str, Any] | None = None,
+        engine_hints: EngineHints | None = None,
     ) -> None:
         """Create the backend.
 
@@ -63,6 +65,9 @@ class OpenAIBackend(RemoteBackend):
             retry: Retry policy for 429/5xx and connection errors.
             transport: httpx transport override (tests, proxies).
             extra_body: Extra request fields (e.g. ``prompt_cache_key``), merged last.
+            engine_hints: Tenant ``cache_salt`` and session-id header for self-hosted engines
+                and routers (``EngineHints``); default none, as hosted providers refuse
+                unknown fields.
 
         Raises:
             BackendUnavailableError: ``model`` is None and the endpoint cannot be reached or
@@ -78,6 +83,7 @@ class OpenAIBackend(RemoteBackend):
             transport=transport,
         )
         self._extra = dict(extra_body or {})
+        self.engine_hints = engine_hints or EngineHints()
         if model is None:
             self._model = self.list_models()[0]
 
@@ -113,7 +119,8 @@ class OpenAIBackend(RemoteBackend):
         return ids
 
     def request_body(self, prompt: PromptInput, options: GenerationOptions) -> dict[str, Any]:
-        """The exact JSON body ``stream`` sends for ``prompt`` (useful for lint/diff)."""
+        """The exact JSON body ``stream`` sends for ``prompt`` in the current ``cache_scope``
+        (useful for lint/diff): ``engine_hints`` fields, then ``extra_body``, are merged last."""
         params: dict[str, Any] = {
             "max_tokens": options.max_tokens,
             "temperature": options.temperature,
@@ -123,6 +130,7 @@ class OpenAIBackend(RemoteBackend):
         if options.stop:
             params["stop"] = list(options.stop)
         body = as_prompt(prompt).to_openai(model=self._model, **params)
+        body.update(self.engine_hints.body_fields())
         body.update(self._extra)
         return body
 
@@ -131,7 +139,7 @@ class OpenAIBackend(RemoteBackend):
     ) -> Iterator[StreamEvent]:
         """Stream a completion (contract in ``BaseBackend.stream``)."""
         body = self.request_body(prompt, options or GenerationOptions())
-        headers = self._headers()
+        headers = self._headers() | self.engine_hints.headers()
         url = f"{self.base_url}/chat/completions"
         start = time.perf_counter()
         state = _StreamState(start_s=start)
