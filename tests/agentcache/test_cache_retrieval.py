@@ -145,3 +145,18 @@ def test_bench_cache_runs_and_ends_with_json(capsys: pytest.CaptureFixture[str])
         "disk_retrieval_hit",
     }
     assert all(row["p99_ms"] >= row["p50_ms"] > 0 for row in report["rows"].values())
+
+
+def test_bench_cache_store_redis_adds_redis_rows(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from agentcache.cache.bench import main
+
+    assert main(["--iterations", "20", "--store", "redis", "--redis-url", redis_url, "--json"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert {"redis_miss", "redis_hit", "disk_miss", "disk_hit"} <= set(report["rows"])
+    assert all(row["p99_ms"] >= row["p50_ms"] > 0 for row in report["rows"].values())
+    assert any(line.startswith("redis_hit ") for line in out.splitlines())

@@ -275,3 +275,30 @@ def test_demo_read_doc_never_answers_from_another_corpus(tmp_path: Path) -> None
         call = ToolCall("r1", "read_doc", '{"name": "json"}')
         answers.append(session.agent.registry.run(call).content)
     assert answers == ["Corpus one says hello.", "Corpus two says goodbye."]
+
+
+@pytest.mark.slow
+def test_shared_redis_workers_example_shares_one_tool_run_per_tenant(
+    redis_url: str, byte_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime import Engine
+    from runtime.serve.app import create_app
+    from runtime.serve.server_thread import ServerThread
+
+    engine = Engine.from_pretrained(str(byte_llama_dir), kv_cache_bytes=8 << 20)
+    try:
+        with ServerThread(create_app(engine)) as url:
+            monkeypatch.setenv("AGENTCACHE_REDIS_URL", redis_url)
+            monkeypatch.setenv("AGENTCACHE_BASE_URL", f"{url}/v1")
+            monkeypatch.delenv("AGENTCACHE_MODEL", raising=False)
+            lines = load_example("shared_redis_workers").main(num_workers=4)
+    finally:
+        engine.close()
+    notes: dict[str, set[str]] = {}
+    for line in lines:
+        found = re.fullmatch(r"(\w+)/s\d: tool +\d+ ms \[(.+)\] cached=\d+", line)
+        assert found, line
+        notes.setdefault(found[1], set()).add(found[2])
+    # One tool run per tenant, shared by both of its workers; never across tenants.
+    assert sorted(notes) == ["acme", "globex"] and all(len(n) == 1 for n in notes.values())
+    assert notes["acme"] != notes["globex"]
