@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentcache.proxy.rewrite import RewriteOptions, RewriteResult, count_cache_markers, rewrite
+from agentcache.proxy.rewrite import RewriteOptions, RewriteResult, rewrite
 from agentcache.proxy.sessions import PrefixBreak, SessionLog, derive_session_id
 
 if TYPE_CHECKING:
@@ -20,7 +20,6 @@ __all__ = [
     "RewriteOptions",
     "RewriteResult",
     "SessionLog",
-    "count_cache_markers",
     "create_proxy_app",
     "derive_session_id",
     "rewrite",

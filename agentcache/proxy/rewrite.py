@@ -24,13 +24,13 @@ from agentcache.prompt.anthropic import (
     min_cacheable_tokens,
     plan_breakpoints,
 )
+from agentcache.prompt.render import count_anthropic_markers
 from agentcache.tokens import estimate_tokens
 
 __all__ = [
     "Provider",
     "RewriteOptions",
     "RewriteResult",
-    "count_cache_markers",
     "rewrite",
     "stable_fingerprint",
 ]
@@ -170,12 +170,6 @@ def _set_prompt_cache_key(body: dict[str, Any], session_id: str | None, changes:
     changes.append("prompt_cache_key set")
 
 
-def count_cache_markers(body: dict[str, Any]) -> int:
-    """``cache_control`` markers of an Anthropic body: on tools, system blocks and content blocks,
-    nested ones (inside a ``tool_result``'s content) included."""
-    return sum(1 for b in _anthropic_blocks(body) if b.block.get("cache_control") is not None)
-
-
 class _Block(NamedTuple):
     """An object that can carry a marker, with the (estimated) tokens up to and including it."""
 
@@ -292,7 +286,7 @@ def rewrite(
         return RewriteResult(out, tuple(dict.fromkeys(changes)))
     _rewrite_anthropic_messages(messages, changes)
     model = str(out.get("model") or "")
-    if count_cache_markers(out):
+    if count_anthropic_markers(out):
         _trim_client_markers(out, model, changes)
     elif options.plan_breakpoints:
         _plan_markers(out, model, changes)

@@ -9,7 +9,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentcache.proxy import RewriteOptions, count_cache_markers, rewrite
+from agentcache.prompt.render import count_anthropic_markers as count_cache_markers
+from agentcache.proxy import RewriteOptions, rewrite
 from agentcache.proxy.rewrite import stable_fingerprint
 
 LONG = "Answer from the documents; cite the source of every fact you give. " * 80  # ~1.3k tokens
@@ -159,3 +160,24 @@ def test_anthropic_never_more_than_four_markers(
     # NOTE: markers are only ever removed from a client's body, never moved or added.
     if count_cache_markers(body):
         assert count_cache_markers(out) <= count_cache_markers(body)
+
+
+def test_sse_usage_tap_reads_openai_and_anthropic_streams() -> None:
+    from agentcache.proxy.usage_tap import SSEUsageTap
+
+    openai_tap = SSEUsageTap("openai")
+    stream = (b'data: {"choices":[{"delta":{"content":"Hi"}}],"usage":null}\n\ndata: {"choices":[],'
+              b'"usage":{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens_details":'
+              b'{"cached_tokens":8}}}\n\ndata: [DONE]\n\n')  # fmt: skip
+    for i in range(0, len(stream), 7):  # NOTE: chunk edges fall inside lines
+        openai_tap.feed(stream[i : i + 7])
+    assert openai_tap.usage is not None
+    assert (openai_tap.usage.prompt_tokens, openai_tap.usage.cached_tokens) == (12, 8)
+    claude_tap = SSEUsageTap("anthropic")
+    claude_tap.feed(b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
+                    b'{"input_tokens":5,"cache_read_input_tokens":1500,'
+                    b'"cache_creation_input_tokens":0,"output_tokens":1}}}\n\n'
+                    b'event: message_delta\ndata: {"type":"message_delta","usage":'
+                    b'{"output_tokens":9,"cache_read_input_tokens":null}}\n\n')  # fmt: skip
+    assert claude_tap.usage is not None
+    assert claude_tap.usage.cached_tokens == 1500 and claude_tap.usage.completion_tokens == 9
