@@ -1,7 +1,9 @@
 """Incremental detokenizer with stop strings: turns token ids into final text deltas.
 
-Text that might still become part of a stop string (or an unfinished UTF-8 character) is held
-back until it is safe. It knows nothing about the model or the cache.
+O(1) work per token: each push decodes only a short window of ids (vLLM / mini-sglang style
+offsets), never the whole output. Text that might still become part of a stop string, or an
+unfinished UTF-8 character, is held back until it is safe. It knows nothing about the model,
+the cache or the scheduler.
 """
 
 from __future__ import annotations
@@ -12,47 +14,85 @@ from runtime.holdback import held_back_len
 
 __all__ = ["Detokenizer"]
 
+_MAX_PENDING_IDS = 16
+"""Ids waited for while a window adds no text or ends in an unfinished character (U+FFFD);
+past this the window moves on (invalid bytes then keep their replacement character)."""
+
 
 class Detokenizer:
-    """Accumulates generated ids; ``push`` returns the newly final text."""
+    """Accumulates generated ids; ``push`` returns the newly final text.
+
+    Interval map of the ids (vLLM's offsets)::
+
+        ids:  [ ... done ... | prefix_offset ... read_offset | read_offset ... end ]
+                               decoded only as context        not yet turned into text
+
+    Each push decodes ``ids[prefix_offset:]`` and ``ids[prefix_offset:read_offset]`` and keeps
+    the difference: the context token makes leading-space rules (SentencePiece, byte-level BPE)
+    come out as they would in a whole-output decode.
+    """
 
     def __init__(self, tokenizer: Any, stop: list[str]) -> None:
         self._tokenizer = tokenizer
         self._stop = stop
         self._ids: list[int] = []
-        self._text = ""
-        self._emitted = 0
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._done: list[str] = []
+        """Text already handed out by ``push`` (joined only by ``text``)."""
+        self._pending = ""
+        """Decoded text held back (a possible stop-string prefix); bounded by the stops' length."""
         self.is_stopped = False
         """True once a stop string appeared; the text is cut before it."""
 
     @property
     def text(self) -> str:
-        """All text so far (cut at a stop string once one appeared)."""
-        return self._text
+        """All text so far (cut at a stop string once one appeared). O(length): call at the end."""
+        return "".join(self._done) + self._pending
 
     def push(self, token_id: int) -> str:
         """Add one token id; return text that became final (possibly empty)."""
-        self._ids.append(token_id)
-        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
+        if self.is_stopped:
             return ""
-        self._text = text
-        cut = self._find_stop(text)
+        self._ids.append(token_id)
+        new = self._decode_new()
+        if not new:
+            return ""
+        pending = self._pending + new
+        cut = self._find_stop(pending)
         if cut is not None:
-            self._text, self.is_stopped = text[:cut], True
-            return self._take(cut)
-        return self._take(len(text) - held_back_len(text, self._stop))
+            self.is_stopped, self._pending = True, ""
+            return self._hand_out(pending[:cut])
+        keep = held_back_len(pending, self._stop)
+        self._pending = pending[len(pending) - keep :]
+        return self._hand_out(pending[: len(pending) - keep])
 
     def flush(self) -> str:
         """Release held-back text at the end of generation."""
-        return self._take(len(self._text))
+        out, self._pending = self._pending, ""
+        return self._hand_out(out)
 
-    def _take(self, end: int) -> str:
-        end = max(end, self._emitted)
-        delta, self._emitted = self._text[self._emitted : end], end
-        return delta
+    def _decode_new(self) -> str:
+        """Text of the ids past ``read_offset``, or "" while they end in an unfinished char."""
+        ids, start, read = self._ids, self._prefix_offset, self._read_offset
+        before = self._decode(ids[start:read]) if read > start else ""
+        after = self._decode(ids[start:])
+        # NOTE: no new text yet (a special token, or an unfinished character): keep the window,
+        # so the next decode still sees its context; bounded by _MAX_PENDING_IDS.
+        is_waiting = len(after) <= len(before) or after.endswith("\ufffd")
+        if is_waiting and len(ids) - read < _MAX_PENDING_IDS:
+            return ""
+        self._prefix_offset, self._read_offset = read, len(ids)
+        return after[len(before) :]
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _hand_out(self, text: str) -> str:
+        if text:
+            self._done.append(text)
+        return text
 
     def _find_stop(self, text: str) -> int | None:
-        start = max(0, self._emitted - max((len(s) for s in self._stop), default=0))
-        hits = [i for i in (text.find(s, start) for s in self._stop) if i >= 0]
+        hits = [i for i in (text.find(s) for s in self._stop) if i >= 0]
         return min(hits) if hits else None
