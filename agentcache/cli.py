@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from agentcache._argtypes import non_negative_int, port_number, positive_int
+
 __all__ = ["build_parser", "main"]
 
 # subcommand -> "module:function"; the function takes the parsed Namespace and returns an exit code.
@@ -79,12 +81,18 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("serve", help="run the OpenAI-compatible server on the local runtime")
     p.add_argument("--model", default="tiny", help="bundled model name, local path or HF hub id")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--kv-cache-bytes", type=int, default=None, help="prefix cache budget, bytes")
+    # NOTE: every value is checked here (usage error, exit 2) before the model loads.
+    p.add_argument("--port", type=port_number, default=8000, help="TCP port, 1..65535")
+    p.add_argument(
+        "--kv-cache-bytes", type=non_negative_int, default=None, help="prefix cache budget, bytes"
+    )
     p.add_argument("--no-prefix-cache", action="store_true", help="force-miss: never reuse KV")
     p.add_argument("--api-key", default=None, help="require this bearer token")
     p.add_argument(
-        "--max-request-bytes", type=int, default=None, help="largest request body (413 beyond)"
+        "--max-request-bytes",
+        type=positive_int,
+        default=None,
+        help="largest request body in bytes (413 beyond)",
     )
 
 

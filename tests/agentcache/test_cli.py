@@ -34,6 +34,37 @@ def test_serve_binds_loopback_by_default() -> None:
     assert args.host == "127.0.0.1"
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--port", "99999"], "must be a port in 1..65535, got 99999"),
+        (["--port", "0"], "must be a port in 1..65535, got 0"),
+        (["--kv-cache-bytes", "-5"], "must be at least 0, got -5"),
+        (["--max-request-bytes", "0"], "must be at least 1, got 0"),
+        (["--port", "http"], "expected a whole number, got 'http'"),
+    ],
+)
+def test_serve_refuses_bad_options_before_loading_anything(
+    option: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", *option])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "usage: agentcache serve" in err
+
+
+def test_serve_usage_error_loads_no_model_and_no_torch() -> None:
+    code = (
+        "import sys\n"
+        "from agentcache.cli import main\n"
+        "try:\n    main(['serve', '--port', '99999'])\nexcept SystemExit as exc:\n"
+        "    assert exc.code == 2\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
 def test_help_does_not_import_torch() -> None:
     code = (
         "import sys\n"
