@@ -8,6 +8,7 @@ process (a default version would include the module name, ``__main__`` here).
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -64,6 +65,7 @@ def tenant_plan() -> list[tuple[str, str, str, int]]:
 
 
 def run_many(run: dict[str, Any], counter: redis.Redis, ns: str, argv: list[str]) -> Any:
+    """``argv``: worker name, number of calls, number of distinct keys; all start together."""
     worker, num_calls, num_keys = argv[0], int(argv[1]), int(argv[2])
     order = [i % num_keys for i in range(num_calls)]
     random.Random(worker).shuffle(order)
@@ -71,6 +73,37 @@ def run_many(run: dict[str, Any], counter: redis.Redis, ns: str, argv: list[str]
     while not counter.exists(f"{ns}:go"):  # start together, so calls really overlap
         time.sleep(0.005)
     return [[n, run["square"](n)] for n in order]
+
+
+def fork_many(url: str, namespace: str, argv: list[str], lock_ttl_s: float) -> Any:
+    """Fork ``argv[0]`` worker processes (imports paid once, here) that each run ``run_many``."""
+    num_workers, rest = int(argv[0]), argv[1:]
+    children = []
+    for index in range(num_workers):
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # NOTE: the child opens its own Redis connections after the fork
+            code = 1
+            try:
+                os.close(read_fd)
+                store = RedisStore(url, namespace=namespace, lock_ttl_s=lock_ttl_s)
+                counter = redis.Redis.from_url(url)
+                run = tools(store, f"w{index}", counter, namespace)
+                result = run_many(run, counter, namespace, [f"w{index}", *rest])
+                with os.fdopen(write_fd, "wb") as out:
+                    out.write(json.dumps(result).encode())
+                code = 0
+            finally:
+                os._exit(code)  # never run the parent's code in the child
+        os.close(write_fd)
+        children.append((pid, read_fd))
+    results = []
+    for pid, read_fd in children:
+        with os.fdopen(read_fd, "rb") as pipe:
+            results.append(json.loads(pipe.read()))
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, f"worker {pid} failed"
+    return results
 
 
 def run_tenants(run: dict[str, Any]) -> Any:
@@ -84,12 +117,13 @@ def run_tenants(run: dict[str, Any]) -> Any:
 def main(argv: list[str]) -> None:
     mode, url, namespace, *rest = argv
     lock_ttl_s = float(rest.pop()) if mode in ("many", "hold") else 30.0
+    if mode == "many":
+        print(json.dumps(fork_many(url, namespace, rest, lock_ttl_s), sort_keys=True))
+        return
     store = RedisStore(url, namespace=namespace, lock_ttl_s=lock_ttl_s)
     counter = redis.Redis.from_url(url)
     run = tools(store, f"{mode}-{rest[0] if rest else ''}", counter, namespace)
-    if mode == "many":
-        result = run_many(run, counter, namespace, rest)
-    elif mode == "tenants":
+    if mode == "tenants":
         result = run_tenants(run)
     elif mode == "hold":
         result = run["hang"](7)

@@ -65,14 +65,15 @@ def test_8_workers_x_200_calls_over_20_keys_compute_each_key_once(
     redis_url: str, namespace: str
 ) -> None:
     client = redis.Redis.from_url(redis_url)
-    workers = [spawn("many", redis_url, namespace, f"w{i}", 200, 20, 10.0) for i in range(8)]
+    # Eight forked processes (one interpreter start), each with its own RedisStore.
+    launcher = spawn("many", redis_url, namespace, 8, 200, 20, 10.0)
     try:
-        wait_for(lambda: int(client.get(f"{namespace}:ready") or 0) == len(workers))
+        wait_for(lambda: int(client.get(f"{namespace}:ready") or 0) == 8 or launcher.poll())
         client.set(f"{namespace}:go", 1)
-        outputs = [finish(proc) for proc in workers]
+        outputs = finish(launcher)
     finally:
-        for proc in workers:
-            stop(proc)
+        stop(launcher)
+    assert len(outputs) == 8
     computed = {k.decode(): int(v) for k, v in client.hgetall(f"{namespace}:computed").items()}
     assert computed == {f"square:{n}": 1 for n in range(20)}  # each key computed once
     results: dict[int, set[str]] = {}

@@ -148,3 +148,19 @@ def test_bad_hints_are_refused() -> None:
         EngineHints(session_header="x session")
     with pytest.raises(ConfigError, match="salt_secret"):
         EngineHints(salt_secret="s")
+
+
+@respx.mock
+def test_engine_without_cache_report_gives_none_not_zero() -> None:
+    # vLLM without --enable-prompt-tokens-details sends "prompt_tokens_details": null.
+    usage = {"prompt_tokens": 50, "total_tokens": 52, "completion_tokens": 2,
+             "prompt_tokens_details": None}  # fmt: skip
+    stream = sse(
+        chunk(VLLM_MODEL, [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]),
+        chunk(VLLM_MODEL, [], usage=usage),
+    )
+    route = respx.post(f"{BASE}/chat/completions").mock(
+        return_value=httpx.Response(200, content=stream)
+    )
+    _, _, response = ask(backend(VLLM_MODEL, HINTS), route)
+    assert (response.usage.prompt_tokens, response.usage.cached_tokens) == (50, None)
