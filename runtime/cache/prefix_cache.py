@@ -12,6 +12,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from runtime.cache.eviction import EvictionPolicy
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.radix_cache import Namespace, RadixCache, TreeNode
 
@@ -60,9 +61,16 @@ class PrefixCache:
     ``release`` exactly once (finish, stop, error or cancel).
     """
 
-    def __init__(self, pool: KVPool, *, is_enabled: bool, disabled_reason: str | None) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        *,
+        is_enabled: bool,
+        disabled_reason: str | None,
+        policy: EvictionPolicy = "shared",
+    ) -> None:
         self.pool = pool
-        self.radix = RadixCache(pool.block_size)
+        self.radix = RadixCache(pool.block_size, policy=policy)
         self.is_enabled = is_enabled and pool.num_blocks > 0
         self.disabled_reason = disabled_reason
         if is_enabled and pool.num_blocks == 0:
@@ -98,7 +106,7 @@ class PrefixCache:
         """Prompt positions ``match`` would serve now (read-only: no LRU bump, no split)."""
         if not (use_cache and self.is_enabled):
             return 0
-        return min(self.radix.peek(namespace, tokens), len(tokens) - 1)
+        return min(self.radix.peek(namespace, tokens)[0], len(tokens) - 1)
 
     def insert(
         self, namespace: Namespace, tokens: list[int], kv: KVBuffer, held: TreeNode | None
@@ -140,7 +148,7 @@ class PrefixCache:
 
     def flush(self) -> int:
         """Evict every unpinned block; returns how many were freed (pinned ones stay)."""
-        freed = self.radix.evict(self.radix.num_blocks)
+        freed = [e.block_id for e in self.radix.evict(self.radix.num_blocks)]
         self.pool.free(freed)
         return len(freed)
 
@@ -158,6 +166,6 @@ class PrefixCache:
     def _make_room(self, num_blocks: int) -> None:
         missing = num_blocks - self.pool.num_free
         if missing > 0:
-            freed = self.radix.evict(missing)
+            freed = [e.block_id for e in self.radix.evict(missing)]
             self.pool.free(freed)
             self.num_evictions += len(freed)

@@ -1,20 +1,50 @@
-"""Radix tree over token ids: which blocks hold the KV of which prefix, with refcounts and LRU.
+"""Radix tree over token ids: which blocks hold the KV of which prefix, with refcounts and eviction.
 
 It maps tokens to block ids and never touches tensors (``kv_pool`` does). Edges hold whole blocks
 (``block_size`` tokens each), so every split lands on a block boundary. Each namespace (model,
-revision, dtype, cache_salt) has its own root: two namespaces never share a node.
+revision, dtype, cache_salt) has its own root: two namespaces never share a node. Every block
+also carries a chained hash (``block_hash``) that names it outside the tree (the disk tier).
+Eviction is block-granular: it trims the tail of the leaf that ``eviction`` ranks first.
 """
 
 from __future__ import annotations
 
-import heapq
+import hashlib
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, NewType
 
-__all__ = ["MatchResult", "Namespace", "RadixCache", "TreeNode"]
+from runtime.cache.eviction import EvictionHeap, EvictionPolicy
+
+__all__ = [
+    "BlockHash",
+    "EvictedBlock",
+    "MatchResult",
+    "Namespace",
+    "RadixCache",
+    "TreeNode",
+    "block_hash",
+    "root_hash",
+]
 
 Namespace = NewType("Namespace", str)
 """Hex digest of (model id, revision, dtype, cache_salt); see ``prefix_cache.namespace_of``."""
+BlockHash = NewType("BlockHash", bytes)
+"""sha256 digest naming one block: its parent block's hash chained with its own token ids."""
+
+
+def root_hash(namespace: Namespace) -> BlockHash:
+    """Hash the chain of a namespace starts from (sha256 of the namespace digest)."""
+    return BlockHash(hashlib.sha256(b"agentcache-block-v1\0" + namespace.encode()).digest())
+
+
+def block_hash(parent: BlockHash, tokens: Sequence[int]) -> BlockHash:
+    """sha256(parent hash || token ids as little-endian int64): fixed and reproducible."""
+    ids = array("q", tokens)
+    if ids.itemsize != 8 or array("q", [1]).tobytes()[0] != 1:  # pragma: no cover - exotic hosts
+        raise RuntimeError("block hashes need 8-byte little-endian int64 arrays")
+    return BlockHash(hashlib.sha256(parent + ids.tobytes()).digest())
 
 
 @dataclass(slots=True, eq=False)
@@ -24,10 +54,32 @@ class TreeNode:
     key: tuple[int, ...]
     block_ids: list[int]
     parent: TreeNode | None
+    namespace: Namespace = Namespace("")
+    hashes: list[BlockHash] = field(default_factory=list)
+    """Chained hash of each block (same length as ``block_ids``)."""
     children: dict[tuple[int, ...], TreeNode] = field(default_factory=dict)
     ref_count: int = 0
     """Requests pinning this node or a descendant; 0 means evictable."""
     last_access: int = 0
+    num_branches: int = 0
+    """Children ever attached here: distinct cached sequences that extend this node."""
+    priority: int = 0
+    """Eviction rank (lowest first, then least recent); see ``runtime.cache.eviction``."""
+    heap_seq: int = -1
+    """Sequence number of this node's live eviction-heap entry (-1: none)."""
+
+    @property
+    def last_hash(self) -> BlockHash | None:
+        """Hash of the node's last block (None for a root)."""
+        return self.hashes[-1] if self.hashes else None
+
+
+class EvictedBlock(NamedTuple):
+    """One block freed by ``RadixCache.evict``: its pool id, chained hash and namespace."""
+
+    block_id: int
+    block_hash: BlockHash
+    namespace: Namespace
 
 
 class MatchResult(NamedTuple):
@@ -39,30 +91,38 @@ class MatchResult(NamedTuple):
 
 
 class RadixCache:
-    """Token-id radix tree with per-node refcounts and LRU eviction of unpinned leaves.
+    """Token-id radix tree with per-node refcounts and block-granular eviction of unpinned leaves.
 
     Not thread-safe: the engine calls it under its lock.
     """
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, *, policy: EvictionPolicy = "shared") -> None:
         self.block_size = block_size
         self._roots: dict[Namespace, TreeNode] = {}
         self._tick = 0
+        self._heap: EvictionHeap[TreeNode] = EvictionHeap(policy)
+        self._num_nodes = 0
         self.num_blocks = 0
         """Blocks referenced by the tree (in use + evictable)."""
         self.num_in_use_blocks = 0
         """Blocks in nodes with ref_count > 0."""
 
     @property
+    def policy(self) -> EvictionPolicy:
+        """The eviction policy (``runtime.cache.eviction``)."""
+        return self._heap.policy
+
+    @property
     def num_evictable_blocks(self) -> int:
         """Blocks in unpinned nodes (evictable leaf by leaf)."""
         return self.num_blocks - self.num_in_use_blocks
 
-    def match(self, namespace: Namespace, tokens: list[int]) -> MatchResult:
+    def match(self, namespace: Namespace, tokens: Sequence[int]) -> MatchResult:
         """Find the longest cached prefix of ``tokens`` made of whole blocks.
 
-        Side effects: bumps the LRU time of every node on the path, and splits a node when the
-        match ends inside it (so the returned node covers exactly the matched tokens).
+        Side effects: bumps the access time (and eviction priority) of every node on the path,
+        and splits a node when the match ends inside it (so the returned node covers exactly the
+        matched tokens).
         """
         node = self._root(namespace)
         self._tick += 1
@@ -75,30 +135,37 @@ class RadixCache:
             n = self._shared_blocks(child.key, tokens, pos)
             if n < len(child.block_ids):
                 child = self._split(child, n)
-            child.last_access = self._tick
+            self._heap.touch(child, self._tick)
+            self._heap.update(child)
             block_ids.extend(child.block_ids)
             pos += len(child.key)
             node = child
         return MatchResult(pos, node, block_ids)
 
-    def peek(self, namespace: Namespace, tokens: list[int]) -> int:
-        """Length of the longest cached whole-block prefix of ``tokens``, with no side effects.
+    def peek(self, namespace: Namespace, tokens: Sequence[int]) -> tuple[int, BlockHash]:
+        """Longest cached whole-block prefix of ``tokens``, with no side effects.
 
-        Unlike ``match`` it neither splits nodes nor bumps LRU times (the scheduler scores
+        Unlike ``match`` it neither splits nodes nor bumps access times (the scheduler scores
         waiting requests with it).
+
+        Returns:
+            ``(cached_len, hash of the last matched block)`` (``root_hash`` when none matched),
+            so a lower tier can continue the chain.
         """
         node, pos = self._roots.get(namespace), 0
+        last = root_hash(namespace)
         while node is not None and pos + self.block_size <= len(tokens):
             child = node.children.get(tuple(tokens[pos : pos + self.block_size]))
             if child is None:
                 break
             n = self._shared_blocks(child.key, tokens, pos)
             pos += n * self.block_size
+            last = child.hashes[n - 1]
             node = child if n == len(child.block_ids) else None
-        return pos
+        return pos, last
 
     def insert(
-        self, namespace: Namespace, tokens: list[int], block_ids: list[int]
+        self, namespace: Namespace, tokens: Sequence[int], block_ids: list[int]
     ) -> tuple[TreeNode, list[int]]:
         """Record that ``block_ids`` hold the KV of ``tokens`` (whole blocks only).
 
@@ -117,10 +184,18 @@ class RadixCache:
                 key=tuple(tokens[pos:]),
                 block_ids=block_ids[pos // self.block_size :],
                 parent=node,
+                namespace=namespace,
+                hashes=self._chain(node, tokens, pos),
                 last_access=self._tick,
             )
+            self._heap.touch(new, self._tick)
             node.children[new.key[: self.block_size]] = new
+            node.num_branches += 1
+            self._heap.touch(node, self._tick)
             self.num_blocks += len(new.block_ids)
+            self._num_nodes += 1
+            self._heap.update(node)
+            self._heap.update(new)
             node = new
         return node, unused
 
@@ -130,6 +205,7 @@ class RadixCache:
         while cur is not None and cur.parent is not None:
             if cur.ref_count == 0:
                 self.num_in_use_blocks += len(cur.block_ids)
+                cur.heap_seq = -1
             cur.ref_count += 1
             cur = cur.parent
 
@@ -141,57 +217,93 @@ class RadixCache:
             cur.ref_count -= 1
             if cur.ref_count == 0:
                 self.num_in_use_blocks -= len(cur.block_ids)
+                self._heap.update(cur)
             cur = cur.parent
 
-    def evict(self, num_blocks: int) -> list[int]:
-        """Drop least recently used unpinned leaves until ``num_blocks`` blocks are freed.
+    def evict(self, num_blocks: int) -> list[EvictedBlock]:
+        """Free ``num_blocks`` blocks, tail first, from the leaves the policy ranks lowest.
+
+        A leaf with more blocks than still needed loses only its last blocks (its head, often
+        a shared system prompt, stays cached); a leaf emptied this way is removed and its
+        parent may become the next candidate. O(log n) per leaf visited.
 
         Returns:
-            The freed block ids (maybe fewer than asked when too much is pinned), in eviction order.
+            The freed blocks (maybe fewer than asked when too much is pinned), in eviction order.
         """
-        heap = [(n.last_access, i, n) for i, n in enumerate(self._leaves()) if n.ref_count == 0]
-        heapq.heapify(heap)
-        freed: list[int] = []
-        counter = len(heap)
-        while heap and len(freed) < num_blocks:
-            _, _, leaf = heapq.heappop(heap)
-            parent = leaf.parent
-            assert parent is not None, "roots are never evicted"
-            del parent.children[leaf.key[: self.block_size]]
-            freed.extend(leaf.block_ids)
-            self.num_blocks -= len(leaf.block_ids)
-            if parent.parent is not None and not parent.children and parent.ref_count == 0:
-                counter += 1
-                heapq.heappush(heap, (parent.last_access, counter, parent))
+        freed: list[EvictedBlock] = []
+        while len(freed) < num_blocks:
+            leaf = self._heap.pop()
+            if leaf is None:
+                break
+            take = min(num_blocks - len(freed), len(leaf.block_ids))
+            keep = len(leaf.block_ids) - take
+            for i in reversed(range(keep, len(leaf.block_ids))):
+                freed.append(EvictedBlock(leaf.block_ids[i], leaf.hashes[i], leaf.namespace))
+            self.num_blocks -= take
+            if keep:
+                leaf.key = leaf.key[: keep * self.block_size]
+                del leaf.block_ids[keep:], leaf.hashes[keep:]
+                self._heap.update(leaf)
+            else:
+                self._remove_leaf(leaf)
+        self._heap.compact(self._num_nodes)
         return freed
 
     def check_integrity(self) -> None:
-        """Assert keys match blocks, refcounts are consistent and counters add up."""
+        """Assert keys match blocks, hashes chain, refcounts and counters add up."""
         seen: set[int] = set()
-        num_in_use = 0
+        num_in_use, num_nodes, num_evictable_leaves = 0, 0, 0
         stack = list(self._roots.values())
         while stack:
             node = stack.pop()
-            assert len(node.key) == len(node.block_ids) * self.block_size, "key/blocks mismatch"
-            child_refs = sum(c.ref_count for c in node.children.values())
-            assert node.parent is None or node.ref_count >= child_refs, "refcount below children"
+            self._check_node(node)
             assert not seen.intersection(node.block_ids), "a block is owned by two nodes"
             seen.update(node.block_ids)
             if node.ref_count > 0:
                 num_in_use += len(node.block_ids)
-            for first, child in node.children.items():
-                assert child.parent is node and child.key[: self.block_size] == first, "edge"
-                stack.append(child)
+            if node.parent is not None:
+                num_nodes += 1
+                is_evictable_leaf = not node.children and node.ref_count == 0
+                num_evictable_leaves += is_evictable_leaf
+                assert (node.heap_seq != -1) == is_evictable_leaf, "eviction heap entry drifted"
+            stack.extend(node.children.values())
         assert len(seen) == self.num_blocks, f"block count {len(seen)} != {self.num_blocks}"
         assert num_in_use == self.num_in_use_blocks, "in-use block count drifted"
+        assert num_nodes == self._num_nodes, "node count drifted"
+        assert self._heap.num_live() == num_evictable_leaves, "heap misses an evictable leaf"
+
+    def _check_node(self, node: TreeNode) -> None:
+        bs = self.block_size
+        assert len(node.key) == len(node.block_ids) * bs, "key/blocks mismatch"
+        assert len(node.hashes) == len(node.block_ids), "one hash per block"
+        child_refs = sum(c.ref_count for c in node.children.values())
+        assert node.parent is None or node.ref_count >= child_refs, "refcount below children"
+        if node.parent is not None:
+            assert node.hashes == self._chain(node.parent, node.key, 0), "hash chain broken"
+        for first, child in node.children.items():
+            assert child.parent is node and child.key[:bs] == first, "edge"
 
     def _root(self, namespace: Namespace) -> TreeNode:
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = TreeNode(key=(), block_ids=[], parent=None)
+            root = self._roots[namespace] = TreeNode(
+                key=(), block_ids=[], parent=None, namespace=namespace
+            )
         return root
 
-    def _shared_blocks(self, key: tuple[int, ...], tokens: list[int], pos: int) -> int:
+    def chain_start(self, node: TreeNode) -> BlockHash:
+        """Hash the block after ``node`` chains from (``root_hash`` for a root)."""
+        return node.last_hash or root_hash(node.namespace)
+
+    def _chain(self, parent: TreeNode, tokens: Sequence[int], pos: int) -> list[BlockHash]:
+        """Chained hashes of the whole blocks of ``tokens[pos:]`` following ``parent``."""
+        h, out, bs = self.chain_start(parent), [], self.block_size
+        for start in range(pos, len(tokens) - bs + 1, bs):
+            h = block_hash(h, tokens[start : start + bs])
+            out.append(h)
+        return out
+
+    def _shared_blocks(self, key: tuple[int, ...], tokens: Sequence[int], pos: int) -> int:
         """Number of whole blocks of ``key`` equal to ``tokens[pos:]``."""
         bs, n = self.block_size, 0
         while (n + 1) * bs <= len(key) and pos + (n + 1) * bs <= len(tokens):
@@ -209,24 +321,28 @@ class RadixCache:
             key=child.key[:cut],
             block_ids=child.block_ids[:num_blocks],
             parent=parent,
+            namespace=child.namespace,
+            hashes=child.hashes[:num_blocks],
             ref_count=child.ref_count,
             last_access=child.last_access,
+            num_branches=1,
+            priority=child.priority,
         )
         parent.children[mid.key[: self.block_size]] = mid
-        child.key, child.block_ids, child.parent = (
+        child.key, child.block_ids, child.hashes, child.parent = (
             child.key[cut:],
             child.block_ids[num_blocks:],
+            child.hashes[num_blocks:],
             mid,
         )
         mid.children[child.key[: self.block_size]] = child
+        self._num_nodes += 1
         return mid
 
-    def _leaves(self) -> list[TreeNode]:
-        leaves, stack = [], list(self._roots.values())
-        while stack:
-            node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            elif node.parent is not None:
-                leaves.append(node)
-        return leaves
+    def _remove_leaf(self, leaf: TreeNode) -> None:
+        parent = leaf.parent
+        assert parent is not None, "roots are never evicted"
+        del parent.children[leaf.key[: self.block_size]]
+        leaf.parent = None
+        self._num_nodes -= 1
+        self._heap.update(parent)

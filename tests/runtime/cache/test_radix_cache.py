@@ -9,7 +9,7 @@ import torch
 
 from runtime.cache.kv_pool import KVPool, contiguous_runs
 from runtime.cache.prefix_cache import PrefixCache, namespace_of
-from runtime.cache.radix_cache import RadixCache, TreeNode
+from runtime.cache.radix_cache import EvictedBlock, RadixCache, TreeNode, root_hash
 from runtime.kv_cache import RequestKVCache
 
 BS = 4
@@ -76,18 +76,22 @@ def test_insert_reuses_existing_prefix_and_returns_unused_ids() -> None:
     tree.check_integrity()
 
 
+def ids(evicted: list[EvictedBlock]) -> list[int]:
+    return [e.block_id for e in evicted]
+
+
 def test_eviction_is_lru_over_unpinned_leaves() -> None:
-    tree = RadixCache(BS)
+    tree = RadixCache(BS, policy="lru")
     a, _ = tree.insert(NS, [1] * 4 + [2] * 4, [0, 1])  # shared [1]*4 then a
     b, _ = tree.insert(NS, [1] * 4 + [3] * 4, [2, 3])  # branch b; block 2 unused
     c, _ = tree.insert(NS, [4] * 8, [4, 5])
     tree.match(NS, [1] * 4 + [2] * 4)  # a is now more recent than b and c
     tree.lock(c)
-    assert tree.evict(1) == [3]  # b's leaf block: least recent unpinned leaf
-    assert tree.evict(10) == [1, 0]  # then a's leaf, then the shared parent; c is pinned
+    assert ids(tree.evict(1)) == [3]  # b's leaf block: least recent unpinned leaf
+    assert ids(tree.evict(10)) == [1, 0]  # then a's leaf, then the shared parent; c is pinned
     assert tree.num_in_use_blocks == 2 and tree.num_blocks == 2
     tree.unlock(c)
-    assert tree.evict(10) == [4, 5]
+    assert ids(tree.evict(10)) == [5, 4]  # tail block first
     tree.check_integrity()
 
 
@@ -170,3 +174,70 @@ def test_disabled_cache_is_a_force_miss() -> None:
     assert hit == (0, None) and pc.insert(NS, tokens, make_kv(tokens), None) is None
     assert pc.queried_tokens == 8 and pc.hit_tokens == 0
     check(pc)
+
+
+def test_eviction_takes_only_the_tail_blocks_it_needs() -> None:
+    tree = RadixCache(BS)
+    leaf, _ = tree.insert(NS, list(range(16)), [10, 11, 12, 13])
+    # One block wanted: the leaf loses its last block only; its head stays matchable.
+    assert ids(tree.evict(1)) == [13]
+    assert leaf.block_ids == [10, 11, 12] and leaf.key == tuple(range(12))
+    assert tree.match(NS, list(range(16))).cached_len == 12
+    assert ids(tree.evict(2)) == [12, 11]
+    assert tree.num_blocks == 1
+    tree.check_integrity()
+
+
+def test_pool_fills_to_its_budget() -> None:
+    pc = PrefixCache(make_pool(6), is_enabled=True, disabled_reason=None)
+    pc.release(store(pc, [1] * 16))  # 4 blocks
+    pc.release(store(pc, [2] * 16))  # 4 more, 2 free: only the first prompt's 2 tail blocks go
+    assert pc.pool.num_free == 0 and pc.num_evictions == 2 and pc.radix.num_blocks == 6
+    assert pc.radix.match(NS, [1] * 16).cached_len == 8
+    check(pc)
+
+
+def test_shared_prefix_outlives_single_use_tail_at_equal_recency() -> None:
+    system = [7] * 8
+    for policy, order in (("lru", [2, 3, 1, 0, 5, 4]), ("shared", [2, 3, 5, 4, 1, 0])):
+        tree = RadixCache(BS, policy=policy)
+        tree.insert(NS, system + [1] * 4, [0, 1, 2])  # session a
+        tree.insert(NS, system + [2] * 4, [8, 9, 3])  # session b: system now has two branches
+        tree.insert(NS, [5] * 8, [4, 5])  # a single-use sequence, touched after the system
+        # LRU drops the older system prompt before the newer single-use sequence; the shared
+        # policy keeps the prompt that two sequences extend and drops the single-use one first.
+        assert ids(tree.evict(6)) == order, policy
+        tree.check_integrity()
+
+
+def test_block_hashes_chain_over_namespace_and_tokens() -> None:
+    tree = RadixCache(BS)
+    node, _ = tree.insert(NS, list(range(8)), [0, 1])
+    other = namespace_of("m", None, "float32", "tenant")
+    node2, _ = tree.insert(other, list(range(8)), [2, 3])
+    assert node.hashes[0] != node2.hashes[0] and len(set(node.hashes)) == 2
+    # peek returns the hash the chain continues from; a split keeps each block's hash.
+    assert tree.peek(NS, list(range(8)) + [1]) == (8, node.hashes[-1])
+    assert tree.peek(NS, [9] * 4) == (0, root_hash(NS))
+    h0, h1 = node.hashes
+    upper = tree.match(NS, list(range(4)) + [9] * 4).node
+    assert upper.hashes == [h0] and node.hashes == [h1] and upper.block_ids == [0]
+    tree.check_integrity()
+
+
+def test_eviction_heap_stays_bounded_under_churn() -> None:
+    tree = RadixCache(BS)
+    rng = __import__("random").Random(3)
+    next_id = 0
+    for _ in range(400):
+        tokens = [rng.randrange(4) for _ in range(BS * rng.randrange(1, 5))]
+        n = len(tokens) // BS
+        node, unused = tree.insert(NS, tokens, list(range(next_id, next_id + n)))
+        next_id += n
+        tree.lock(node)
+        tree.unlock(node)
+        if tree.num_blocks > 12:
+            tree.evict(tree.num_blocks - 12)
+    assert tree.num_blocks <= 12
+    assert len(tree._heap._heap) <= 4 * tree._num_nodes + 64 + 8
+    tree.check_integrity()
