@@ -50,7 +50,8 @@ class BatchKV:
 
     ``buffer`` has shape ``[L, 2 (K/V), max_rows, H_kv, capacity, D]``; rows ``[0, num_rows)``
     are live and row ``i``'s positions ``[0, rows[i].length)`` are valid. The buffer is zeroed
-    when allocated so masked padding is finite (a NaN there would leak through ``0 * v``).
+    when allocated, and a freed row's positions are zeroed, so masked padding is finite (a NaN
+    there would leak through ``0 * v``).
 
     Args:
         budget_bytes: the buffer never holds more than this many bytes.
@@ -121,16 +122,24 @@ class BatchKV:
         return kv
 
     def remove_row(self, index: int) -> None:
-        """Free row ``index``; the last row moves into it (same swap as the caller's list)."""
+        """Free row ``index``; the last row moves into it (same swap as the caller's list).
+
+        The freed request's positions are zeroed: a later row in this slot sees them as masked
+        padding, and a NaN there (a request that failed on non-finite KV) would leak through
+        ``0 * v`` into every later request.
+        """
         last = self.num_rows - 1
+        dead_len = self.rows[index].length
+        live_len = 0
         if index != last:
             moved = self.rows[last]
+            live_len = moved.length
             # NOTE: only the valid positions move; one row copy per finished request.
-            self.buffer[:, :, index, :, : moved.length].copy_(
-                self.buffer[:, :, last, :, : moved.length]
-            )
+            self.buffer[:, :, index, :, :live_len].copy_(self.buffer[:, :, last, :, :live_len])
             moved.buffer = self.buffer[:, :, index]
             self.rows[index], self._reserved[index] = moved, self._reserved[last]
+        if dead_len > live_len:
+            self.buffer[:, :, index, :, live_len:dead_len].zero_()
         self.rows.pop()
         self._reserved.pop()
 

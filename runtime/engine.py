@@ -23,6 +23,7 @@ from runtime.model_runner import ModelRunner, load_model, reuse_blocker
 from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.request import Request
 from runtime.request_stream import RequestStream
+from runtime.sampler import LogitsProcessor
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 
@@ -170,19 +171,30 @@ class Engine:
         return _last_completion(self.stream(prompt, params, cache_salt=cache_salt))
 
     def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, cache_salt: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        cache_salt: str | None = None,
+        logits_processors: Sequence[LogitsProcessor] = (),
     ) -> RequestStream:
         """Generate incrementally; the last delta carries ``finish_reason`` and the Completion.
 
         The prompt is validated now (errors raise here, not on first ``next``). Closing the
         iterator early (``.close()``) cancels the request and releases everything it pinned.
         Iterating yields one delta per token; ``RequestStream.poll`` reads without blocking.
+        ``logits_processors`` edit this request's logits row before each sampling step (see
+        ``runtime.sampler.LogitsProcessor``); one that raises ends this request alone.
 
         Raises:
             InvalidRequestError, PromptTooLongError: as ``generate``.
             EngineBusyError: (on first ``next``) the scheduler's queue is full.
+            SamplingError: (from ``next``) this request's logits could not be sampled.
         """
-        return self.run(self.make_request(prompt, params, cache_salt=cache_salt))
+        req = self.make_request(
+            prompt, params, cache_salt=cache_salt, logits_processors=logits_processors
+        )
+        return self.run(req)
 
     def cache_stats(self) -> CacheStats:
         """Prefix cache counters and occupancy."""
@@ -221,11 +233,13 @@ class Engine:
         cache_salt: str | None = None,
         use_prefix_cache: bool = True,
         record_logits: bool = False,
+        logits_processors: Sequence[LogitsProcessor] = (),
     ) -> Request:
         """Validate and tokenize a prompt into a waiting Request (nothing is pinned yet).
 
         ``use_prefix_cache=False`` forces a miss for this request; ``record_logits`` keeps the
-        ``[vocab]`` logits of every step in ``request.logits_log`` (exactness tests).
+        raw ``[vocab]`` logits of every step in ``request.logits_log`` (exactness tests);
+        ``logits_processors`` as in ``stream``.
         """
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
@@ -242,6 +256,7 @@ class Engine:
             generator=torch.Generator(device="cpu").manual_seed(seed),
             use_prefix_cache=use_prefix_cache,
             logits_log=[] if record_logits else None,
+            logits_processors=list(logits_processors),
         )
 
     def run(self, request: Request) -> RequestStream:
@@ -280,11 +295,16 @@ class Engine:
             raise InvalidRequestError(
                 f"prompt token ids {bad[:5]!r} are outside the vocabulary [0, {self.vocab_size})"
             )
-        unknown = [t for t in params.stop_token_ids if t >= self.vocab_size]
-        if unknown:
-            raise InvalidRequestError(
-                f"stop_token_ids {unknown!r} are not in the vocabulary (size {self.vocab_size})"
-            )
+        for name, tokens in (
+            ("stop_token_ids", params.stop_token_ids),
+            ("logit_bias", list(params.logit_bias)),
+        ):
+            unknown = [t for t in tokens if t >= self.vocab_size]
+            if unknown:
+                raise InvalidRequestError(
+                    f"{name} token ids {unknown[:5]!r} are not in the vocabulary "
+                    f"(size {self.vocab_size})"
+                )
         if len(ids) >= self.max_context_len:
             raise PromptTooLongError(
                 f"prompt has {len(ids)} tokens but the model's context is {self.max_context_len}; "

@@ -3,6 +3,7 @@
 RuntimeEngineError
 ├── InvalidRequestError (ValueError)   bad prompt or sampling params; engine keeps serving
 │   └── PromptTooLongError             prompt + max_tokens exceed the model's context
+├── SamplingError                      one request's logits could not be sampled; it ends alone
 ├── ModelLoadError                     a model, tokenizer or chat template could not be loaded
 └── EngineBusyError                    the request queue is full; retry later
 """
@@ -15,6 +16,7 @@ __all__ = [
     "ModelLoadError",
     "PromptTooLongError",
     "RuntimeEngineError",
+    "SamplingError",
 ]
 
 
@@ -28,6 +30,11 @@ class InvalidRequestError(RuntimeEngineError, ValueError):
 
 class PromptTooLongError(InvalidRequestError):
     """The prompt (plus requested output) does not fit the model's context window."""
+
+
+class SamplingError(RuntimeEngineError):
+    """One request's logits could not be sampled (non-finite logits, every token masked, or a
+    logits processor failed); that request ends with this error, the batch goes on."""
 
 
 class ModelLoadError(RuntimeEngineError):

@@ -6,12 +6,30 @@ OpenAI usage fields (``prompt_tokens``, ``cached_tokens``, ``completion_tokens``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
 
-__all__ = ["CacheStats", "Completion", "FinishReason", "Metrics", "StreamDelta", "Usage"]
+__all__ = [
+    "CacheStats",
+    "Completion",
+    "FinishReason",
+    "Metrics",
+    "StreamDelta",
+    "TokenLogprob",
+    "Usage",
+]
 
 FinishReason = Literal["stop", "length"]
+
+
+class TokenLogprob(NamedTuple):
+    """Logprob of one token under the raw model distribution (log-softmax of its logits)."""
+
+    token_id: int
+    logprob: float
+    """Natural log of the token's probability; ``-inf`` when the model gives it none."""
+    top: tuple[tuple[int, float], ...]
+    """The most likely ``(token_id, logprob)`` pairs at that position, most likely first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +68,8 @@ class Completion:
     """``"stop"``: a stop string, stop token id or EOS; ``"length"``: max_tokens or context full."""
     usage: Usage
     metrics: Metrics
+    logprobs: list[TokenLogprob] | None = None
+    """One entry per id of ``token_ids`` when ``SamplingParams.logprobs`` was set, else None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +84,8 @@ class StreamDelta:
     """Set on the last delta only."""
     completion: Completion | None = None
     """The whole Completion, on the last delta only."""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """One entry per id of ``token_ids`` when ``SamplingParams.logprobs`` was set, else empty."""
 
 
 @dataclass(frozen=True, slots=True)

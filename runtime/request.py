@@ -18,7 +18,8 @@ import torch
 from runtime._detokenizer import Detokenizer
 from runtime.cache.radix_cache import Namespace, TreeNode
 from runtime.kv_cache import RequestKVCache
-from runtime.outputs import Completion, FinishReason, Metrics, StreamDelta, Usage
+from runtime.outputs import Completion, FinishReason, Metrics, StreamDelta, TokenLogprob, Usage
+from runtime.sampler import LogitsProcessor, TokenCounts
 from runtime.sampling import SamplingParams
 
 __all__ = ["Request", "RequestStatus"]
@@ -60,6 +61,12 @@ class Request:
     t_end: float = 0.0
     logits_log: list[torch.Tensor] | None = None
     """When set (debug/tests), the ``[vocab]`` logits of every sampling step are appended."""
+    logits_processors: list[LogitsProcessor] = field(default_factory=list)
+    """Per-request edits of the logits row before sampling (see ``runtime.sampler``)."""
+    token_counts: TokenCounts | None = None
+    """Penalty statistics, created by the sampler when a penalty is set."""
+    output_logprobs: list[TokenLogprob] | None = None
+    """One entry per output id when ``params.logprobs`` is set."""
     outbox: queue.SimpleQueue[StreamDelta | BaseException] = field(
         default_factory=queue.SimpleQueue
     )
@@ -81,13 +88,17 @@ class Request:
             except Exception:  # noqa: BLE001 - a consumer's waker never stops the loop
                 _log.exception("waker of a request failed; the consumer must poll")
 
-    def accept(self, token: int) -> str:
-        """Append a sampled token; set ``finish_reason`` when generation must end.
+    def accept(self, token: int, logprob: TokenLogprob | None = None) -> str:
+        """Append a sampled token (and its logprob); set ``finish_reason`` when it must end.
 
         Returns:
             The text this token made final.
         """
         self.output_ids.append(token)
+        if logprob is not None:
+            if self.output_logprobs is None:
+                self.output_logprobs = []
+            self.output_logprobs.append(logprob)
         text = self.detokenizer.push(token)
         if token in self.stop_ids or self.detokenizer.is_stopped:
             self.finish_reason = "stop"
@@ -109,6 +120,7 @@ class Request:
                 decode_tokens_per_s=(n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0,
                 prefill_tokens_computed=len(self.prompt_ids) - self.cached_len,
             ),
+            logprobs=None if self.output_logprobs is None else list(self.output_logprobs),
         )
 
     @property

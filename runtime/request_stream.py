@@ -23,7 +23,8 @@ __all__ = ["RequestStream", "merge_deltas"]
 
 
 def merge_deltas(deltas: list[StreamDelta]) -> StreamDelta:
-    """One delta with the token ids and text of ``deltas`` in order; the last one's ending."""
+    """One delta with the token ids, text and logprobs of ``deltas`` in order; the last one's
+    ending."""
     if len(deltas) == 1:
         return deltas[0]
     last = deltas[-1]
@@ -32,6 +33,7 @@ def merge_deltas(deltas: list[StreamDelta]) -> StreamDelta:
         text="".join(d.text for d in deltas),
         finish_reason=last.finish_reason,
         completion=last.completion,
+        logprobs=[lp for d in deltas for lp in d.logprobs],
     )
 
 

@@ -1,22 +1,39 @@
-"""Sampling parameters (validated, frozen) and the sampler that turns logits into a token id.
+"""Sampling parameters: what a request asks of the sampler, validated and frozen.
 
-The sampler sees one row of logits at a time; it knows nothing about the cache or the tokenizer.
+The batched sampler that applies them lives in ``runtime.sampler``; this module holds only the
+values and their ranges (OpenAI's where OpenAI defines one, vLLM's otherwise). It knows nothing
+about tensors, the cache or the tokenizer.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-
-import torch
 
 from runtime.exceptions import InvalidRequestError
 
-__all__ = ["SEED_MAX", "SEED_MIN", "SamplingParams", "sample"]
+__all__ = [
+    "LOGIT_BIAS_MAX",
+    "MAX_LOGPROBS",
+    "MIN_TEMPERATURE",
+    "PENALTY_MAX",
+    "SEED_MAX",
+    "SEED_MIN",
+    "SamplingParams",
+]
 
 SEED_MIN = -(1 << 63)
 """Smallest accepted ``seed``: the signed 64-bit range, as OpenAI's API documents for ``seed``."""
 SEED_MAX = (1 << 63) - 1
 """Largest accepted ``seed`` (torch's generator takes at most 64 bits)."""
+MIN_TEMPERATURE = 1e-2
+"""A temperature in ``(0, MIN_TEMPERATURE)`` samples as this (vLLM's ``_MAX_TEMP`` rule)."""
+PENALTY_MAX = 2.0
+"""Presence and frequency penalties lie in ``[-PENALTY_MAX, PENALTY_MAX]`` (OpenAI's range)."""
+LOGIT_BIAS_MAX = 100.0
+"""``logit_bias`` values lie in ``[-LOGIT_BIAS_MAX, LOGIT_BIAS_MAX]`` (OpenAI)."""
+MAX_LOGPROBS = 20
+"""Most alternatives per token in ``logprobs`` / ``prompt_logprobs`` (OpenAI's ``top_logprobs``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +47,29 @@ class SamplingParams:
     max_tokens: int = 256
     """Most tokens to generate (>= 1); generation also stops when the context is full."""
     temperature: float = 0.0
-    """0.0 means greedy (argmax); otherwise logits are divided by it before sampling."""
+    """0.0 means greedy (argmax); otherwise logits are divided by it before sampling (finite,
+    >= 0; values in ``(0, MIN_TEMPERATURE)`` sample as ``MIN_TEMPERATURE``, vLLM's rule)."""
     top_p: float = 1.0
-    """Nucleus sampling mass in (0, 1]."""
+    """Nucleus sampling mass in (0, 1]; the most likely token is always kept."""
     top_k: int = 0
     """Keep only the k most likely tokens; 0 disables."""
+    min_p: float = 0.0
+    """In [0, 1]: drop tokens whose probability is below ``min_p`` x the top token's (vLLM)."""
+    presence_penalty: float = 0.0
+    """In [-2, 2]: subtracted once from the logit of every id already generated (OpenAI)."""
+    frequency_penalty: float = 0.0
+    """In [-2, 2]: subtracted per occurrence from the logit of every generated id (OpenAI)."""
+    repetition_penalty: float = 1.0
+    """> 0; ids in the prompt or output get positive logits divided, negative ones multiplied
+    by it (HF ``RepetitionPenaltyLogitsProcessor`` / vLLM semantics); 1.0 disables."""
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    """Token id -> value in [-100, 100] added to its logit before sampling (OpenAI)."""
+    min_tokens: int = 0
+    """Stop ids (EOS, ``stop_token_ids``) are masked until this many tokens were generated,
+    and stop strings are not checked before (vLLM); at most ``max_tokens``."""
+    logprobs: int | None = None
+    """None: no logprobs. k in [0, 20]: each generated token's logprob of the raw model
+    distribution and the k most likely alternatives."""
     seed: int | None = None
     """Seed of this request's random generator (sampling only); None draws one.
 
@@ -53,10 +88,13 @@ class SamplingParams:
         max_tokens = self.max_tokens
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if not self.temperature >= 0.0:
-            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
+            raise InvalidRequestError(
+                f"temperature must be finite and >= 0, got {self.temperature!r}"
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        self._check_processing()
         if self.seed is not None and (
             not isinstance(self.seed, int)
             or isinstance(self.seed, bool)
@@ -77,34 +115,40 @@ class SamplingParams:
                 f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}"
             )
 
+    def _check_processing(self) -> None:
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        _check_range("presence_penalty", self.presence_penalty, -PENALTY_MAX, PENALTY_MAX)
+        _check_range("frequency_penalty", self.frequency_penalty, -PENALTY_MAX, PENALTY_MAX)
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
+            raise InvalidRequestError(
+                f"repetition_penalty must be finite and > 0, got {self.repetition_penalty!r}"
+            )
+        for tok, value in self.logit_bias.items():
+            if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0:
+                raise InvalidRequestError(f"logit_bias keys must be token ids >= 0, got {tok!r}")
+            _check_range(f"logit_bias[{tok}]", value, -LOGIT_BIAS_MAX, LOGIT_BIAS_MAX)
+        if not (_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens):
+            raise InvalidRequestError(
+                f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
+                f"got {self.min_tokens!r}"
+            )
+        if self.logprobs is not None and not (
+            _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise InvalidRequestError(
+                f"logprobs must be an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
+            )
+
     @property
     def is_greedy(self) -> bool:
         """True when temperature is 0 (argmax decoding)."""
         return self.temperature == 0.0
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """Pick one token id.
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
-    Args:
-        logits: ``[vocab]`` float logits of the last position.
-        params: the request's sampling parameters.
-        generator: the request's random generator (unused when greedy).
 
-    Returns:
-        The chosen token id.
-    """
-    if params.is_greedy:
-        return int(torch.argmax(logits).item())
-    scores = logits.float() / params.temperature
-    if params.top_k:
-        kth = torch.topk(scores, min(params.top_k, scores.numel())).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        # NOTE: keep a token while the mass before it is < top_p, so the top token always stays.
-        keep = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) < params.top_p
-        sorted_probs = sorted_probs * keep
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+def _check_range(name: str, value: float, low: float, high: float) -> None:
+    if not (isinstance(value, int | float) and low <= value <= high):
+        raise InvalidRequestError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")

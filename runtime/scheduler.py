@@ -20,11 +20,16 @@ import torch
 
 from runtime.batch_kv import BatchKV
 from runtime.cache.prefix_cache import PrefixCache
-from runtime.exceptions import EngineBusyError, PromptTooLongError, RuntimeEngineError
+from runtime.exceptions import (
+    EngineBusyError,
+    PromptTooLongError,
+    RuntimeEngineError,
+    SamplingError,
+)
 from runtime.model_runner import ModelRunner
 from runtime.outputs import StreamDelta
 from runtime.request import Request, RequestStatus
-from runtime.sampling import sample
+from runtime.sampler import Sampled, sample_batch
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats"]
 
@@ -254,9 +259,11 @@ class Scheduler:
             )
             req.cached_len, req.node = hit.cached_len, hit.node
             logits = self.runner.forward(req.prompt_ids[req.cached_len :], req.kv)
-            (token,) = self._sample([req], logits.unsqueeze(0))
+            (picked,) = self._sample([req], logits.unsqueeze(0))
+            if isinstance(picked, SamplingError):
+                raise picked
             req.t_first = time.perf_counter()
-            self._emit(req, token)
+            self._emit(req, picked)
             if req.status is RequestStatus.RUNNING:
                 # NOTE: stored after the first token went out (not part of TTFT), and before the
                 # next admission, so a waiting request that shares this prompt hits it.
@@ -268,34 +275,37 @@ class Scheduler:
         reqs = list(self.running)
         try:
             logits = self.runner.decode([r.output_ids[-1] for r in reqs], self.batch)
-            tokens = self._sample(reqs, logits)
-        except Exception as exc:  # noqa: BLE001 - fail this batch, keep serving
+            picks = self._sample(reqs, logits)
+        except Exception as exc:  # noqa: BLE001 - the batch's forward failed: no row is sound
             for req in reqs:
                 self._fail(req, exc)
             return
-        for req, token in zip(reqs, tokens, strict=True):
-            self._emit(req, token)
+        # NOTE: a row that cannot be sampled ends alone; the others' KV rows are untouched.
+        for req, picked in zip(reqs, picks, strict=True):
+            if isinstance(picked, SamplingError):
+                self._fail(req, picked)
+            else:
+                self._emit(req, picked)
 
-    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
-        """One token per row of ``logits`` (``[n, vocab]``); greedy rows share one argmax."""
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[Sampled | SamplingError]:
+        """One pick per row of ``logits`` (``[n, vocab]``), or the error that ends that row."""
         for req, row in zip(reqs, logits, strict=True):
             if req.logits_log is not None:
                 req.logits_log.append(row.float().clone())
-        greedy: list[int] = torch.argmax(logits, dim=-1).tolist()
-        return [
-            greedy[i] if req.params.is_greedy else sample(logits[i], req.params, req.generator)
-            for i, req in enumerate(reqs)
-        ]
+        return sample_batch(logits, reqs)
 
-    def _emit(self, req: Request, token: int) -> None:
-        text = req.accept(token)
+    def _emit(self, req: Request, picked: Sampled) -> None:
+        token, logprob = picked
+        text = req.accept(token, logprob)
+        logprobs = [] if logprob is None else [logprob]
         if req.finish_reason is None:
-            req.post(StreamDelta(token_ids=[token], text=text))
+            req.post(StreamDelta(token_ids=[token], text=text, logprobs=logprobs))
             return
         self._release(req, keep=True)
         req.t_end = time.perf_counter()
         text += req.detokenizer.flush()
-        req.post(StreamDelta([token], text, req.finish_reason, req.completion()))
+        completion = req.completion()
+        req.post(StreamDelta([token], text, req.finish_reason, completion, logprobs))
 
     def _fail(self, req: Request, exc: BaseException) -> None:
         self._release(req, keep=False)
