@@ -32,9 +32,11 @@ class Detokenizer:
     come out as they would in a whole-output decode.
     """
 
-    def __init__(self, tokenizer: Any, stop: list[str]) -> None:
+    def __init__(self, tokenizer: Any, stop: list[str], *, min_tokens: int = 0) -> None:
         self._tokenizer = tokenizer
         self._stop = stop
+        self._min_tokens = min_tokens
+        """Stop strings count only once more ids than this were pushed (vLLM's rule)."""
         self._ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
@@ -59,7 +61,8 @@ class Detokenizer:
         if not new:
             return ""
         pending = self._pending + new
-        cut = self._find_stop(pending)
+        # NOTE: before min_tokens, text goes out as usual (a stop-string prefix still held).
+        cut = self._find_stop(pending) if len(self._ids) > self._min_tokens else None
         if cut is not None:
             self.is_stopped, self._pending = True, ""
             return self._hand_out(pending[:cut])

@@ -252,7 +252,9 @@ class Engine:
             max_total_len=min(self.max_context_len, len(ids) + params.max_tokens),
             stop_ids=frozenset(params.stop_token_ids)
             | (frozenset() if params.ignore_eos else self.eos_ids),
-            detokenizer=Detokenizer(self.tokenizer, list(params.stop)),
+            detokenizer=Detokenizer(
+                self.tokenizer, list(params.stop), min_tokens=params.min_tokens
+            ),
             generator=torch.Generator(device="cpu").manual_seed(seed),
             use_prefix_cache=use_prefix_cache,
             logits_log=[] if record_logits else None,

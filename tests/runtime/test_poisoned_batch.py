@@ -20,7 +20,7 @@ from runtime import SamplingParams
 from runtime.engine import Engine
 from runtime.exceptions import SamplingError
 from runtime.request import Request
-from tests.runtime.factories import VOCAB_SIZE, save_tiny_model
+from tests.conftest import VOCAB_SIZE, save_tiny_model
 from tests.runtime.test_engine_exactness import assert_same_answer
 
 POISON = 50
@@ -45,15 +45,15 @@ def save_poisoned_model(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     path = save_poisoned_model(Path(tmp_path_factory.mktemp("poisoned")))
-    eng = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 20, block_size=4)
-    eng.eos_ids = frozenset()  # NOTE: random weights; every request runs its full length.
-    return eng
+    return Engine.from_pretrained(str(path), kv_cache_bytes=1 << 20, block_size=4)
 
 
 def healthy_params(i: int) -> SamplingParams:
     if i == 2:  # a seeded sampled request: its draws must not move either
-        return SamplingParams(max_tokens=8, temperature=0.8, seed=11, logit_bias=AVOID)
-    return SamplingParams(max_tokens=8, logit_bias=AVOID)
+        return SamplingParams(
+            max_tokens=8, ignore_eos=True, temperature=0.8, seed=11, logit_bias=AVOID
+        )
+    return SamplingParams(max_tokens=8, ignore_eos=True, logit_bias=AVOID)
 
 
 def outcome(req: Request) -> list[int] | BaseException:
@@ -94,12 +94,14 @@ def test_poisoned_rows_fail_alone_and_healthy_rows_are_unchanged(engine: Engine)
     healthy = [
         engine.make_request(p, healthy_params(i), record_logits=True) for i, p in enumerate(HEALTHY)
     ]
-    nan_row = engine.make_request([4, 5, 6], SamplingParams(max_tokens=8, logit_bias={POISON: 100}))
+    nan_row = engine.make_request(
+        [4, 5, 6], SamplingParams(max_tokens=8, ignore_eos=True, logit_bias={POISON: 100})
+    )
     broken = engine.make_request(
-        [7, 8], SamplingParams(max_tokens=8), logits_processors=[FailAtStep(3)]
+        [7, 8], SamplingParams(max_tokens=8, ignore_eos=True), logits_processors=[FailAtStep(3)]
     )
     extreme = engine.make_request(
-        [7, 8, 9], SamplingParams(max_tokens=8, temperature=1e-30, top_p=1e-30)
+        [7, 8, 9], SamplingParams(max_tokens=8, ignore_eos=True, temperature=1e-30, top_p=1e-30)
     )
     got = run_together(engine, [healthy[0], nan_row, healthy[1], broken, extreme, healthy[2]])
     assert isinstance(got[1], SamplingError) and "non-finite logits" in str(got[1])
@@ -131,7 +133,7 @@ def test_a_failed_rows_slot_is_clean_for_the_next_request(engine: Engine) -> Non
     for ref in refs:
         outcome_of_run(engine, ref)
     nan_row = engine.make_request(
-        [4, 5, 6] * 6, SamplingParams(max_tokens=8, logit_bias={POISON: 100})
+        [4, 5, 6] * 6, SamplingParams(max_tokens=8, ignore_eos=True, logit_bias={POISON: 100})
     )
     batch = [
         engine.make_request(p, healthy_params(0), record_logits=True)
