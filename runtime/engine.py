@@ -19,7 +19,7 @@ from runtime._detokenizer import Detokenizer
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.prefix_cache import PrefixCache, namespace_of
 from runtime.exceptions import InvalidRequestError, PromptTooLongError
-from runtime.model_runner import ModelRunner, load_model, reuse_blocker
+from runtime.model_runner import ForwardPath, ModelRunner, load_model, reuse_blocker
 from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.request import Request
 from runtime.request_stream import RequestStream
@@ -57,11 +57,13 @@ class Engine:
         prefix_cache: bool = True,
         debug_integrity: bool = False,
         scheduler: SchedulerConfig | None = None,
+        forward: ForwardPath = "auto",
     ) -> None:
         """Wrap an already loaded model; prefer ``from_pretrained``.
 
         Raises:
-            ValueError: for a non-positive block_size or negative kv_cache_bytes.
+            ValueError: for a non-positive block_size or negative kv_cache_bytes, or
+                ``forward="compact"`` on a model outside the compact family.
             ModelLoadError: when the model exposes no usable per-layer KV cache.
         """
         if block_size < 1 or kv_cache_bytes < 0:
@@ -72,7 +74,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.revision = revision
-        self.runner = ModelRunner(model)
+        self.runner = ModelRunner(model, forward=forward)
+        logger.info("forward path for %r: %s (%s)", model_id, self.runner.path,
+                    self.runner.path_reason or "supported")  # fmt: skip
         self.max_context_len = _context_len(model.config, tokenizer)
         self.vocab_size = int(model.config.get_text_config(decoder=True).vocab_size)
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -104,6 +108,7 @@ class Engine:
         device: str = "cpu",
         revision: str | None = None,
         scheduler: SchedulerConfig | None = None,
+        forward: ForwardPath = "auto",
     ) -> Engine:
         """Load a model and its tokenizer (local path, bundled name, or hub id).
 
@@ -115,6 +120,9 @@ class Engine:
             dtype: ``"float32" | "float16" | "bfloat16"``.
             device: torch device string.
             scheduler: batching, ordering and admission limits (defaults: ``SchedulerConfig()``).
+            forward: ``"auto"`` (the compact Llama-family forward where it applies, else the
+                model's own), ``"compact"`` or ``"transformers"`` (the reference); see
+                ``forward_path``.
 
         Raises:
             ModelLoadError: the model or tokenizer cannot be loaded.
@@ -129,7 +137,13 @@ class Engine:
             block_size=block_size,
             prefix_cache=prefix_cache,
             scheduler=scheduler,
+            forward=forward,
         )
+
+    @property
+    def forward_path(self) -> str:
+        """``"compact"`` or ``"transformers"``: which forward runs this model (``runner.path``)."""
+        return self.runner.path
 
     def render_chat(
         self,

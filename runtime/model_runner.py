@@ -11,17 +11,29 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from runtime.batch_kv import BatchKV
 from runtime.batch_mask import MaskPlan, mask_plan
+from runtime.compact_llama import CompactLlama, compact_blocker, prefill_mask
 from runtime.exceptions import ModelLoadError
 from runtime.kv_cache import RequestKVCache
 
-__all__ = ["KVShape", "ModelRunner", "is_local_path", "load_model", "reuse_blocker"]
+__all__ = [
+    "ForwardPath",
+    "KVShape",
+    "ModelRunner",
+    "is_local_path",
+    "load_model",
+    "reuse_blocker",
+]
+
+ForwardPath: TypeAlias = Literal["auto", "compact", "transformers"]
+"""``compact``: ``runtime.compact_llama`` (Llama family); ``transformers``: the model's own
+forward (every architecture, the reference); ``auto``: compact where supported."""
 
 logger = logging.getLogger(__name__)
 
@@ -126,16 +138,38 @@ def reuse_blocker(config: Any) -> str | None:
 class ModelRunner:
     """Forward passes of one model: prefill on one request's KV row, decode on all rows."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, forward: ForwardPath = "auto") -> None:
+        """Wrap a loaded model.
+
+        Raises:
+            ValueError: ``forward="compact"`` on a model ``compact_blocker`` refuses.
+        """
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.kv_shape = self._probe()
-        plan, why = mask_plan(model)
+        plan, no_batch = mask_plan(model)
         self.mask_plan: MaskPlan | None = plan
         """How to mask a batched decode step; None means batch size 1 (see ``batch_blocker``)."""
-        self.batch_blocker = why
+        self.batch_blocker = no_batch
         """Why this model decodes one request at a time, or None when it batches."""
+        why = compact_blocker(model) if forward != "transformers" else "forward='transformers'"
+        if forward == "compact" and why is not None:
+            raise ValueError(f"forward='compact' is not available for this model: {why}")
+        self.compact = CompactLlama(model) if why is None else None
+        self.path: Literal["compact", "transformers"] = (
+            "compact" if self.compact else "transformers"
+        )
+        """Which forward runs this model."""
+        self.path_reason = why
+        """Why the compact forward is not used (None when it is)."""
+        if self.compact is not None:
+            self.batch_blocker = None  # NOTE: the compact forward builds its own decode masks.
+
+    @property
+    def can_batch(self) -> bool:
+        """Whether decode steps may run several rows at once."""
+        return self.compact is not None or self.mask_plan is not None
 
     def new_cache(self, capacity: int) -> RequestKVCache:
         """An empty ``RequestKVCache`` able to hold ``capacity`` positions before growing."""
@@ -159,6 +193,11 @@ class ModelRunner:
         kv.reserve(start + n)
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
         positions = torch.arange(start, start + n, device=self.device).unsqueeze(0)  # [1, n]
+        if self.compact is not None:
+            mask = prefill_mask(start, n, self.device)
+            last = self.compact.forward(ids, positions, kv.write, mask)[0, -1]
+            kv.advance(n)
+            return last
         out = self.model(
             input_ids=ids, position_ids=positions, cache=kv, use_cache=True, logits_to_keep=1
         )
@@ -179,6 +218,12 @@ class ModelRunner:
         for kv in batch.rows:
             kv.reserve(kv.length + 1)
         batch.begin_step(positions)
+        if self.compact is not None:
+            cols = torch.arange(batch.step_kv_len, device=self.device)  # [kv_len]
+            allowed = (cols.unsqueeze(0) <= positions.unsqueeze(1)).view(n, 1, 1, -1)
+            step = self.compact.forward(ids, positions.unsqueeze(1), batch.write_step, allowed)
+            batch.end_step()
+            return step[:, -1]
         mask = None
         if self.mask_plan is not None:
             mask = self.mask_plan.build(positions, batch.step_kv_len, self.dtype)

@@ -95,7 +95,7 @@ class Scheduler:
         self.runner = runner
         self.prefix_cache = prefix_cache
         self.config = config
-        self.max_batch_size = config.max_batch_size if runner.mask_plan is not None else 1
+        self.max_batch_size = config.max_batch_size if runner.can_batch else 1
         shape = runner.kv_shape
         self.batch = BatchKV(
             num_layers=shape.num_layers,

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from runtime.bench._argtypes import positive_int
 from runtime.engine import Engine
+from runtime.model_runner import ForwardPath
 from runtime.sampling import SamplingParams
 
 __all__ = [
@@ -52,9 +53,11 @@ def w1_model(args: argparse.Namespace) -> Any:
     return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()  # type: ignore[no-untyped-call]
 
 
-def bench_engine(model: Any, *, kv_bytes: int, prefix_cache: bool = True) -> Engine:
+def bench_engine(
+    model: Any, *, kv_bytes: int, prefix_cache: bool = True, forward: ForwardPath = "auto"
+) -> Engine:
     eng = Engine(model, NullTokenizer(), model_id="bench-w1", kv_cache_bytes=kv_bytes,
-                 prefix_cache=prefix_cache)  # fmt: skip
+                 prefix_cache=prefix_cache, forward=forward)  # fmt: skip
     eng.eos_ids = frozenset()
     return eng
 

@@ -81,7 +81,32 @@ def _measure_prefix(args: argparse.Namespace) -> dict[str, float]:
         r["off"].append(ttft(off, toks(args.prefix_len + args.suffix_len)).metrics.ttft_s)
     out = {f"{k}_ttft_s": statistics.median(v) for k, v in r.items()}
     out.update(_measure_decode(model, eng, prefix, suffixes[0], hf_cache, args))
+    out.update(_measure_paths(model, prefix, suffixes, args))
     return _rename(out)
+
+
+def _measure_paths(
+    model: Any, prefix: list[int], suffixes: list[list[int]], args: argparse.Namespace
+) -> dict[str, float]:
+    """Hit TTFT and decode rate on each forward path, alternating A/B (same weights, same run)."""
+    engines = {p: bench_engine(model, kv_bytes=args.kv_cache_bytes, forward=p)
+               for p in ("compact", "transformers")}  # fmt: skip
+    hit: dict[str, list[float]] = {p: [] for p in engines}
+    decode: dict[str, list[float]] = {p: [] for p in engines}
+    for eng in engines.values():
+        ttft(eng, prefix + suffixes[-1])  # store the prefix
+    for s in suffixes[: args.repeats]:
+        for path, eng in engines.items():
+            hit[path].append(ttft(eng, prefix + s).metrics.ttft_s)
+            run = ttft(eng, prefix + s, max_tokens=args.decode_tokens)
+            decode[path].append(run.metrics.decode_tokens_per_s)
+    out: dict[str, float] = {}
+    for path in engines:
+        out[f"{path}_path_hit_ttft_s"] = statistics.median(hit[path])
+        out[f"{path}_path_decode_tokens_per_s"] = statistics.median(decode[path])
+    for eng in engines.values():
+        eng.close()
+    return out
 
 
 def _measure_decode(
@@ -115,6 +140,12 @@ def _rename(raw: dict[str, float]) -> dict[str, float]:
     out["decode_over_hf_decode"] = out["decode_tokens_per_s"] / out["hf_decode_tokens_per_s"]
     out["zero_hit_over_cache_off"] = out["zero_hit_ttft_s"] / out["cache_off_ttft_s"]
     out["miss_over_hit"] = out["miss_ttft_s"] / out["hit_ttft_s"]
+    out["compact_over_transformers_decode"] = (
+        out["compact_path_decode_tokens_per_s"] / out["transformers_path_decode_tokens_per_s"]
+    )
+    out["compact_over_transformers_hit_ttft"] = (
+        out["compact_path_hit_ttft_s"] / out["transformers_path_hit_ttft_s"]
+    )
     return out
 
 

@@ -1,0 +1,188 @@
+"""A compact forward for the Llama family (Llama, Qwen2, Mistral without a sliding window).
+
+The same math as transformers' modelling code with fewer, larger ops per layer: one fused QKV
+projection and one fused gate-up projection (the HF modules' weights become views into the fused
+tensors, so no weight is stored twice and the HF forward stays a valid reference), grouped-query
+attention through ``scaled_dot_product_attention(enable_gqa=True)`` without materializing
+expanded K/V, and no per-layer ``Cache`` bookkeeping beyond one write per layer. Rotary embeddings
+come from the model's own ``rotary_emb`` module, so every RoPE scaling transformers supports is
+kept. It knows tensors and KV layers, never requests, sampling or the prefix cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["CompactLlama", "KVWrite", "compact_blocker"]
+
+KVWrite = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""``(layer_idx, keys, values) -> (all_keys, all_values)``: store ``[B, H_kv, q, D]`` new K/V of a
+layer and return ``[B, H_kv, kv_len, D]`` views of everything attended to (a cache layer's
+``update``)."""
+
+_FAMILY = frozenset({"llama", "qwen2", "mistral"})
+
+
+def compact_blocker(model: Any) -> str | None:
+    """Why ``CompactLlama`` cannot run ``model`` (so it stays on transformers), or None."""
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind not in _FAMILY:
+        return f"model type {kind!r} is not in the compact family {sorted(_FAMILY)}"
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        return f"activation {act!r} (the compact MLP is SiLU-gated)"
+    window = getattr(config, "sliding_window", None)
+    if window is not None and (kind == "mistral" or getattr(config, "use_sliding_window", False)):
+        return f"sliding_window={window} (the compact path has no window mask)"
+    if getattr(config, "mlp_bias", False):
+        return "MLP projections with bias"
+    inner = getattr(model, "model", None)
+    if not hasattr(inner, "rotary_emb") or not hasattr(inner, "layers"):
+        return "no model.rotary_emb / model.layers (not the transformers Llama layout)"
+    return None
+
+
+class _Layer(NamedTuple):
+    ln1: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    ln2: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def _fuse(modules: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the projections' weights (and biases) and rebind each module to a view."""
+    weight = torch.cat([m.weight.detach() for m in modules])  # [sum(out), in]
+    biases = [m.bias for m in modules]
+    bias = None
+    if any(b is not None for b in biases):
+        parts = [b.detach() if b is not None else torch.zeros_like(m.weight[:, 0])
+                 for m, b in zip(modules, biases, strict=True)]  # fmt: skip
+        bias = torch.cat(parts)
+    start = 0
+    for m in modules:  # NOTE: the HF modules now read the fused storage: one copy of each weight.
+        end = start + m.weight.shape[0]
+        m.weight = torch.nn.Parameter(weight[start:end], requires_grad=False)
+        if m.bias is not None and bias is not None:
+            m.bias = torch.nn.Parameter(bias[start:end], requires_grad=False)
+        start = end
+    return weight, bias
+
+
+class CompactLlama:
+    """The compact forward of one loaded transformers model of the Llama family.
+
+    Args:
+        model: A ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``MistralForCausalLM`` (eval mode)
+            for which ``compact_blocker`` returns None.
+
+    Raises:
+        ValueError: ``compact_blocker(model)`` names a reason.
+    """
+
+    def __init__(self, model: Any) -> None:
+        why = compact_blocker(model)
+        if why is not None:
+            raise ValueError(f"compact forward unsupported: {why}")
+        config = model.config
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(config.num_key_value_heads or self.num_heads)
+        self.head_dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        )
+        self.eps = float(config.rms_norm_eps)
+        self.scale = self.head_dim**-0.5
+        inner = model.model
+        self.embed = inner.embed_tokens.weight  # [vocab, hidden]
+        self.rotary = inner.rotary_emb
+        self.norm = inner.norm.weight  # [hidden]
+        self.lm_head = model.lm_head.weight  # [vocab, hidden]
+        self.layers = [self._layer(layer) for layer in inner.layers]
+
+    @staticmethod
+    def _layer(layer: Any) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])
+        o_bias = attn.o_proj.bias.detach() if attn.o_proj.bias is not None else None
+        return _Layer(
+            layer.input_layernorm.weight.detach(), qkv, qkv_bias, attn.o_proj.weight.detach(),
+            o_bias, layer.post_attention_layernorm.weight.detach(), gate_up,
+            mlp.down_proj.weight.detach(),
+        )  # fmt: skip
+
+    @torch.no_grad()
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        write_kv: KVWrite,
+        mask: torch.Tensor | None,
+        *,
+        logits_to_keep: int = 1,
+    ) -> torch.Tensor:
+        """Run ``ids`` (``[B, q]``) at ``positions`` (``[B, q]``) over the caller's KV.
+
+        Args:
+            ids: Token ids, ``[B, q]``.
+            positions: Their absolute positions, ``[B, q]`` (RoPE).
+            write_kv: Stores each layer's new K/V and returns all K/V attended to.
+            mask: ``[B, 1, q, kv_len]`` boolean (True = attend) or additive float mask.
+            logits_to_keep: Last positions whose logits are computed.
+
+        Returns:
+            ``[B, logits_to_keep, vocab]`` logits.
+        """
+        b, q = ids.shape
+        h = F.embedding(ids, self.embed)  # [B, q, hidden]
+        cos, sin = self.rotary(h, positions)  # [B, q, D] each
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, q, D]
+        nq, nkv, d = (
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+            self.head_dim,
+        )
+        for i, layer in enumerate(self.layers):
+            x = F.rms_norm(h, (h.shape[-1],), layer.ln1, self.eps)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [B, q, nq + 2 nkv]
+            qs = qkv[..., :nq].view(b, q, self.num_heads, d).transpose(1, 2)  # [B, H, q, D]
+            ks = qkv[..., nq : nq + nkv].view(b, q, self.num_kv_heads, d).transpose(1, 2)
+            vs = qkv[..., nq + nkv :].view(b, q, self.num_kv_heads, d).transpose(1, 2)
+            qs, ks = _rope(qs, cos, sin), _rope(ks, cos, sin)
+            keys, values = write_kv(i, ks, vs)  # [B, H_kv, kv_len, D]
+            attn = F.scaled_dot_product_attention(
+                qs, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
+            )  # [B, H, q, D]
+            h = h + F.linear(attn.transpose(1, 2).reshape(b, q, nq), layer.o, layer.o_bias)
+            x = F.rms_norm(h, (h.shape[-1],), layer.ln2, self.eps)
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, layer.down)
+        h = F.rms_norm(h[:, -logits_to_keep:], (h.shape[-1],), self.norm, self.eps)
+        return F.linear(h, self.lm_head)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, the rotate-half convention of transformers' Llama (``[B, H, q, D]``)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def prefill_mask(start: int, q: int, device: torch.device) -> torch.Tensor | None:
+    """``[1, 1, q, start + q]`` causal mask for ``q`` new tokens after ``start`` cached ones.
+
+    None when ``q == 1`` (one query attends to everything before it: no mask needed).
+    """
+    if q == 1:
+        return None
+    rows = torch.arange(q, device=device).unsqueeze(1) + start  # [q, 1]
+    cols = torch.arange(start + q, device=device).unsqueeze(0)  # [1, start + q]
+    return (cols <= rows).view(1, 1, q, start + q)
