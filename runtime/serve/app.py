@@ -20,7 +20,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from runtime.exceptions import EngineBusyError, InvalidRequestError, PromptTooLongError
+from runtime.exceptions import (
+    EngineBusyError,
+    InvalidRequestError,
+    PromptTooLongError,
+    SamplingError,
+)
 from runtime.outputs import Completion
 from runtime.serve.admission import Admission, AdmissionFullError
 from runtime.serve.engine_call import EngineCall
@@ -201,6 +206,11 @@ class _Server:
         except InvalidRequestError as exc:
             plan.is_failed = True
             raise ApiError(400, str(exc), code="invalid_value") from exc
+        except SamplingError as exc:
+            plan.is_failed = True
+            raise ApiError(
+                500, f"generation failed: {exc}", type="server_error", code="sampling_failed"
+            ) from exc
         finally:
             if not is_handed_off:
                 await call.aclose()

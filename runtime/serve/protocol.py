@@ -10,10 +10,18 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from runtime.outputs import Usage
-from runtime.sampling import SEED_MAX, SEED_MIN
+from runtime.sampling import LOGIT_BIAS_MAX, MAX_LOGPROBS, PENALTY_MAX, SEED_MAX, SEED_MIN
 from runtime.serve.tool_parser import ParsedToolCall
 
 __all__ = [
@@ -23,10 +31,38 @@ __all__ = [
     "CompletionRequest",
     "StreamOptions",
     "ToolSpec",
+    "UNSUPPORTED_PARAMS",
     "error_body",
     "usage_dict",
     "validation_error",
 ]
+
+UNSUPPORTED_PARAMS: dict[str, tuple[object, ...]] = {
+    "best_of": (None, 1),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0),
+    "prompt_logprobs": (None,),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
+    "truncate_prompt_tokens": (None,),
+    "typical_p": (None, 1, 1.0),
+    "functions": (None,),
+    "function_call": (None,),
+    "prediction": (None,),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
+}
+"""OpenAI and vLLM request fields this server does not honour, with the values that mean "off".
+
+Any other value is refused with a 400 naming the field (never silently ignored); ``best_of``
+equal to ``n`` is also accepted (it then means nothing more than ``n``). Fields not listed here
+and not modelled (``user``, ``metadata``, ``store``, ``prompt_cache_key``, ...) change nothing
+about generation and are ignored."""
 
 # Function names as OpenAI accepts them (a-z, A-Z, 0-9, underscores and dashes, max 64).
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -217,12 +253,26 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
+_Penalty = Annotated[float, Field(ge=-PENALTY_MAX, le=PENALTY_MAX)]
+_Bias = Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX)]
+
+
 class _SamplingFields(_Lenient):
     model: str
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[StrictInt, Field(ge=0)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    presence_penalty: _Penalty | None = None
+    frequency_penalty: _Penalty | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
+    """vLLM/HF repetition penalty (1 = off); over 10 is refused as surely a mistake."""
+    logit_bias: dict[str, _Bias] | None = None
+    """Token id (as a string, OpenAI's JSON shape) -> bias in [-100, 100]."""
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
     seed: Annotated[StrictInt, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
     """Signed 64-bit, as OpenAI documents; negative seeds are used two's-complement."""
     stop: str | list[str] | None = None
@@ -231,6 +281,46 @@ class _SamplingFields(_Lenient):
     stream_options: StreamOptions | None = None
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     """Per-tenant prefix-cache namespace (vLLM's field); combined with the API key server-side."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, body: Any) -> Any:
+        """400 naming the first field of ``UNSUPPORTED_PARAMS`` set to a value that is not off.
+
+        NOTE: raises ``ApiError`` (not ValueError) so pydantic lets it through unchanged.
+        """
+        if not isinstance(body, dict):
+            return body
+        for name, off in UNSUPPORTED_PARAMS.items():
+            value = body.get(name)
+            if name == "best_of" and value is not None and value == body.get("n", 1):
+                continue
+            if name in body and not any(value == o and type(value) is type(o) for o in off):
+                raise ApiError(
+                    400,
+                    f"{name}={value!r} is not supported by this server; omit it",
+                    param=name,
+                    code="unsupported_parameter",
+                )
+        return body
+
+    def logit_bias_ids(self) -> dict[int, float]:
+        """``logit_bias`` with integer keys.
+
+        Raises:
+            ApiError: 400 for a key that is not a non-negative integer.
+        """
+        out: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise ApiError(
+                    400,
+                    f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
+                    param="logit_bias",
+                    code="invalid_value",
+                )
+            out[int(key)] = float(value)
+        return out
 
     def stop_list(self) -> list[str]:
         """``stop`` as a list (OpenAI accepts one string or a list)."""
@@ -252,7 +342,25 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     response_format: ResponseFormat | None = None
-    logprobs: Literal[False] | None = None
+    logprobs: bool | None = None
+    """True: each generated token's logprob (raw model distribution) in ``choices[].logprobs``."""
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    """Alternatives per token (needs ``logprobs: true``)."""
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(
+                400,
+                "top_logprobs needs logprobs=true",
+                param="top_logprobs",
+                code="invalid_value",
+            )
+        return self
+
+    def num_logprobs(self) -> int | None:
+        """``SamplingParams.logprobs``: None, or the alternatives per token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def effective_max_tokens(self) -> int | None:
         """``max_completion_tokens`` (current name) or the legacy ``max_tokens``."""
@@ -276,8 +384,13 @@ class CompletionRequest(_SamplingFields):
 
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     echo: Literal[False] = False
-    logprobs: None = None
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    """k: each generated token's logprob (raw model distribution) and the k most likely."""
     suffix: None = None
+
+    def num_logprobs(self) -> int | None:
+        """``SamplingParams.logprobs``: None, or the alternatives per token."""
+        return self.logprobs
 
     def prompt_value(self) -> str | list[int]:
         """The single prompt (a one-element list of strings is unwrapped).

@@ -18,6 +18,7 @@ from jinja2 import TemplateError
 
 from runtime.exceptions import InvalidRequestError
 from runtime.sampling import SamplingParams
+from runtime.serve.logprobs import TokenText
 from runtime.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest
 from runtime.serve.tool_parser import ToolCallParser, detect_tool_parser
 
@@ -46,6 +47,8 @@ class RequestPlan:
     """Set when the request has tools, tool_choice is not "none" and the template has a format."""
     prompt_param: str
     """Request field blamed for an over-long prompt (``messages`` or ``prompt``)."""
+    token_text: TokenText | None = None
+    """Token id -> text, set when the request asked for logprobs."""
     has_tool_calls: bool = False
     is_failed: bool = False
     """True once an error answer was chosen (so a close is not counted as a cancel)."""
@@ -60,8 +63,10 @@ def _new_plan(
     params: SamplingParams,
     cache_salt: str | None,
     parser: ToolCallParser | None,
+    engine: ServingEngine,
 ) -> RequestPlan:
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    tokenizer = engine.tokenizer
     return RequestPlan(
         kind=kind,
         id=f"{prefix}-{uuid.uuid4().hex}",
@@ -74,6 +79,7 @@ def _new_plan(
         include_usage=req.include_usage,
         parser=parser,
         prompt_param="messages" if kind == "chat" else "prompt",
+        token_text=None if params.logprobs is None else lambda t: str(tokenizer.decode([t])),
     )
 
 
@@ -101,17 +107,41 @@ def sampling_params(
             param="max_tokens",
             code="context_length_exceeded",
         )
+    _check_token_ids(engine, "logit_bias", list(req.logit_bias_ids()))
+    _check_token_ids(engine, "stop_token_ids", req.stop_token_ids or [])
     try:
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             top_k=req.top_k or 0,
+            min_p=req.min_p or 0.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            logit_bias=req.logit_bias_ids(),
+            min_tokens=req.min_tokens or 0,
+            ignore_eos=bool(req.ignore_eos),
             seed=req.seed,
             stop=req.stop_list(),
+            stop_token_ids=list(req.stop_token_ids or []),
+            logprobs=req.num_logprobs(),
         )
     except InvalidRequestError as exc:
-        raise ApiError(400, str(exc), code="invalid_value") from exc
+        param = "min_tokens" if "min_tokens" in str(exc) else None
+        raise ApiError(400, str(exc), param=param, code="invalid_value") from exc
+
+
+def _check_token_ids(engine: ServingEngine, param: str, ids: list[int]) -> None:
+    vocab_size = len(engine.tokenizer)
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ApiError(
+            400,
+            f"{param} has token ids {bad[:5]!r} outside the vocabulary [0, {vocab_size})",
+            param=param,
+            code="invalid_value",
+        )
 
 
 def _check_prompt_len(num_tokens: int, limit: int, param: str) -> None:
@@ -176,7 +206,7 @@ async def chat_plan(
         prompt_len=len(ids),
         default_max_tokens=default_max_tokens,
     )
-    return _new_plan("chat", req, ids, params, cache_salt, parser)
+    return _new_plan("chat", req, ids, params, cache_salt, parser, engine)
 
 
 async def completion_plan(
@@ -212,4 +242,4 @@ async def completion_plan(
         prompt_len=len(ids),
         default_max_tokens=default_max_tokens,
     )
-    return _new_plan("completion", req, ids, params, cache_salt, None)
+    return _new_plan("completion", req, ids, params, cache_salt, None, engine)

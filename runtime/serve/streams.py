@@ -12,8 +12,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from runtime.outputs import Completion, StreamDelta
+from runtime.outputs import Completion, StreamDelta, TokenLogprob
 from runtime.serve.engine_call import EngineCall
+from runtime.serve.logprobs import CompletionLogprobs, chat_logprobs
 from runtime.serve.protocol import error_body, tool_call_dicts, usage_dict
 from runtime.serve.request_plan import RequestPlan
 from runtime.serve.tool_parser import ParsedToolCall
@@ -32,6 +33,18 @@ def _head(plan: RequestPlan, *, chunk: bool) -> dict[str, Any]:
     kinds = {"chat": "chat.completion", "completion": "text_completion"}
     kind = kinds[plan.kind] + (".chunk" if chunk and plan.kind == "chat" else "")
     return {"id": plan.id, "object": kind, "created": plan.created, "model": plan.model}
+
+
+def _logprobs(
+    plan: RequestPlan, entries: list[TokenLogprob], offsets: CompletionLogprobs | None
+) -> dict[str, Any] | None:
+    """The ``logprobs`` of a choice (or chunk) for ``entries``; None when not requested."""
+    if plan.token_text is None:
+        return None
+    if plan.kind == "chat":
+        return chat_logprobs(entries, plan.token_text)
+    offsets = offsets or CompletionLogprobs(plan.token_text)
+    return offsets.build(entries, [e.token_id for e in entries])
 
 
 def final_json(plan: RequestPlan, completion: Completion) -> dict[str, Any]:
@@ -54,6 +67,7 @@ def final_json(plan: RequestPlan, completion: Completion) -> dict[str, Any]:
         else:
             message["content"] = content
         choice = {"index": 0, "message": message, "logprobs": None}
+    choice["logprobs"] = _logprobs(plan, completion.logprobs or [], None)
     choice["finish_reason"] = finish
     body["choices"] = [choice]
     body["usage"] = usage_dict(completion.usage)
@@ -73,6 +87,9 @@ class ChoiceStream:
         self._first = first
         self._text = ""
         self._sent = 0
+        self._logprobs: list[TokenLogprob] = []
+        """Logprobs of tokens not yet sent; the next chunk of any kind carries them."""
+        self._offsets = CompletionLogprobs(plan.token_text) if plan.token_text is not None else None
 
     def _chunk(
         self, *, text: str | None = None, extra: dict[str, Any] | None = None, finish: str | None
@@ -86,6 +103,9 @@ class ChoiceStream:
         else:
             choice = {"index": 0, "text": text or ""}
         choice["logprobs"] = None
+        if self._logprobs:
+            choice["logprobs"] = _logprobs(self._plan, self._logprobs, self._offsets)
+            self._logprobs = []
         choice["finish_reason"] = finish
         body["choices"] = [choice]
         if self._plan.include_usage:
@@ -133,6 +153,7 @@ class ChoiceStream:
         try:
             delta = self._first
             while delta is not None:
+                self._logprobs.extend(delta.logprobs)
                 out = self._feed(delta.text)
                 if out:
                     yield self._chunk(text=out, finish=None)
