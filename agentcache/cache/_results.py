@@ -96,11 +96,12 @@ class ResultCacheCore:
                 continue
             outcome = _FAILED
             try:
-                value = self._lookup_quiet(key)
                 claim = _NO_CLAIM
-                if value is _MISS and self._shared is not None:
+                if self._shared is not None:  # the claim reads the value too
                     claim = await asyncio.to_thread(self._shared.claim, key)
                     value = self._decode_claim(key, claim)
+                else:
+                    value = self._lookup_quiet(key)
                 if value is not _MISS:
                     self._count(hit=True)
                     outcome = _Outcome(True, None, value)
@@ -126,11 +127,14 @@ class ResultCacheCore:
     ) -> Any:
         outcome = _FAILED
         try:
-            value = self._lookup_quiet(key)  # another thread may have stored it just before
+            # NOTE: read again: another thread may have stored it just before. A shared store's
+            # claim reads the value in the same round trip (and may wait for another process).
             claim = _NO_CLAIM
-            if value is _MISS and self._shared is not None:
-                claim = self._shared.claim(key)  # may wait for another process's run
+            if self._shared is not None:
+                claim = self._shared.claim(key)
                 value = self._decode_claim(key, claim)
+            else:
+                value = self._lookup_quiet(key)
             if value is not _MISS:
                 self._count(hit=True)
                 outcome = _Outcome(True, None, value)

@@ -218,3 +218,22 @@ def test_redis_stopped_mid_run_computes_warns_once_and_recovers(
     assert runs == [3, 3, 4, 3, 4, 3, 3, 4]  # one miss each after the restart, then a hit
     assert store.stats().entries == 2
     store.check_integrity()
+
+
+async def test_async_tools_share_one_run_across_stores(redis_url: str, namespace: str) -> None:
+    import asyncio
+
+    runs: list[int] = []
+
+    async def fetch(n: int) -> int:
+        runs.append(n)
+        await asyncio.sleep(0.2)
+        return n + 1
+
+    # Two ToolCache objects on two stores stand for two processes.
+    tools = [
+        ToolCache(make_store(redis_url, namespace, lock_ttl_s=5)).wrap(fetch, name="fetch")
+        for _ in range(2)
+    ]
+    results = await asyncio.gather(*(tools[i % 2](1) for i in range(6)))
+    assert results == [2] * 6 and runs == [1]
