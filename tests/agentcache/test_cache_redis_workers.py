@@ -110,7 +110,7 @@ def test_killed_lock_holder_delays_its_key_by_at_most_the_lock_expiry(
     finally:
         stop(holder)
     assert value == 7
-    assert delay <= lock_ttl_s + 0.5, f"held key waited {delay:.2f} s (lock expiry {lock_ttl_s} s)"
+    assert delay <= lock_ttl_s + 0.75, f"held key waited {delay:.2f} s (lock expiry {lock_ttl_s} s)"
     assert client.keys(f"{namespace}:lock:*") == []
 
 
