@@ -52,7 +52,8 @@ class RedisStore:
 
     Args:
         url: ``redis://[:password@]host:port/db`` (or ``rediss://``, ``unix://``).
-        namespace: Key prefix on the server (default ``"agentcache"``).
+        namespace: Key prefix on the server (default ``"agentcache"``); no ``:``, so that no
+            namespace's keys start with another's.
         max_entry_bytes: Largest envelope stored; a larger value is not stored and removes any
             previous one (default 16 MiB). The total is the server's ``maxmemory``.
         clock: Time source of the envelope expiry, seconds since the epoch (default
@@ -100,8 +101,10 @@ class RedisStore:
         }
         for name, seconds in durations.items():
             _check_seconds(name, seconds)
-        if not namespace or not isinstance(namespace, str):
-            raise ConfigError(f"RedisStore namespace must be a non-empty str, got {namespace!r}")
+        if not isinstance(namespace, str) or not namespace or ":" in namespace:
+            raise ConfigError(
+                f"RedisStore namespace must be a non-empty str without ':', got {namespace!r}"
+            )
         self.namespace = namespace
         self.max_entry_bytes = max_entry_bytes
         self.lock_ttl_s = lock_ttl_s
@@ -276,7 +279,7 @@ class RedisStore:
         return payload
 
     def _glob(self) -> str:
-        return redis_glob_escape(self.namespace) + ":"
+        return _glob_escape(self.namespace) + ":"
 
     def _value_names(self, client: redis.Redis) -> Iterator[bytes]:
         yield from client.scan_iter(match=f"{self._glob()}v:*", count=_SCAN_COUNT)
@@ -302,7 +305,7 @@ def _check_seconds(name: str, seconds: float) -> None:
         raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
 
 
-def redis_glob_escape(text: str) -> str:
+def _glob_escape(text: str) -> str:
     """``text`` with Redis glob metacharacters escaped, for ``SCAN MATCH``."""
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 

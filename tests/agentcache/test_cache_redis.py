@@ -47,6 +47,8 @@ def test_bad_options_are_refused() -> None:
         RedisStore("redis://127.0.0.1:1", lock_ttl_s=0)
     with pytest.raises(ValueError, match="max_entry_bytes"):
         RedisStore("redis://127.0.0.1:1", max_entry_bytes=10)
+    with pytest.raises(ConfigError, match="without ':'"):
+        RedisStore("redis://127.0.0.1:1", namespace="app:cache")
 
 
 def test_entries_get_a_native_ttl_and_stay_in_their_namespace(redis_url: str) -> None:
