@@ -9,8 +9,10 @@ except at near-ties. Batched decode on the compact path is covered by test_batch
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from runtime.engine import Engine
 from tests.conftest import VOCAB_SIZE, save_tiny_model
@@ -48,3 +50,37 @@ def test_other_models_stay_on_transformers(arch: str, why: str, tmp_path: Path) 
     engine.close()
     with pytest.raises(ValueError, match="forward='compact' is not available"):
         Engine.from_pretrained(path, kv_cache_bytes=1 << 20, forward="compact")
+
+
+BF16_TOL = 1e-2
+"""bf16 weights and KV (attention in fp32) vs the fp32 reference: |logit difference| at most 1% of
+the step's largest |logit| (and at least 1e-2 absolute). Measured on these 2-layer models: <= 3e-3
+with logits of magnitude ~0.4; deeper models accumulate more rounding, hence the margin."""
+
+
+def assert_close_bf16(ref: tuple[list[int], list[Any]], got: tuple[list[int], list[Any]]) -> None:
+    for step, (tok_a, tok_b, la, lb) in enumerate(zip(ref[0], got[0], ref[1], got[1], strict=True)):
+        tol = BF16_TOL * max(1.0, la.abs().max().item())
+        diff = (la.float() - lb.float()).abs().max().item()
+        assert diff <= tol, f"step {step}: bf16 logits differ by {diff:.2e} > {tol:.2e}"
+        if tok_a != tok_b:
+            top2 = torch.topk(la.float(), 2).values
+            assert (top2[0] - top2[1]).item() < 2 * tol, f"step {step}: tokens differ, no near-tie"
+            return
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_bf16_compact_within_its_tolerance_of_fp32(arch: str, tmp_path: Path) -> None:
+    path = str(save_tiny_model(arch, tmp_path))
+    reference = Engine.from_pretrained(path, kv_cache_bytes=1 << 22, block_size=4,
+                                       forward="transformers")  # fmt: skip
+    bf16 = Engine.from_pretrained(path, kv_cache_bytes=1 << 22, block_size=4, dtype="bfloat16")
+    assert bf16.forward_path == "compact" and bf16.runner.dtype == torch.bfloat16
+    for ids in PROMPTS:
+        ref = run(reference, ids, 8, use_cache=False)
+        miss = run(bf16, ids, 8, use_cache=False)
+        hit = run(bf16, ids, 8, use_cache=True)
+        assert_close_bf16(ref[:2], miss[:2])
+        assert_close_bf16(miss[:2], hit[:2])  # the prefix cache within the bf16 tolerance too
+    reference.close()
+    bf16.close()
