@@ -270,7 +270,8 @@ class Engine:
                 self.tokenizer, list(params.stop), min_tokens=params.min_tokens
             ),
             generator=torch.Generator(device="cpu").manual_seed(seed),
-            use_prefix_cache=use_prefix_cache,
+            # NOTE: prompt logprobs need every prompt position's logits: skip the cache.
+            use_prefix_cache=use_prefix_cache and params.prompt_logprobs is None,
             logits_log=[] if record_logits else None,
             logits_processors=list(logits_processors),
         )

@@ -183,27 +183,34 @@ class ModelRunner:
         )
 
     @torch.no_grad()
-    def forward(self, token_ids: list[int], kv: RequestKVCache) -> torch.Tensor:
+    def forward(
+        self, token_ids: list[int], kv: RequestKVCache, *, all_logits: bool = False
+    ) -> torch.Tensor:
         """Run ``token_ids`` at positions ``[kv.length, kv.length + n)``; commit their KV.
 
         Returns:
-            ``[vocab]`` float logits of the last position.
+            ``[vocab]`` float logits of the last position, or with ``all_logits`` the
+            ``[n, vocab]`` logits of every position (prompt logprobs).
         """
         start, n = kv.length, len(token_ids)
+        keep = n if all_logits else 1
         kv.reserve(start + n)
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
         positions = torch.arange(start, start + n, device=self.device).unsqueeze(0)  # [1, n]
         if self.compact is not None:
             mask = prefill_mask(start, n, self.device)
-            last = self.compact.forward(ids, positions, kv.write, mask)[0, -1]
-            kv.advance(n)
-            return last
-        out = self.model(
-            input_ids=ids, position_ids=positions, cache=kv, use_cache=True, logits_to_keep=1
-        )
+            logits = self.compact.forward(ids, positions, kv.write, mask, logits_to_keep=keep)
+        else:
+            logits = self.model(
+                input_ids=ids,
+                position_ids=positions,
+                cache=kv,
+                use_cache=True,
+                logits_to_keep=keep,
+            ).logits
         kv.advance(n)
-        logits: torch.Tensor = out.logits[0, -1]
-        return logits
+        out: torch.Tensor = logits[0] if all_logits else logits[0, -1]
+        return out
 
     @torch.no_grad()
     def decode(self, token_ids: list[int], batch: BatchKV) -> torch.Tensor:

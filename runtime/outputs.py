@@ -70,6 +70,9 @@ class Completion:
     metrics: Metrics
     logprobs: list[TokenLogprob] | None = None
     """One entry per id of ``token_ids`` when ``SamplingParams.logprobs`` was set, else None."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """One entry per prompt id (the first is None: nothing predicts it) when
+    ``SamplingParams.prompt_logprobs`` was set, else None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,8 @@ class StreamDelta:
     """The whole Completion, on the last delta only."""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     """One entry per id of ``token_ids`` when ``SamplingParams.logprobs`` was set, else empty."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """As ``Completion.prompt_logprobs``, on the first delta only."""
 
 
 @dataclass(frozen=True, slots=True)

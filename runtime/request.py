@@ -67,6 +67,8 @@ class Request:
     """Penalty statistics, created by the sampler when a penalty is set."""
     output_logprobs: list[TokenLogprob] | None = None
     """One entry per output id when ``params.logprobs`` is set."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """One entry per prompt id when ``params.prompt_logprobs`` is set (set at prefill)."""
     outbox: queue.SimpleQueue[StreamDelta | BaseException] = field(
         default_factory=queue.SimpleQueue
     )
@@ -121,6 +123,7 @@ class Request:
                 prefill_tokens_computed=len(self.prompt_ids) - self.cached_len,
             ),
             logprobs=None if self.output_logprobs is None else list(self.output_logprobs),
+            prompt_logprobs=self.prompt_logprobs,
         )
 
     @property

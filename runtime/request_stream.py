@@ -34,6 +34,7 @@ def merge_deltas(deltas: list[StreamDelta]) -> StreamDelta:
         finish_reason=last.finish_reason,
         completion=last.completion,
         logprobs=[lp for d in deltas for lp in d.logprobs],
+        prompt_logprobs=deltas[0].prompt_logprobs,
     )
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "TokenCounts",
     "logprobs_of",
     "process_logits",
+    "prompt_logprobs",
     "sample_batch",
     "sampling_probs",
 ]
@@ -185,6 +186,19 @@ def logprobs_of(
         TokenLogprob(tok, lp, tuple(zip(ids, vals, strict=True)))
         for tok, lp, ids, vals in zip(token_ids, chosen, top_ids, top_vals, strict=True)
     ]
+
+
+def prompt_logprobs(
+    logits: torch.Tensor, next_ids: Sequence[int], num_top: int
+) -> list[TokenLogprob]:
+    """Logprobs of the prompt ids each position predicts (raw model distribution).
+
+    Args:
+        logits: ``[k, vocab]`` raw logits of ``k`` consecutive prompt positions.
+        next_ids: the ``k`` prompt ids that follow those positions.
+        num_top: alternatives per entry.
+    """
+    return logprobs_of(torch.log_softmax(logits.float(), dim=-1), next_ids, num_top)
 
 
 def _run_processors(

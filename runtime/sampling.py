@@ -70,6 +70,10 @@ class SamplingParams:
     logprobs: int | None = None
     """None: no logprobs. k in [0, 20]: each generated token's logprob of the raw model
     distribution and the k most likely alternatives."""
+    prompt_logprobs: int | None = None
+    """None: none. k in [0, 20]: the logprob of every prompt token after the first (raw model
+    distribution) and k alternatives. Every prompt position must then be computed, so such a
+    request skips the prefix cache (vLLM does the same): its ``cached_tokens`` is 0."""
     seed: int | None = None
     """Seed of this request's random generator (sampling only); None draws one.
 
@@ -132,12 +136,12 @@ class SamplingParams:
                 f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
                 f"got {self.min_tokens!r}"
             )
-        if self.logprobs is not None and not (
-            _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS
-        ):
-            raise InvalidRequestError(
-                f"logprobs must be an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            count = getattr(self, name)
+            if count is not None and not (_is_int(count) and 0 <= count <= MAX_LOGPROBS):
+                raise InvalidRequestError(
+                    f"{name} must be an int in [0, {MAX_LOGPROBS}], got {count!r}"
+                )
 
     @property
     def is_greedy(self) -> bool:

@@ -27,11 +27,14 @@ from runtime.exceptions import (
     SamplingError,
 )
 from runtime.model_runner import ModelRunner
-from runtime.outputs import StreamDelta
+from runtime.outputs import StreamDelta, TokenLogprob
 from runtime.request import Request, RequestStatus
-from runtime.sampler import Sampled, sample_batch
+from runtime.sampler import Sampled, prompt_logprobs, sample_batch
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats"]
+
+_SCORED_CHUNK = 512
+"""Prompt positions whose logits are held at once when prompt logprobs are asked for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +261,10 @@ class Scheduler:
                 req.namespace, req.prompt_ids, req.kv, use_cache=req.use_prefix_cache
             )
             req.cached_len, req.node = hit.cached_len, hit.node
-            logits = self.runner.forward(req.prompt_ids[req.cached_len :], req.kv)
+            if req.params.prompt_logprobs is None:
+                logits = self.runner.forward(req.prompt_ids[req.cached_len :], req.kv)
+            else:
+                logits = self._prefill_scored(req)
             (picked,) = self._sample([req], logits.unsqueeze(0))
             if isinstance(picked, SamplingError):
                 raise picked
@@ -270,6 +276,21 @@ class Scheduler:
                 req.node = self.prefix_cache.insert(req.namespace, req.prompt_ids, req.kv, req.node)
         except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving
             self._fail(req, exc)
+
+    def _prefill_scored(self, req: Request) -> torch.Tensor:
+        """Prefill computing every prompt position's logits (in chunks, to bound their memory),
+        recording the prompt logprobs; returns the last position's ``[vocab]`` logits."""
+        assert req.cached_len == 0 and req.kv is not None, "prompt logprobs skip the cache"
+        ids, num_top = req.prompt_ids, req.params.prompt_logprobs or 0
+        entries: list[TokenLogprob | None] = [None]  # NOTE: nothing predicts the first token
+        for start in range(0, len(ids), _SCORED_CHUNK):
+            logits = self.runner.forward(
+                ids[start : start + _SCORED_CHUNK], req.kv, all_logits=True
+            )
+            nexts = ids[start + 1 : start + 1 + len(logits)]
+            entries += prompt_logprobs(logits[: len(nexts)], nexts, num_top)
+        req.prompt_logprobs = entries
+        return logits[-1]
 
     def _decode_step(self) -> None:
         reqs = list(self.running)
@@ -298,14 +319,15 @@ class Scheduler:
         token, logprob = picked
         text = req.accept(token, logprob)
         logprobs = [] if logprob is None else [logprob]
+        prompt = req.prompt_logprobs if len(req.output_ids) == 1 else None
         if req.finish_reason is None:
-            req.post(StreamDelta(token_ids=[token], text=text, logprobs=logprobs))
+            req.post(StreamDelta([token], text, logprobs=logprobs, prompt_logprobs=prompt))
             return
         self._release(req, keep=True)
         req.t_end = time.perf_counter()
         text += req.detokenizer.flush()
         completion = req.completion()
-        req.post(StreamDelta([token], text, req.finish_reason, completion, logprobs))
+        req.post(StreamDelta([token], text, req.finish_reason, completion, logprobs, prompt))
 
     def _fail(self, req: Request, exc: BaseException) -> None:
         self._release(req, keep=False)

@@ -362,6 +362,10 @@ class ChatCompletionRequest(_SamplingFields):
         """``SamplingParams.logprobs``: None, or the alternatives per token."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    def num_prompt_logprobs(self) -> int | None:
+        """Chat never returns prompt logprobs."""
+        return None
+
     def effective_max_tokens(self) -> int | None:
         """``max_completion_tokens`` (current name) or the legacy ``max_tokens``."""
         return self.max_completion_tokens or self.max_tokens
@@ -383,14 +387,32 @@ class CompletionRequest(_SamplingFields):
     """Body of ``POST /v1/completions``: one prompt, as text or token ids."""
 
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
-    echo: Literal[False] = False
+    max_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    """0 only with ``echo``: score the prompt, generate nothing (lm-evaluation-harness)."""
+    echo: bool = False
+    """Return the prompt before the completion (with ``logprobs``: the prompt's logprobs too)."""
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     """k: each generated token's logprob (raw model distribution) and the k most likely."""
     suffix: None = None
 
+    @model_validator(mode="after")
+    def _zero_tokens_needs_echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ApiError(
+                400,
+                "max_tokens=0 is only accepted with echo=true (scoring the prompt)",
+                param="max_tokens",
+                code="invalid_value",
+            )
+        return self
+
     def num_logprobs(self) -> int | None:
         """``SamplingParams.logprobs``: None, or the alternatives per token."""
         return self.logprobs
+
+    def num_prompt_logprobs(self) -> int | None:
+        """``SamplingParams.prompt_logprobs``: set when echoing with logprobs."""
+        return self.logprobs if self.echo else None
 
     def prompt_value(self) -> str | list[int]:
         """The single prompt (a one-element list of strings is unwrapped).

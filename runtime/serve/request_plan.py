@@ -49,6 +49,10 @@ class RequestPlan:
     """Request field blamed for an over-long prompt (``messages`` or ``prompt``)."""
     token_text: TokenText | None = None
     """Token id -> text, set when the request asked for logprobs."""
+    echo_text: str | None = None
+    """The prompt's text to return before the completion (``echo``), else None."""
+    is_output_dropped: bool = False
+    """``max_tokens=0`` with ``echo``: one token is generated (the engine's minimum), not sent."""
     has_tool_calls: bool = False
     is_failed: bool = False
     """True once an error answer was chosen (so a close is not counted as a cancel)."""
@@ -126,6 +130,7 @@ def sampling_params(
             stop=req.stop_list(),
             stop_token_ids=list(req.stop_token_ids or []),
             logprobs=req.num_logprobs(),
+            prompt_logprobs=req.num_prompt_logprobs(),
         )
     except InvalidRequestError as exc:
         param = "min_tokens" if "min_tokens" in str(exc) else None
@@ -238,8 +243,15 @@ async def completion_plan(
     params = sampling_params(
         engine,
         req,
-        max_tokens=req.max_tokens,
+        max_tokens=req.max_tokens or (1 if req.max_tokens == 0 else None),
         prompt_len=len(ids),
         default_max_tokens=default_max_tokens,
     )
-    return _new_plan("completion", req, ids, params, cache_salt, None, engine)
+    plan = _new_plan("completion", req, ids, params, cache_salt, None, engine)
+    if req.echo:
+        plan.is_output_dropped = req.max_tokens == 0
+        if isinstance(prompt, str):
+            plan.echo_text = prompt
+        else:
+            plan.echo_text = await run_sync(partial(engine.tokenizer.decode, ids))
+    return plan

@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from runtime.outputs import Completion, StreamDelta, TokenLogprob
+from runtime.outputs import Completion, StreamDelta, TokenLogprob, Usage
 from runtime.serve.engine_call import EngineCall
 from runtime.serve.logprobs import CompletionLogprobs, chat_logprobs
 from runtime.serve.protocol import error_body, tool_call_dicts, usage_dict
@@ -36,15 +36,42 @@ def _head(plan: RequestPlan, *, chunk: bool) -> dict[str, Any]:
 
 
 def _logprobs(
-    plan: RequestPlan, entries: list[TokenLogprob], offsets: CompletionLogprobs | None
+    plan: RequestPlan,
+    pending: list[tuple[TokenLogprob | None, int]],
+    offsets: CompletionLogprobs | None,
 ) -> dict[str, Any] | None:
-    """The ``logprobs`` of a choice (or chunk) for ``entries``; None when not requested."""
+    """The ``logprobs`` of a choice (or chunk) for ``(entry, token id)`` pairs; None when not
+    requested. An entry is None only for the first prompt token under ``echo``."""
     if plan.token_text is None:
         return None
     if plan.kind == "chat":
-        return chat_logprobs(entries, plan.token_text)
+        return chat_logprobs([e for e, _ in pending if e is not None], plan.token_text)
     offsets = offsets or CompletionLogprobs(plan.token_text)
-    return offsets.build(entries, [e.token_id for e in entries])
+    return offsets.build([e for e, _ in pending], [t for _, t in pending])
+
+
+def _output(plan: RequestPlan, completion: Completion) -> list[tuple[TokenLogprob | None, int]]:
+    """``(logprob, id)`` of the generated tokens the response shows."""
+    if plan.is_output_dropped:
+        return []
+    entries: list[TokenLogprob | None] = [None] * len(completion.token_ids)
+    if completion.logprobs is not None:
+        entries = list(completion.logprobs)
+    return list(zip(entries, completion.token_ids, strict=True))
+
+
+def _echoed(plan: RequestPlan, prompt_logprobs: list[TokenLogprob | None] | None) -> list[Any]:
+    """``(logprob, id)`` of the echoed prompt tokens (empty without prompt logprobs)."""
+    if prompt_logprobs is None or not isinstance(plan.prompt, list):
+        return []
+    return list(zip(prompt_logprobs, plan.prompt, strict=True))
+
+
+def _usage(plan: RequestPlan, completion: Completion) -> dict[str, Any]:
+    usage = completion.usage
+    if plan.is_output_dropped:
+        usage = Usage(usage.prompt_tokens, usage.cached_tokens, 0)
+    return usage_dict(usage)
 
 
 def final_json(plan: RequestPlan, completion: Completion) -> dict[str, Any]:
@@ -52,7 +79,8 @@ def final_json(plan: RequestPlan, completion: Completion) -> dict[str, Any]:
     body = _head(plan, chunk=False)
     finish: str = completion.finish_reason
     if plan.kind == "completion":
-        choice: dict[str, Any] = {"index": 0, "text": completion.text, "logprobs": None}
+        text = "" if plan.is_output_dropped else completion.text
+        choice: dict[str, Any] = {"index": 0, "text": (plan.echo_text or "") + text}
     else:
         content, calls = completion.text, list[ParsedToolCall]()
         if plan.parser is not None:
@@ -67,10 +95,11 @@ def final_json(plan: RequestPlan, completion: Completion) -> dict[str, Any]:
         else:
             message["content"] = content
         choice = {"index": 0, "message": message, "logprobs": None}
-    choice["logprobs"] = _logprobs(plan, completion.logprobs or [], None)
+    pending = _echoed(plan, completion.prompt_logprobs) + _output(plan, completion)
+    choice["logprobs"] = _logprobs(plan, pending, None)
     choice["finish_reason"] = finish
     body["choices"] = [choice]
-    body["usage"] = usage_dict(completion.usage)
+    body["usage"] = _usage(plan, completion)
     return body
 
 
@@ -87,8 +116,8 @@ class ChoiceStream:
         self._first = first
         self._text = ""
         self._sent = 0
-        self._logprobs: list[TokenLogprob] = []
-        """Logprobs of tokens not yet sent; the next chunk of any kind carries them."""
+        self._logprobs: list[tuple[TokenLogprob | None, int]] = []
+        """``(logprob, id)`` of tokens not yet sent; the next chunk of any kind carries them."""
         self._offsets = CompletionLogprobs(plan.token_text) if plan.token_text is not None else None
 
     def _chunk(
@@ -142,7 +171,7 @@ class ChoiceStream:
         if self._plan.include_usage:
             usage = _head(self._plan, chunk=True)
             usage["choices"] = []
-            usage["usage"] = usage_dict(completion.usage)
+            usage["usage"] = _usage(self._plan, completion)
             events.append(_event(usage))
         return events
 
@@ -150,11 +179,16 @@ class ChoiceStream:
         """Yield ``data: ...`` events, ending with ``data: [DONE]``."""
         if self._plan.kind == "chat":
             yield self._chunk(text="", extra={"role": "assistant"}, finish=None)
+        if self._plan.echo_text is not None:
+            first = self._first
+            self._logprobs = _echoed(self._plan, first.prompt_logprobs if first else None)
+            yield self._chunk(text=self._plan.echo_text, finish=None)
         try:
             delta = self._first
             while delta is not None:
-                self._logprobs.extend(delta.logprobs)
-                out = self._feed(delta.text)
+                if not self._plan.is_output_dropped:
+                    self._logprobs.extend(zip(delta.logprobs, delta.token_ids, strict=False))
+                out = "" if self._plan.is_output_dropped else self._feed(delta.text)
                 if out:
                     yield self._chunk(text=out, finish=None)
                 if delta.completion is not None:

@@ -142,3 +142,27 @@ def _model(arch: str, factory: pytest.TempPathFactory) -> Path:
     if arch not in _PATHS:
         _PATHS[arch] = save_tiny_model(arch, factory.mktemp(arch))
     return _PATHS[arch]
+
+
+@pytest.mark.parametrize("chunk", [512, 7])
+def test_prompt_logprobs_are_the_models_own_and_skip_the_cache(
+    engine: Engine, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every prompt position's logprob (chunked prefill or not); cached_tokens stays honest."""
+    monkeypatch.setattr("runtime.scheduler._SCORED_CHUNK", chunk)
+    engine.generate(PROMPT, SamplingParams(max_tokens=1))  # the prompt is now cached
+    params = SamplingParams(max_tokens=2, prompt_logprobs=2, ignore_eos=True)
+    completion = engine.generate(PROMPT, params)
+    assert completion.usage.cached_tokens == 0  # NOTE: every position had to be computed
+    entries = completion.prompt_logprobs
+    assert entries is not None and len(entries) == len(PROMPT) and entries[0] is None
+    with torch.no_grad():
+        logits = engine.runner.model(torch.tensor([PROMPT])).logits[0]
+    ref = torch.log_softmax(logits.double(), dim=-1)  # [len, vocab]
+    for pos, entry in enumerate(entries[1:], start=1):
+        assert entry is not None and entry.token_id == PROMPT[pos]
+        assert entry.logprob == pytest.approx(ref[pos - 1, PROMPT[pos]].item(), abs=1e-4)
+        assert [t for t, _ in entry.top] == torch.topk(ref[pos - 1], 2).indices.tolist()
+    plain = engine.generate(PROMPT, SamplingParams(max_tokens=2, ignore_eos=True))
+    assert plain.token_ids == completion.token_ids and plain.usage.cached_tokens > 0
+    engine.check_integrity()

@@ -73,6 +73,14 @@ def test_a_poisoned_stream_fails_alone_while_healthy_streams_finish_unchanged(
         stream_text(
             client, model, [4, 5, 6], max_tokens=50, logit_bias={str(POISON): 100}, extra_body=BODY
         )
+    with pytest.raises(openai.InternalServerError, match="generation failed: .*non-finite"):
+        client.completions.create(
+            model=model,
+            prompt=[4, 5],
+            max_tokens=50,
+            logit_bias={str(POISON): 100},
+            extra_body=BODY,
+        )
     extreme = stream_text(  # extreme but valid values are served, not failed
         client, model, [7, 8], max_tokens=6, temperature=1e-30, top_p=1e-30, extra_body=BODY
     )
@@ -235,3 +243,94 @@ def test_best_of_equal_to_n_is_accepted(served: tuple[Engine, OpenAI]) -> None:
     engine, client = served
     out = client.completions.create(model=engine.model_id, prompt=[5, 6], max_tokens=2, best_of=1)
     assert out.choices[0].finish_reason in {"stop", "length"}
+
+
+def test_lm_eval_loglikelihood_payload(served: tuple[Engine, OpenAI]) -> None:
+    """What lm-evaluation-harness ``local-completions`` sends for loglikelihood, parsed its way:
+    ``sum(token_logprobs[ctxlen:-1])`` and ``is_greedy`` from ``top_logprobs``."""
+    engine, client = served
+    context, continuation = [9, 10, 11, 12], [13, 14, 15]
+    client.completions.create(model=engine.model_id, prompt=context + continuation, max_tokens=1)
+    out = client.completions.create(
+        model=engine.model_id,
+        prompt=[context + continuation],
+        max_tokens=1,
+        temperature=0,
+        logprobs=1,
+        echo=True,
+        seed=1234,
+    )
+    choice = out.choices[0]
+    assert choice.logprobs is not None and out.usage is not None
+    values = choice.logprobs.token_logprobs or []
+    tops = choice.logprobs.top_logprobs or []
+    assert len(values) == len(context + continuation) + 1 and values[0] is None
+    ctxlen = len(context)
+    with torch.no_grad():
+        logits = engine.runner.model(torch.tensor([context + continuation])).logits[0]
+    ref = torch.log_softmax(logits.double(), dim=-1)
+    want = sum(ref[ctxlen - 1 + i, tok].item() for i, tok in enumerate(continuation))
+    assert sum(values[ctxlen:-1]) == pytest.approx(want, abs=1e-4)
+    is_greedy = all(
+        v == max(t.values()) for v, t in zip(values[ctxlen:-1], tops[ctxlen:-1], strict=True)
+    )
+    want_greedy = all(
+        int(ref[ctxlen - 1 + i].argmax()) == tok for i, tok in enumerate(continuation)
+    )
+    assert is_greedy == want_greedy
+    assert out.usage.prompt_tokens_details is not None
+    assert out.usage.prompt_tokens_details.cached_tokens == 0  # scored, so not served from cache
+    prompt_text = engine.tokenizer.decode(context + continuation)
+    assert (choice.text or "").startswith(prompt_text)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_max_tokens_zero_scores_the_prompt_only(
+    served: tuple[Engine, OpenAI], stream: bool
+) -> None:
+    engine, client = served
+    kwargs: dict[str, Any] = {"model": engine.model_id, "prompt": "w5 w6 w7", "max_tokens": 0}
+    kwargs.update(echo=True, logprobs=0)
+    if stream:
+        chunks = list(
+            client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+        )
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        values = [
+            v
+            for c in chunks
+            if c.choices and c.choices[0].logprobs
+            for v in c.choices[0].logprobs.token_logprobs or []
+        ]
+        usage = chunks[-1].usage
+    else:
+        out = client.completions.create(**kwargs)
+        text, usage = out.choices[0].text, out.usage
+        assert out.choices[0].logprobs is not None
+        values = out.choices[0].logprobs.token_logprobs or []
+    ids = engine.tokenize("w5 w6 w7")
+    assert text == "w5 w6 w7" and len(values) == len(ids) and values[0] is None
+    assert usage is not None and usage.completion_tokens == 0
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=engine.model_id, prompt="w5", max_tokens=0)
+
+
+def test_echo_without_logprobs_streams_the_prompt_first(served: tuple[Engine, OpenAI]) -> None:
+    engine, client = served
+    plain = client.completions.create(
+        model=engine.model_id, prompt=HEALTHY[0], max_tokens=4, temperature=0, extra_body=BODY
+    )
+    chunks = list(
+        client.completions.create(
+            model=engine.model_id,
+            prompt=HEALTHY[0],
+            max_tokens=4,
+            temperature=0,
+            echo=True,
+            stream=True,
+            extra_body=BODY,
+        )
+    )
+    prompt_text = engine.tokenizer.decode(HEALTHY[0])
+    assert chunks[0].choices[0].text == prompt_text
+    assert "".join(c.choices[0].text for c in chunks) == prompt_text + plain.choices[0].text
