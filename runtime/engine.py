@@ -254,7 +254,15 @@ class Engine:
         ``use_prefix_cache=False`` forces a miss for this request; ``record_logits`` keeps the
         raw ``[vocab]`` logits of every step in ``request.logits_log`` (exactness tests);
         ``logits_processors`` as in ``stream``.
+
+        Raises:
+            InvalidRequestError: ``cache_salt`` is empty (it would share the unsalted namespace;
+                the server refuses it too), or the prompt/params are invalid.
         """
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise InvalidRequestError(
+                f"cache_salt must be a non-empty str or None (no salt), got {cache_salt!r}"
+            )
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
         self._validate(ids, params)

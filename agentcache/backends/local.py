@@ -23,7 +23,7 @@ from agentcache.backends.base import (
     StreamEvent,
     as_prompt,
 )
-from agentcache.exceptions import BackendError, BackendUnavailableError
+from agentcache.exceptions import BackendError, BackendUnavailableError, ConfigError
 from agentcache.usage import Usage
 
 __all__ = ["CHATML_STOPS", "Carry", "ColdRun", "LocalBackend"]
@@ -118,13 +118,19 @@ class LocalBackend(BaseBackend):
             engine: An existing ``runtime.Engine`` to share; ``model`` is then only a label.
             kv_cache_bytes: Prefix-cache budget in bytes (engine default when ``None``).
             prefix_cache: ``False`` forces misses (same code path; for comparisons).
-            cache_salt: Per-tenant namespace of cached KV.
+            cache_salt: Per-tenant namespace of cached KV; ``None`` is the unsalted one. An
+                empty string is refused, as the server refuses it.
             dtype: ``float32``, ``float16`` or ``bfloat16``.
             device: torch device string.
 
         Raises:
+            ConfigError: ``cache_salt`` is an empty string.
             BackendUnavailableError: torch/transformers are missing or the model cannot load.
         """
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ConfigError(
+                f"cache_salt must be a non-empty str or None (no salt), got {cache_salt!r}"
+            )
         runtime = _import_runtime()
         self._sampling_params = runtime.SamplingParams
         self._model = model

@@ -5,6 +5,9 @@ It maps tokens to block ids and never touches tensors (``kv_pool`` does). Edges 
 revision, dtype, cache_salt) has its own root: two namespaces never share a node. Every block
 also carries a chained hash (``block_hash``) that names it outside the tree (the disk tier).
 Eviction is block-granular: it trims the tail of the leaf that ``eviction`` ranks first.
+A root exists only while its namespace holds blocks: a lookup never creates one, and
+eviction (so ``flush``) drops a root whose last block went, so unique salts or keys cannot
+grow memory for good.
 """
 
 from __future__ import annotations
@@ -113,6 +116,11 @@ class RadixCache:
         return self._heap.policy
 
     @property
+    def num_namespaces(self) -> int:
+        """Namespaces holding at least one block (each has a root)."""
+        return len(self._roots)
+
+    @property
     def num_evictable_blocks(self) -> int:
         """Blocks in unpinned nodes (evictable leaf by leaf)."""
         return self.num_blocks - self.num_in_use_blocks
@@ -122,9 +130,12 @@ class RadixCache:
 
         Side effects: bumps the access time (and eviction priority) of every node on the path,
         and splits a node when the match ends inside it (so the returned node covers exactly the
-        matched tokens).
+        matched tokens). A namespace with
+        nothing cached gets no root: its (empty) match ends at a detached node.
         """
-        node = self._root(namespace)
+        node = self._roots.get(namespace) or TreeNode(
+            key=(), block_ids=[], parent=None, namespace=namespace
+        )
         self._tick += 1
         node.last_access = self._tick
         pos, block_ids = 0, []
@@ -176,6 +187,8 @@ class RadixCache:
             ``(node covering all of tokens, unused caller block ids)``.
         """
         assert len(tokens) == len(block_ids) * self.block_size, "tokens must be whole blocks"
+        if tokens:
+            self._root(namespace)
         matched = self.match(namespace, tokens)
         node, pos = matched.node, matched.cached_len
         unused = block_ids[: pos // self.block_size]
@@ -227,6 +240,8 @@ class RadixCache:
         a shared system prompt, stays cached); a leaf emptied this way is removed and its
         parent may become the next candidate. O(log n) per leaf visited.
 
+        Side effect: a namespace left without blocks loses its root.
+
         Returns:
             The freed blocks (maybe fewer than asked when too much is pinned), in eviction order.
         """
@@ -254,6 +269,7 @@ class RadixCache:
         seen: set[int] = set()
         num_in_use, num_nodes, num_evictable_leaves = 0, 0, 0
         stack = list(self._roots.values())
+        assert all(root.children for root in stack), "an empty namespace root is kept"
         while stack:
             node = stack.pop()
             self._check_node(node)
@@ -346,3 +362,5 @@ class RadixCache:
         leaf.parent = None
         self._num_nodes -= 1
         self._heap.update(parent)
+        if parent.parent is None and not parent.children:
+            del self._roots[parent.namespace]  # NOTE: an empty namespace costs no memory.

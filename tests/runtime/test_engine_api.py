@@ -156,6 +156,22 @@ def test_salts_isolate_tenants(engine: Engine) -> None:
     assert same.usage.cached_tokens == 28
 
 
+def test_an_empty_salt_is_refused_not_shared_with_unsalted(engine: Engine) -> None:
+    with pytest.raises(InvalidRequestError, match="cache_salt"):
+        engine.generate(PROMPT, SamplingParams(max_tokens=1), cache_salt="")
+
+
+def test_flush_removes_every_namespace_unique_salts_created(engine: Engine) -> None:
+    engine.flush_cache()
+    radix = engine.prefix_cache.radix
+    for n in range(5):
+        engine.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=1), cache_salt=f"k{n}")
+    assert radix.num_namespaces == 5
+    engine.flush_cache()
+    assert radix.num_namespaces == 0
+    engine.check_integrity()
+
+
 def test_stream_deltas_add_up_to_the_completion(engine: Engine) -> None:
     deltas = list(engine.stream(PROMPT, SamplingParams(ignore_eos=True, max_tokens=6)))
     last = deltas[-1].completion

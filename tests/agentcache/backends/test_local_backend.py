@@ -200,3 +200,10 @@ def test_loading_a_model_hides_the_weight_progress_bar_and_restores_it(
     LocalBackend(str(model_dir))
     assert "Loading weights" not in capfd.readouterr().err
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_an_empty_cache_salt_is_refused_like_the_server_does(model_dir: Path) -> None:
+    from agentcache.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="cache_salt"):
+        LocalBackend(str(model_dir), cache_salt="")

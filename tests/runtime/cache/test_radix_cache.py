@@ -106,6 +106,22 @@ def test_namespaces_never_share_nodes() -> None:
     assert namespace_of("m", "rev2", "float32", "a") != tenant_a
 
 
+def test_empty_namespaces_are_removed() -> None:
+    tree = RadixCache(BS)
+    for salt in ("a", "b", "c"):
+        assert tree.match(namespace_of("m", None, "float32", salt), list(range(8))).cached_len == 0
+    assert tree.num_namespaces == 0  # a lookup never creates a root
+    for i, salt in enumerate(("a", "b", "c")):
+        tree.insert(namespace_of("m", None, "float32", salt), list(range(8)), [2 * i, 2 * i + 1])
+    assert tree.num_namespaces == 3
+    tree.evict(2)  # the least recently used namespace loses its only blocks, then its root
+    assert tree.num_namespaces == 2
+    tree.check_integrity()
+    assert len(tree.evict(tree.num_blocks)) == 4
+    assert tree.num_namespaces == 0
+    tree.check_integrity()
+
+
 def test_contiguous_runs() -> None:
     assert contiguous_runs([3, 4, 5, 9, 10, 2]) == [(0, 3, 3), (3, 9, 2), (5, 2, 1)]
     assert contiguous_runs([]) == []
