@@ -87,6 +87,17 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--kv-cache-bytes", type=non_negative_int, default=None, help="prefix cache budget, bytes"
     )
     p.add_argument("--no-prefix-cache", action="store_true", help="force-miss: never reuse KV")
+    p.add_argument(
+        "--kv-disk-dir",
+        default=None,
+        help="disk tier below the KV pool: evicted blocks spill here and survive restarts",
+    )
+    p.add_argument(
+        "--kv-disk-bytes",
+        type=non_negative_int,
+        default=None,
+        help="byte budget of --kv-disk-dir (default 8 GiB)",
+    )
     p.add_argument("--api-key", default=None, help="require this bearer token")
     p.add_argument(
         "--max-request-bytes",

@@ -8,6 +8,7 @@ It does not know HTTP or the SDK.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -16,10 +17,17 @@ from typing import Any
 import torch
 
 from runtime._detokenizer import Detokenizer
+from runtime.cache.disk_tier import DiskTier
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.prefix_cache import PrefixCache, namespace_of
 from runtime.exceptions import InvalidRequestError, PromptTooLongError
-from runtime.model_runner import ForwardPath, ModelRunner, load_model, reuse_blocker
+from runtime.model_runner import (
+    ForwardPath,
+    ModelRunner,
+    load_model,
+    reuse_blocker,
+    weights_fingerprint,
+)
 from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.request import Request
 from runtime.request_stream import RequestStream
@@ -27,12 +35,14 @@ from runtime.sampler import LogitsProcessor
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 
-__all__ = ["DEFAULT_KV_CACHE_BYTES", "Engine", "Prompt"]
+__all__ = ["DEFAULT_KV_CACHE_BYTES", "DEFAULT_KV_DISK_BYTES", "Engine", "Prompt"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 """Prefix cache budget when none is given: 1 GiB of KV blocks."""
+DEFAULT_KV_DISK_BYTES = 8 << 30
+"""Disk tier budget when ``kv_disk_dir`` is given without ``kv_disk_bytes``: 8 GiB of files."""
 
 Prompt = str | Sequence[int] | list[dict[str, Any]]
 """Text (tokenized as is), token ids, or chat messages (rendered with the chat template)."""
@@ -58,18 +68,21 @@ class Engine:
         debug_integrity: bool = False,
         scheduler: SchedulerConfig | None = None,
         forward: ForwardPath = "auto",
+        kv_disk_dir: str | os.PathLike[str] | None = None,
+        kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
     ) -> None:
         """Wrap an already loaded model; prefer ``from_pretrained``.
 
         Raises:
-            ValueError: for a non-positive block_size or negative kv_cache_bytes, or
-                ``forward="compact"`` on a model outside the compact family.
+            ValueError: for a non-positive block_size, negative kv_cache_bytes or kv_disk_bytes,
+                or ``forward="compact"`` on a model outside the compact family.
             ModelLoadError: when the model exposes no usable per-layer KV cache.
+            OSError: ``kv_disk_dir`` cannot be created or read.
         """
-        if block_size < 1 or kv_cache_bytes < 0:
+        if block_size < 1 or kv_cache_bytes < 0 or kv_disk_bytes < 0:
             raise ValueError(
-                f"need block_size >= 1 and kv_cache_bytes >= 0, got {block_size!r}, "
-                f"{kv_cache_bytes!r}"
+                f"need block_size >= 1, kv_cache_bytes >= 0 and kv_disk_bytes >= 0, got "
+                f"{block_size!r}, {kv_cache_bytes!r}, {kv_disk_bytes!r}"
             )
         self.tokenizer = tokenizer
         self.model_id = model_id
@@ -84,6 +97,8 @@ class Engine:
         self._dtype_name = str(self.runner.dtype).removeprefix("torch.")
         self._lock = threading.Lock()
         self.prefix_cache = self._make_prefix_cache(kv_cache_bytes, block_size, prefix_cache)
+        if kv_disk_dir is not None and self.prefix_cache.is_enabled:
+            self.prefix_cache.disk = self._make_disk_tier(kv_disk_dir, kv_disk_bytes)
         if self.runner.batch_blocker is not None:
             logger.warning("batch size 1 for %r: %s", model_id, self.runner.batch_blocker)
         self.scheduler = Scheduler(
@@ -94,7 +109,7 @@ class Engine:
             debug_integrity=debug_integrity,
         )
         # NOTE: holds the scheduler, not the engine, so an unreferenced engine is collected.
-        self._finalizer = weakref.finalize(self, self.scheduler.close)
+        self._finalizer = weakref.finalize(self, _shutdown, self.scheduler, self.prefix_cache.disk)
 
     @classmethod
     def from_pretrained(
@@ -109,6 +124,8 @@ class Engine:
         revision: str | None = None,
         scheduler: SchedulerConfig | None = None,
         forward: ForwardPath = "auto",
+        kv_disk_dir: str | os.PathLike[str] | None = None,
+        kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
     ) -> Engine:
         """Load a model and its tokenizer (local path, bundled name, or hub id).
 
@@ -123,9 +140,15 @@ class Engine:
             forward: ``"auto"`` (the compact Llama-family forward where it applies, else the
                 model's own), ``"compact"`` or ``"transformers"`` (the reference); see
                 ``forward_path``.
+            kv_disk_dir: directory of the disk tier below the KV pool (None: no disk tier).
+                Evicted blocks spill there and survive restarts; files are named by model,
+                revision, dtype, tenant salt and a weights fingerprint, so another model or
+                dtype never reuses them.
+            kv_disk_bytes: byte budget of ``kv_disk_dir`` (block files, headers included).
 
         Raises:
             ModelLoadError: the model or tokenizer cannot be loaded.
+            ValueError, OSError: as ``Engine()``.
         """
         lm, tokenizer = load_model(str(model), dtype=dtype, device=device, revision=revision)
         return cls(
@@ -138,6 +161,8 @@ class Engine:
             prefix_cache=prefix_cache,
             scheduler=scheduler,
             forward=forward,
+            kv_disk_dir=kv_disk_dir,
+            kv_disk_bytes=kv_disk_bytes,
         )
 
     @property
@@ -214,10 +239,12 @@ class Engine:
         """Prefix cache counters and occupancy."""
         pc = self.prefix_cache
         with self._lock:
-            used = pc.radix.num_blocks
+            used, disk = pc.radix.num_blocks, pc.disk
             return CacheStats(
                 queried_tokens=pc.queried_tokens,
                 hit_tokens=pc.hit_tokens,
+                disk_hit_tokens=pc.disk_hit_tokens,
+                disk=None if disk is None else disk.snapshot(),
                 bytes_used=used * pc.pool.block_bytes,
                 bytes_total=pc.pool.bytes_total,
                 num_blocks_used=used,
@@ -228,10 +255,19 @@ class Engine:
                 num_blocks_pinned=pc.radix.num_in_use_blocks,
             )
 
-    def flush_cache(self) -> int:
-        """Drop every cached block not pinned by a running request; returns blocks freed."""
+    def flush_cache(self, *, include_disk: bool = False) -> int:
+        """Drop every cached block not pinned by a running request; returns blocks freed.
+
+        With a disk tier the dropped blocks spill to it (as any eviction does), unless
+        ``include_disk``, which also deletes every block file.
+        """
         with self._lock:
-            return self.prefix_cache.flush()
+            return self.prefix_cache.flush(include_disk=include_disk)
+
+    def drain_disk(self) -> None:
+        """Wait until every queued disk-tier write is on disk (no-op without a disk tier)."""
+        if self.prefix_cache.disk is not None:
+            self.prefix_cache.disk.drain()
 
     def check_integrity(self) -> None:
         """Assert the pool and tree agree: free + evictable + in-use == total blocks."""
@@ -296,7 +332,8 @@ class Engine:
     def close(self) -> None:
         """Stop the scheduler loop; queued and running requests fail with RuntimeEngineError.
 
-        Idempotent; also runs at interpreter exit and when the engine is garbage collected.
+        Queued disk-tier writes are finished first. Idempotent; also runs at interpreter exit
+        and when the engine is garbage collected.
         """
         self._finalizer()
 
@@ -353,6 +390,19 @@ class Engine:
             logger.warning("prefix cache disabled for %r: %s", self.model_id, blocker)
             reason, enabled = blocker, False
         return PrefixCache(pool, is_enabled=enabled, disabled_reason=reason)
+
+    def _make_disk_tier(self, path: str | os.PathLike[str], budget: int) -> DiskTier:
+        pool = self.prefix_cache.pool
+        layout = f"{pool.block_shape}|{self.runner.dtype}"
+        fingerprint = f"{weights_fingerprint(self.runner.model)}|{layout}"
+        return DiskTier(path, budget_bytes=budget, fingerprint=fingerprint,
+                        block_shape=pool.block_shape, dtype=self.runner.dtype)  # fmt: skip
+
+
+def _shutdown(scheduler: Scheduler, disk: DiskTier | None) -> None:
+    scheduler.close()
+    if disk is not None:
+        disk.close()
 
 
 def _last_completion(deltas: Iterator[StreamDelta]) -> Completion:

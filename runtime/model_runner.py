@@ -6,6 +6,7 @@ It also decides, from the model's layer types, whether resuming from a cached pr
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
 import os
@@ -29,6 +30,7 @@ __all__ = [
     "is_local_path",
     "load_model",
     "reuse_blocker",
+    "weights_fingerprint",
 ]
 
 ForwardPath: TypeAlias = Literal["auto", "compact", "transformers"]
@@ -121,6 +123,29 @@ def load_model(model: str, *, dtype: str, device: str, revision: str | None) -> 
     lm.to(torch.device(device))
     lm.eval()
     return lm, tokenizer
+
+
+_FINGERPRINT_SAMPLES = 4096
+
+
+def weights_fingerprint(model: Any) -> str:
+    """sha256 hex over every parameter and buffer: name, dtype, shape and sampled values.
+
+    Up to 4096 evenly spaced values per tensor (all of them for small tensors) plus the config,
+    so any other checkpoint, fine-tune or dtype gives another fingerprint without hashing
+    gigabytes at start-up. Names KV blocks on disk (the disk tier never reuses another model's).
+    """
+    h = hashlib.sha256(b"agentcache-weights-v1\0")
+    h.update(model.config.to_json_string(use_diff=False).encode())
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    with torch.no_grad():
+        for name, tensor in sorted(tensors, key=lambda item: item[0]):
+            flat = tensor.detach().reshape(-1)
+            step = max(1, flat.numel() // _FINGERPRINT_SAMPLES)
+            sample = flat[::step][:_FINGERPRINT_SAMPLES].to("cpu").contiguous()
+            h.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+            h.update(sample.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def reuse_blocker(config: Any) -> str | None:

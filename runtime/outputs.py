@@ -9,9 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from runtime.cache.disk_tier import DiskTierStats
+
 __all__ = [
     "CacheStats",
     "Completion",
+    "DiskTierStats",
     "FinishReason",
     "Metrics",
     "StreamDelta",
@@ -39,7 +42,7 @@ class Usage:
     prompt_tokens: int
     """Tokens in the prompt after rendering and tokenization."""
     cached_tokens: int
-    """Prompt tokens whose KV came from the prefix cache (not recomputed)."""
+    """Prompt tokens whose KV came from the prefix cache, either tier (not recomputed)."""
     completion_tokens: int
     """Tokens generated, including a final stop token id if one was sampled."""
 
@@ -100,7 +103,7 @@ class CacheStats:
     queried_tokens: int
     """Prompt tokens looked up in the prefix cache."""
     hit_tokens: int
-    """Prompt tokens served from the prefix cache."""
+    """Prompt tokens served from the prefix cache (both tiers)."""
     bytes_used: int
     """Bytes of KV blocks currently holding cached tokens."""
     bytes_total: int
@@ -117,6 +120,20 @@ class CacheStats:
     """Why reuse is off, when it is."""
     num_blocks_pinned: int = 0
     """Blocks pinned by running requests (not evictable now)."""
+    disk_hit_tokens: int = 0
+    """Of ``hit_tokens``, those whose blocks were loaded back from the disk tier."""
+    disk: DiskTierStats | None = None
+    """The disk tier's figures (None without one)."""
+
+    @property
+    def memory_hit_tokens(self) -> int:
+        """Of ``hit_tokens``, those served from the in-memory pool."""
+        return self.hit_tokens - self.disk_hit_tokens
+
+    @property
+    def pool_fill(self) -> float:
+        """Fraction of the pool's blocks holding cached tokens (0.0 for an empty pool)."""
+        return self.num_blocks_used / self.num_blocks_total if self.num_blocks_total else 0.0
 
     @property
     def hit_rate(self) -> float:

@@ -118,6 +118,20 @@ class KVPool:
         for pos, first, n in contiguous_runs(block_ids):
             self.data[:, :, :, first : first + n].copy_(blocks[:, :, :, pos : pos + n])
 
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        """Shape of one block as ``read_block`` returns it: ``[L, 2, H_kv, block_size, D]``."""
+        l_, two, h, _, bs, d = self.data.shape
+        return (l_, two, h, bs, d)
+
+    def read_block(self, block_id: int) -> torch.Tensor:
+        """A copy of one block, ``[L, 2, H_kv, block_size, D]`` (safe to keep after a free)."""
+        return self.data[:, :, :, block_id].clone()
+
+    def write_block(self, block_id: int, block: torch.Tensor) -> None:
+        """Fill an allocated block from a ``[L, 2, H_kv, block_size, D]`` tensor."""
+        self.data[:, :, :, block_id].copy_(block)
+
     def _as_blocks(self, span: torch.Tensor, num_blocks: int) -> torch.Tensor:
         """``[L, 2, H, n * bs, D]`` -> ``[L, 2, H, n, bs, D]`` view (a split never copies)."""
         l_, two, h, _, d = span.shape

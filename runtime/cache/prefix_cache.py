@@ -1,8 +1,9 @@
 """Prefix cache: the one place that talks to both the radix tree (tokens) and the KV pool (tensors).
 
 ``match`` copies the longest cached prefix into a request's buffer; ``insert`` stores the
-request's whole blocks. It knows nothing about the model, sampling or threads (the engine holds
-its lock around every call).
+request's whole blocks. With a disk tier, evicted blocks spill to disk and a match continues
+past the tree into it, loading blocks back into the pool. It knows nothing about the model,
+sampling or threads (the engine holds its lock around every call).
 """
 
 from __future__ import annotations
@@ -12,9 +13,18 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from runtime.cache.disk_tier import DiskTier
 from runtime.cache.eviction import EvictionPolicy
 from runtime.cache.kv_pool import KVPool
-from runtime.cache.radix_cache import Namespace, RadixCache, TreeNode
+from runtime.cache.radix_cache import (
+    BlockHash,
+    EvictedBlock,
+    MatchResult,
+    Namespace,
+    RadixCache,
+    TreeNode,
+    block_hash,
+)
 
 __all__ = ["KVBuffer", "PrefixCache", "PrefixHit", "namespace_of"]
 
@@ -55,7 +65,7 @@ class PrefixHit(NamedTuple):
 
 
 class PrefixCache:
-    """Radix tree + KV pool with hit counters.
+    """Radix tree + KV pool (+ optional disk tier) with hit counters per tier.
 
     Every node returned by ``match``/``insert`` is locked for the caller, who must pass it to
     ``release`` exactly once (finish, stop, error or cancel).
@@ -68,6 +78,7 @@ class PrefixCache:
         is_enabled: bool,
         disabled_reason: str | None,
         policy: EvictionPolicy = "shared",
+        disk: DiskTier | None = None,
     ) -> None:
         self.pool = pool
         self.radix = RadixCache(pool.block_size, policy=policy)
@@ -75,8 +86,12 @@ class PrefixCache:
         self.disabled_reason = disabled_reason
         if is_enabled and pool.num_blocks == 0:
             self.disabled_reason = "kv_cache_bytes is smaller than one block"
+        self.disk = disk if self.is_enabled else None
         self.queried_tokens = 0
         self.hit_tokens = 0
+        """Prompt tokens served from either tier."""
+        self.disk_hit_tokens = 0
+        """Prompt tokens of ``hit_tokens`` whose blocks were loaded back from the disk tier."""
         self.num_evictions = 0
 
     def match(
@@ -86,13 +101,17 @@ class PrefixCache:
 
         At most ``len(tokens) - 1`` positions are served: the last prompt token is always
         recomputed so the first sampled token has logits. Counts the query in the hit stats.
-        Side effects: bumps LRU, may split a node, locks the returned node.
+        Side effects: bumps LRU, may split a node, locks the returned node; with a disk tier,
+        blocks found there are loaded into the pool and the tree (evicting others to make room).
         """
         self.queried_tokens += len(tokens)
         if not (use_cache and self.is_enabled):
             return PrefixHit(0, None)
         found = self.radix.match(namespace, tokens)
         self.radix.lock(found.node)
+        from_memory = min(found.cached_len, len(tokens) - 1)
+        if self.disk is not None:
+            found = self._load_from_disk(namespace, tokens, found)
         cached_len = min(found.cached_len, len(tokens) - 1)
         if found.cached_len:
             # NOTE: copy whole blocks, trust only cached_len positions (the last may be redone).
@@ -100,18 +119,27 @@ class PrefixCache:
             self.pool.read_into(found.block_ids, kv.span(0, found.cached_len))
         kv.length = cached_len
         self.hit_tokens += cached_len
+        self.disk_hit_tokens += cached_len - from_memory
         return PrefixHit(cached_len, found.node)
 
     def peek(self, namespace: Namespace, tokens: list[int], *, use_cache: bool) -> int:
-        """Prompt positions ``match`` would serve now (read-only: no LRU bump, no split)."""
+        """Prompt positions ``match`` would serve now (read-only: no LRU bump, no split).
+
+        Counts blocks on the disk tier too, and asks it to prefetch them in the background.
+        """
         if not (use_cache and self.is_enabled):
             return 0
-        return min(self.radix.peek(namespace, tokens)[0], len(tokens) - 1)
+        cached_len, last = self.radix.peek(namespace, tokens)
+        if self.disk is not None:
+            keys = self._disk_run(last, tokens, cached_len)
+            self.disk.prefetch(keys)
+            cached_len += len(keys) * self.pool.block_size
+        return min(cached_len, len(tokens) - 1)
 
     def insert(
         self, namespace: Namespace, tokens: list[int], kv: KVBuffer, held: TreeNode | None
     ) -> TreeNode | None:
-        """Store the whole blocks of ``tokens`` (KV from ``kv``), evicting LRU leaves if needed.
+        """Store the whole blocks of ``tokens`` (KV from ``kv``), evicting blocks if needed.
 
         Args:
             tokens: token ids whose KV is in ``kv`` positions ``[0, len(tokens))``.
@@ -129,8 +157,7 @@ class PrefixCache:
         if num_new <= 0:
             return held
         self.radix.lock(found.node)
-        self._make_room(num_new)
-        new_ids = self.pool.allocate(min(num_new, self.pool.num_free)) or []
+        new_ids = self._allocate(num_new)
         self.radix.unlock(found.node)
         if not new_ids:
             return held
@@ -146,14 +173,26 @@ class PrefixCache:
         if node is not None:
             self.radix.unlock(node)
 
-    def flush(self) -> int:
-        """Evict every unpinned block; returns how many were freed (pinned ones stay)."""
-        freed = [e.block_id for e in self.radix.evict(self.radix.num_blocks)]
-        self.pool.free(freed)
-        return len(freed)
+    def flush(self, *, include_disk: bool = False) -> int:
+        """Evict every unpinned block; returns how many were freed (pinned ones stay).
+
+        Evicted blocks spill to the disk tier as any eviction does, unless ``include_disk``,
+        which also removes every block file.
+        """
+        evicted = self.radix.evict(self.radix.num_blocks)
+        if self.disk is not None and not include_disk:
+            self._spill(evicted)
+        self.pool.free([e.block_id for e in evicted])
+        if self.disk is not None and include_disk:
+            self.disk.drain()
+            self.disk.clear()
+        return len(evicted)
 
     def check_integrity(self) -> None:
-        """Assert free + evictable + in-use == total blocks, and both parts' own invariants."""
+        """Assert free + evictable + in-use == total blocks, and every part's own invariants.
+
+        With a disk tier, also that its index matches its directory within the byte budget.
+        """
         self.pool.check_integrity()
         self.radix.check_integrity()
         free, radix = self.pool.num_free, self.radix
@@ -162,10 +201,65 @@ class PrefixCache:
             f"free {free} + evictable {radix.num_evictable_blocks} + in-use "
             f"{radix.num_in_use_blocks} != total {self.pool.num_blocks}"
         )
+        assert 0 <= self.disk_hit_tokens <= self.hit_tokens <= self.queried_tokens, "hit counts"
+        if self.disk is not None:
+            self.disk.check_integrity()
 
-    def _make_room(self, num_blocks: int) -> None:
+    def _allocate(self, num_blocks: int) -> list[int]:
+        """Up to ``num_blocks`` pool blocks, evicting (and spilling) unpinned ones as needed."""
         missing = num_blocks - self.pool.num_free
         if missing > 0:
-            freed = [e.block_id for e in self.radix.evict(missing)]
-            self.pool.free(freed)
-            self.num_evictions += len(freed)
+            evicted = self.radix.evict(missing)
+            if self.disk is not None:
+                self._spill(evicted)
+            self.pool.free([e.block_id for e in evicted])
+            self.num_evictions += len(evicted)
+        return self.pool.allocate(min(num_blocks, self.pool.num_free)) or []
+
+    def _spill(self, evicted: list[EvictedBlock]) -> None:
+        """Queue evicted blocks for the disk tier (a copy each; a full queue drops them)."""
+        assert self.disk is not None
+        for e in evicted:
+            key = self.disk.key(e.block_hash)
+            if not self.disk.contains(key):
+                self.disk.put(key, self.pool.read_block(e.block_id))
+
+    def _disk_run(self, last: BlockHash, tokens: list[int], pos: int) -> list[str]:
+        """Keys of the consecutive blocks of ``tokens[pos:]`` present on the disk tier."""
+        assert self.disk is not None
+        bs, keys = self.pool.block_size, []
+        while pos + bs <= len(tokens):
+            last = block_hash(last, tokens[pos : pos + bs])
+            key = self.disk.key(last)
+            if not self.disk.contains(key):
+                break
+            keys.append(key)
+            pos += bs
+        return keys
+
+    def _load_from_disk(
+        self, namespace: Namespace, tokens: list[int], found: MatchResult
+    ) -> MatchResult:
+        """Extend a locked tree match with blocks from disk; the result's node is locked instead.
+
+        Stops at the first block that is absent or damaged; loads only what the pool can hold.
+        """
+        assert self.disk is not None
+        bs = self.pool.block_size
+        keys = self._disk_run(self.radix.chain_start(found.node), tokens, found.cached_len)
+        blocks = []
+        for key in keys:
+            block = self.disk.load(key)
+            if block is None:
+                break
+            blocks.append(block)
+        new_ids = self._allocate(len(blocks)) if blocks else []
+        if not new_ids:
+            return found
+        for bid, block in zip(new_ids, blocks, strict=False):
+            self.pool.write_block(bid, block)
+        end = found.cached_len + len(new_ids) * bs
+        node, _ = self.radix.insert(namespace, tokens[:end], found.block_ids + new_ids)
+        self.radix.lock(node)
+        self.radix.unlock(found.node)
+        return MatchResult(end, node, found.block_ids + new_ids)

@@ -61,9 +61,18 @@ def run_cli(args: argparse.Namespace) -> int:
         kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}
         if args.kv_cache_bytes is not None:
             kwargs["kv_cache_bytes"] = args.kv_cache_bytes
+        disk_dir = getattr(args, "kv_disk_dir", None)
+        disk_bytes = getattr(args, "kv_disk_bytes", None)
+        if disk_bytes is not None and disk_dir is None:
+            print("agentcache serve: --kv-disk-bytes needs --kv-disk-dir")
+            return 2
+        if disk_dir is not None:
+            kwargs["kv_disk_dir"] = disk_dir
+            if disk_bytes is not None:
+                kwargs["kv_disk_bytes"] = disk_bytes
         try:
             engine = Engine.from_pretrained(args.model, **kwargs)
-        except (ModelLoadError, FileNotFoundError) as exc:
+        except (ModelLoadError, OSError) as exc:
             print(f"agentcache serve: cannot load {args.model!r}: {exc}")
             return 2
         max_bytes = getattr(args, "max_request_bytes", None) or DEFAULT_MAX_REQUEST_BYTES

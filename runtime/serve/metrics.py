@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from runtime.outputs import CacheStats, Completion
+from runtime.outputs import CacheStats, Completion, DiskTierStats
 
 __all__ = ["CONTENT_TYPE", "Outcome", "ServerMetrics"]
 
@@ -49,6 +49,28 @@ class _CacheCollector(Collector):
                      stats.num_blocks_pinned)  # fmt: skip
         usage = stats.bytes_used / stats.bytes_total if stats.bytes_total else 0.0
         yield _gauge("kv_cache_usage_perc", "KV pool fraction in use (0-1)", usage)
+        tiers = CounterMetricFamily(
+            f"{PREFIX}_prefix_cache_tier_hits", "Prompt tokens served, by tier", labels=["tier"]
+        )
+        tiers.add_metric(["memory"], stats.memory_hit_tokens)
+        tiers.add_metric(["disk"], stats.disk_hit_tokens)
+        yield tiers
+        if stats.disk is not None:
+            yield from _disk_metrics(stats.disk)
+
+
+def _disk_metrics(disk: DiskTierStats) -> Iterator[Metric]:
+    yield _gauge("kv_disk_bytes_used", "Bytes of KV block files on disk", disk.bytes_used)
+    yield _gauge("kv_disk_bytes_total", "Disk tier byte budget", disk.bytes_total)
+    yield _gauge("kv_disk_blocks", "KV block files on disk", disk.num_blocks)
+    yield _counter("kv_disk_writes", "KV blocks spilled to disk", disk.num_writes)
+    yield _counter("kv_disk_dropped_writes", "Spills dropped (write queue full)",
+                   disk.num_dropped_writes)  # fmt: skip
+    yield _counter("kv_disk_loads", "KV blocks loaded back from disk", disk.num_loads)
+    yield _counter("kv_disk_load_seconds", "Time spent loading blocks on the request path",
+                   disk.load_s)  # fmt: skip
+    yield _counter("kv_disk_corrupt_files", "Damaged or foreign block files removed",
+                   disk.num_corrupt)  # fmt: skip
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,27 @@ def test_missing_model_directory_is_exit_2_and_frees_the_port(
     out = capsys.readouterr().out
     assert "no such model directory './no/such/model-dir'" in out and "tiny" in out
     server.bind_socket("127.0.0.1", port).close()  # the port was given back
+
+
+def test_kv_disk_flags_reach_the_engine(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from agentcache.cli import build_parser
+    from runtime.exceptions import ModelLoadError
+
+    seen: dict[str, object] = {}
+
+    def record(model: str, **kwargs: object) -> Engine:
+        seen.update(kwargs)
+        raise ModelLoadError("stop before serving")
+
+    monkeypatch.setattr(Engine, "from_pretrained", record)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    argv = ["serve", "--port", port, "--kv-disk-dir", str(tmp_path), "--kv-disk-bytes", "4096"]
+    assert server.run_cli(build_parser().parse_args(argv)) == 2
+    assert seen["kv_disk_dir"] == str(tmp_path) and seen["kv_disk_bytes"] == 4096
+    lone = build_parser().parse_args(["serve", "--port", port, "--kv-disk-bytes", "4096"])
+    assert server.run_cli(lone) == 2
+    assert "--kv-disk-bytes needs --kv-disk-dir" in capsys.readouterr().out

@@ -226,3 +226,34 @@ def test_client_leaving_while_queued_never_reaches_the_engine() -> None:
         holder.join()
         assert len(engine.salts) == 1  # only the holder ever opened an engine stream
         assert 'outcome="cancelled"} 1.0' in httpx.get(f"{url}/metrics").text
+
+
+def test_metrics_say_which_tier_served_the_prompt(model_dir: Path, tmp_path: Path) -> None:
+    engine = Engine.from_pretrained(str(model_dir), kv_cache_bytes=8 << 20,
+                                    kv_disk_dir=tmp_path, kv_disk_bytes=8 << 20)  # fmt: skip
+    with ServerThread(create_app(engine)) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key="test", max_retries=0)
+
+        def cached_tokens() -> int:
+            out = client.chat.completions.create(
+                model=engine.model_id, messages=chat("disk"), max_tokens=2, temperature=0
+            )
+            assert out.usage is not None and out.usage.prompt_tokens_details is not None
+            return out.usage.prompt_tokens_details.cached_tokens or 0
+
+        assert cached_tokens() == 0
+        engine.flush_cache()
+        engine.drain_disk()
+        from_disk = cached_tokens()  # cached_tokens counts blocks loaded back from disk too
+        assert from_disk >= len(SYSTEM) // 2
+        metrics = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(f"{url}/metrics").text.splitlines()
+            if line.startswith("agentcache_")
+        }
+    assert metrics['agentcache_prefix_cache_tier_hits_total{tier="disk"}'] == from_disk
+    assert metrics['agentcache_prefix_cache_tier_hits_total{tier="memory"}'] == 0
+    assert 0 < metrics["agentcache_kv_disk_bytes_used"] <= 8 << 20
+    assert metrics["agentcache_kv_disk_loads_total"] >= from_disk // 16
+    engine.check_integrity()
+    engine.close()

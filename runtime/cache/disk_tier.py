@@ -1,0 +1,387 @@
+"""Disk tier below the KV pool: evicted blocks as checksummed files in a byte-budgeted directory.
+
+A block's file name is ``sha256(fingerprint || chained block hash)``: the chain starts from the
+namespace (model id, revision, dtype, cache_salt) and ``fingerprint`` names the weights and the
+block layout, so another model, dtype or tenant never finds these files. Each file carries its
+own key and a sha256 of its payload; a damaged, truncated or foreign file is a miss and is
+removed. Writes go through a bounded queue to one writer thread (a full queue drops the write,
+never blocks the caller) and land atomically (temp file + rename), so a process killed mid-write
+leaves at most a temp file, which the next start removes. Reads can be prefetched by a reader
+thread into a small staging area. It knows block keys and tensors, never tokens or the tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import struct
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from runtime.cache.radix_cache import BlockHash
+
+__all__ = ["DISK_HEADER_BYTES", "DiskStats", "DiskTier", "DiskTierStats"]
+
+_MAGIC = b"ACKVBLK1"
+_HEADER = struct.Struct("<8s32sQ32s")  # magic, key, payload bytes, sha256(payload)
+_SUFFIX = ".kvb"
+DISK_HEADER_BYTES = _HEADER.size
+"""Bytes each block file adds to its payload (size a budget as blocks * (block_bytes + this))."""
+
+
+@dataclass(frozen=True, slots=True)
+class DiskTierStats:
+    """The disk tier below the KV pool, since the engine started (``CacheStats.disk``)."""
+
+    bytes_used: int
+    """Bytes of block files in the directory now (headers included)."""
+    bytes_total: int
+    """Byte budget of the directory."""
+    num_blocks: int
+    """Block files in the directory now."""
+    num_writes: int
+    """Blocks written (spilled from the pool)."""
+    num_dropped_writes: int
+    """Spills dropped because the write queue was full (the request never waits on disk)."""
+    num_loads: int
+    """Blocks read back into the pool."""
+    load_s: float
+    """Seconds spent reading and verifying blocks on the request path (prefetched ones free)."""
+    num_corrupt: int
+    """Damaged, truncated or foreign files found, treated as misses and removed."""
+
+    @property
+    def mean_load_ms(self) -> float:
+        """Mean milliseconds per loaded block (0.0 before any load)."""
+        return 1000 * self.load_s / self.num_loads if self.num_loads else 0.0
+
+
+class DiskStats:
+    """Counters of one ``DiskTier`` (read under its lock)."""
+
+    __slots__ = ("bytes_used", "load_s", "num_corrupt", "num_dropped", "num_loads", "num_writes")
+
+    def __init__(self) -> None:
+        self.bytes_used = 0
+        """Bytes of block files now in the directory (headers included)."""
+        self.num_writes = 0
+        """Block files written since start."""
+        self.num_dropped = 0
+        """Writes dropped because the queue was full (the block is just not kept)."""
+        self.num_loads = 0
+        """Blocks read back (from a file or the staging area)."""
+        self.load_s = 0.0
+        """Seconds spent reading and verifying blocks in ``load`` (prefetched reads are free)."""
+        self.num_corrupt = 0
+        """Damaged, truncated or foreign files found and removed."""
+
+
+class DiskTier:
+    """Byte-budgeted, checksummed block files with a background writer and prefetching reader.
+
+    Thread-safe. ``put`` never blocks for IO; ``load`` reads synchronously unless the block was
+    prefetched. Files are evicted least recently used (by write or load) to stay in budget.
+
+    Args:
+        path: directory (created if missing); leftover temp files are removed on start.
+        budget_bytes: most bytes of block files kept (headers included).
+        fingerprint: weights + block layout identity (see ``runtime.engine``); part of every key.
+        block_shape: shape of one block tensor, ``[L, 2, H_kv, block_size, D]``.
+        dtype: dtype of block tensors.
+        max_pending: blocks waiting to be written at most (memory bound); beyond it ``put``
+            drops the write.
+        max_staged: prefetched blocks held in memory at most.
+
+    Raises:
+        ValueError: negative budget or queue sizes.
+        OSError: the directory cannot be created or listed.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        budget_bytes: int,
+        fingerprint: str,
+        block_shape: tuple[int, ...],
+        dtype: torch.dtype,
+        max_pending: int = 256,
+        max_staged: int = 512,
+    ) -> None:
+        if budget_bytes < 0 or max_pending < 1 or max_staged < 0:
+            raise ValueError(
+                f"need budget_bytes >= 0, max_pending >= 1, max_staged >= 0; got "
+                f"{budget_bytes!r}, {max_pending!r}, {max_staged!r}"
+            )
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.budget_bytes = budget_bytes
+        self.block_shape = tuple(block_shape)
+        self.dtype = dtype
+        self._salt = hashlib.sha256(f"agentcache-disk-v1\0{fingerprint}".encode()).digest()
+        self.stats = DiskStats()
+        self._lock = threading.Lock()
+        self._index: OrderedDict[str, int] = OrderedDict()  # key -> file bytes, LRU first
+        self._pending: dict[str, torch.Tensor] = {}
+        self._staged: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._max_staged = max_staged
+        self._max_pending = max_pending
+        self._writes: queue.Queue[str | None] = queue.Queue()
+        self._reads: queue.Queue[str | None] = queue.Queue(maxsize=max(1, max_staged))
+        self._threads: list[threading.Thread] = []
+        self._scan()
+
+    # --- keys and lookups ------------------------------------------------------------------
+
+    def key(self, block_hash: BlockHash) -> str:
+        """File key (hex) of a block: sha256(fingerprint salt || chained block hash)."""
+        return hashlib.sha256(self._salt + block_hash).hexdigest()
+
+    def contains(self, key: str) -> bool:
+        """Whether the block is on disk, queued for writing or staged (no IO)."""
+        with self._lock:
+            return key in self._index or key in self._pending or key in self._staged
+
+    def put(self, key: str, block: torch.Tensor) -> bool:
+        """Queue ``block`` (``block_shape``, owned by the tier from now on) for writing.
+
+        Returns:
+            False when the write was dropped (queue full); True when queued or already kept.
+        """
+        with self._lock:
+            if key in self._index or key in self._pending:
+                if key in self._index:
+                    self._index.move_to_end(key)
+                return True
+            if len(self._pending) >= self._max_pending:
+                self.stats.num_dropped += 1
+                return False
+            self._pending[key] = block
+            self._writes.put_nowait(key)
+        self._start_threads()
+        return True
+
+    def load(self, key: str) -> torch.Tensor | None:
+        """The block stored under ``key``, or None (absent, or damaged: then removed).
+
+        Side effects: bumps the file's LRU position; a bad file is deleted and counted.
+        """
+        start = time.perf_counter()
+        with self._lock:
+            block = self._pending.get(key)
+            if block is None:
+                block = self._staged.pop(key, None)
+            if key in self._index:
+                self._index.move_to_end(key)
+        if block is None:
+            block = self._read_verified(key)
+        with self._lock:
+            if block is not None:
+                self.stats.num_loads += 1
+            self.stats.load_s += time.perf_counter() - start
+        return block
+
+    def prefetch(self, keys: list[str]) -> None:
+        """Read these blocks into the staging area in the background (best effort, never blocks)."""
+        if self._max_staged == 0:
+            return
+        for key in keys:
+            with self._lock:
+                if key in self._staged or key in self._pending or key not in self._index:
+                    continue
+            try:
+                self._reads.put_nowait(key)
+            except queue.Full:
+                return
+        self._start_threads()
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Block until every queued write and prefetch is done."""
+        self._writes.join()
+        self._reads.join()
+
+    def clear(self) -> int:
+        """Remove every block file (queued writes still land); returns files removed."""
+        with self._lock:
+            keys = list(self._index)
+            for key in keys:
+                self._remove_locked(key)
+            self._staged.clear()
+        return len(keys)
+
+    def close(self) -> None:
+        """Finish queued writes and stop the threads (idempotent)."""
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for q in (self._writes, self._reads):
+            if threads:
+                q.put(None)
+        for thread in threads:
+            thread.join()
+
+    def snapshot(self) -> DiskTierStats:
+        """The tier's counters now, as the engine reports them."""
+        with self._lock:
+            st = self.stats
+            return DiskTierStats(
+                bytes_used=st.bytes_used, bytes_total=self.budget_bytes,
+                num_blocks=len(self._index), num_writes=st.num_writes,
+                num_dropped_writes=st.num_dropped, num_loads=st.num_loads,
+                load_s=st.load_s, num_corrupt=st.num_corrupt,
+            )  # fmt: skip
+
+    @property
+    def num_blocks(self) -> int:
+        """Block files in the directory now."""
+        with self._lock:
+            return len(self._index)
+
+    def check_integrity(self) -> None:
+        """Assert the index matches the files on disk and the byte budget holds."""
+        with self._lock:
+            assert self.stats.bytes_used == sum(self._index.values()), "byte count drifted"
+            assert self.stats.bytes_used <= self.budget_bytes, "over the disk budget"
+            on_disk = {p.name[: -len(_SUFFIX)]: p.stat().st_size for p in self._files()}
+            assert on_disk == dict(self._index), "index and directory disagree"
+            assert len(self._staged) <= self._max_staged, "staging area over its bound"
+            assert len(self._pending) <= self._max_pending, "pending writes over bound"
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _files(self) -> list[Path]:
+        return [p for p in self.path.iterdir() if p.suffix == _SUFFIX and len(p.stem) == 64]
+
+    def _scan(self) -> None:
+        """Index existing block files (oldest first); delete temp files of interrupted writes."""
+        for tmp in self.path.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)
+        found = sorted((p.stat().st_mtime_ns, p.stem, p.stat().st_size) for p in self._files())
+        with self._lock:
+            for _, key, size in found:
+                self._index[key] = size
+                self.stats.bytes_used += size
+            self._enforce_budget_locked()
+
+    def _start_threads(self) -> None:
+        with self._lock:
+            if self._threads:
+                return
+            self._threads = [
+                threading.Thread(target=self._write_loop, name="kv-disk-writer", daemon=True),
+                threading.Thread(target=self._read_loop, name="kv-disk-reader", daemon=True),
+            ]
+            for thread in self._threads:
+                thread.start()
+
+    def _write_loop(self) -> None:
+        while True:
+            key = self._writes.get()
+            try:
+                if key is None:
+                    return
+                self._write(key)
+            finally:
+                self._writes.task_done()
+
+    def _write(self, key: str) -> None:
+        with self._lock:
+            block = self._pending.get(key)
+        if block is None:
+            return
+        payload = block.contiguous().view(torch.uint8).numpy().tobytes()
+        header = _HEADER.pack(
+            _MAGIC, bytes.fromhex(key), len(payload), hashlib.sha256(payload).digest()
+        )
+        final = self.path / f"{key}{_SUFFIX}"
+        tmp = self.path / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(header)
+                f.write(payload)
+            size = tmp.stat().st_size
+            with self._lock:
+                # NOTE: rename under the lock, so the index and the directory always agree.
+                os.replace(tmp, final)
+                if key not in self._index:
+                    self.stats.bytes_used += size
+                self._index[key] = size
+                self._pending.pop(key, None)
+                self.stats.num_writes += 1
+                self._enforce_budget_locked()
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            with self._lock:
+                self._pending.pop(key, None)
+                self.stats.num_dropped += 1
+
+    def _read_loop(self) -> None:
+        while True:
+            key = self._reads.get()
+            try:
+                if key is None:
+                    return
+                block = self._read_verified(key)
+                if block is not None:
+                    with self._lock:
+                        self._staged[key] = block
+                        while len(self._staged) > self._max_staged:
+                            self._staged.popitem(last=False)
+            finally:
+                self._reads.task_done()
+
+    def _read_verified(self, key: str) -> torch.Tensor | None:
+        """Read and check one file; a bad one is removed and counted (never returned)."""
+        try:
+            data = (self.path / f"{key}{_SUFFIX}").read_bytes()
+        except OSError:
+            with self._lock:
+                self._forget_locked(key)
+            return None
+        block = self._decode(key, data)
+        if block is None:
+            with self._lock:
+                self.stats.num_corrupt += 1
+                self._remove_locked(key)
+        return block
+
+    def _decode(self, key: str, data: bytes) -> torch.Tensor | None:
+        if len(data) < _HEADER.size:
+            return None
+        magic, stored_key, size, digest = _HEADER.unpack_from(data)
+        payload = memoryview(data)[_HEADER.size :]
+        expected = _numel(self.block_shape) * torch.empty((), dtype=self.dtype).element_size()
+        if magic != _MAGIC or stored_key != bytes.fromhex(key) or size != len(payload):
+            return None
+        if size != expected or hashlib.sha256(payload).digest() != digest:
+            return None
+        flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        return flat.view(self.dtype).view(self.block_shape)
+
+    def _enforce_budget_locked(self) -> None:
+        while self.stats.bytes_used > self.budget_bytes and self._index:
+            self._remove_locked(next(iter(self._index)))
+
+    def _remove_locked(self, key: str) -> None:
+        (self.path / f"{key}{_SUFFIX}").unlink(missing_ok=True)
+        self._forget_locked(key)
+
+    def _forget_locked(self, key: str) -> None:
+        size = self._index.pop(key, None)
+        if size is not None:
+            self.stats.bytes_used -= size
+        self._staged.pop(key, None)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n
