@@ -54,10 +54,13 @@ def w1_model(args: argparse.Namespace) -> Any:
 
 
 def bench_engine(
-    model: Any, *, kv_bytes: int, prefix_cache: bool = True, forward: ForwardPath = "auto"
-) -> Engine:
+    model: Any, *, kv_bytes: int, prefix_cache: bool = True, forward: ForwardPath = "auto",
+    disk_dir: str | None = None, disk_bytes: int = 0,
+) -> Engine:  # fmt: skip
+    disk: dict[str, Any] = {} if disk_dir is None else {"kv_disk_dir": disk_dir,
+                                                         "kv_disk_bytes": disk_bytes}  # fmt: skip
     eng = Engine(model, NullTokenizer(), model_id="bench-w1", kv_cache_bytes=kv_bytes,
-                 prefix_cache=prefix_cache, forward=forward)  # fmt: skip
+                 prefix_cache=prefix_cache, forward=forward, **disk)  # fmt: skip
     eng.eos_ids = frozenset()
     return eng
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import random
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,16 @@ from runtime.cache.kv_pool import KVPool
 from runtime.cache.prefix_cache import PrefixCache, namespace_of
 from runtime.cache.radix_cache import BlockHash, block_hash, root_hash
 
-__all__ = ["ReplayResult", "Step", "belady", "replay"]
+__all__ = [
+    "ReplayResult",
+    "Step",
+    "agent_sessions",
+    "belady",
+    "distinct_blocks",
+    "make_disk",
+    "replay",
+    "toy_pool",
+]
 
 Step = tuple[list[int], list[int]]
 """One request: (prompt token ids, prompt + generated token ids)."""
@@ -96,6 +106,11 @@ def _chain(ids: Sequence[int], block_size: int) -> list[BlockHash]:
     return out
 
 
+def distinct_blocks(steps: Sequence[Step], block_size: int) -> int:
+    """Whole blocks the trace stores in all (a budget of this many never evicts)."""
+    return len({h for _, full in steps for h in _chain(full, block_size)})
+
+
 def belady(steps: Sequence[Step], *, capacity_blocks: int, block_size: int) -> float:
     """Offline-optimal token hit rate: evict the block whose next use is furthest (or never).
 
@@ -135,3 +150,34 @@ def make_disk(path: Path, capacity_blocks: int, block_size: int) -> DiskTier:
     return DiskTier(path, budget_bytes=capacity_blocks * (pool.block_bytes + DISK_HEADER_BYTES),
                     fingerprint="replay", block_shape=pool.block_shape,
                     dtype=torch.float32)  # fmt: skip
+
+
+def agent_sessions(
+    *, num_agents: int = 4, prefix_len: int = 1500, sessions: int = 6, turns: int = 6, seed: int = 2
+) -> list[Step]:
+    """A multi-session agent trace: several agents, each with a long shared system + tools prefix.
+
+    Sessions of every agent run interleaved (a random live session takes each next turn); a
+    turn appends a user message (20-60 tokens), often a tool result (50-200), and the reply
+    (10-40 generated tokens) to that session's history, append-only.
+    """
+    rng = random.Random(seed)
+
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(100, 49000) for _ in range(n)]
+
+    prefixes = [toks(prefix_len) for _ in range(num_agents)]
+    histories = [list(prefixes[a]) for a in range(num_agents) for _ in range(sessions)]
+    left = [turns] * len(histories)
+    steps: list[Step] = []
+    while any(left):
+        i = rng.choice([i for i, n in enumerate(left) if n])
+        history = histories[i]
+        history += toks(rng.randrange(20, 60))
+        if rng.random() < 0.6:
+            history += toks(rng.randrange(50, 200))
+        prompt = list(history)
+        history += toks(rng.randrange(10, 40))
+        steps.append((prompt, list(history)))
+        left[i] -= 1
+    return steps

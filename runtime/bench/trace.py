@@ -1,7 +1,10 @@
 """``agentcache bench trace`` (W3): an interleaved agent trace, hit rate and TTFT vs the cache off.
 
-Random-weight models built from configs (no downloads), CPU by default.
-A script, never a timed test.
+Rows: full KV budget, a quarter of it, the quarter plus a disk tier of four times the pool, and
+the cache off; each with the pool fill and, for the quarter budget, the offline-optimal (Belady)
+hit rate of the same trace and capacity. Then a multi-session agent trace replayed (no model)
+at 1/8, 1/4 and 1/2 budget under LRU and the default sharing-aware policy. Random-weight models
+built from configs (no downloads), CPU by default. A script, never a timed test.
 """
 
 from __future__ import annotations
@@ -9,12 +12,14 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import tempfile
 from typing import Any
 
 import torch
 
 from runtime.bench._argtypes import positive_int
 from runtime.bench._common import add_common_options, bench_engine, report, ttft, w1_model
+from runtime.bench._replay import Step, agent_sessions, belady, distinct_blocks, replay
 from runtime.engine import Engine
 
 __all__ = ["trace_main"]
@@ -22,8 +27,10 @@ __all__ = ["trace_main"]
 
 TRACE_HELP = """\
 Agent-style trace W3: 8 distinct system prompts, each used by several 3-turn conversations,
-interleaved. Reports the token hit rate and mean TTFT vs the cache off, with a KV budget that
-holds everything and one that holds about a quarter of it (eviction at work)."""
+interleaved. Reports the token hit rate, pool fill and mean TTFT vs the cache off with a KV budget
+that holds everything, one that holds about a quarter of it (eviction at work), and the quarter
+with a disk tier of 4x the pool; the Belady (offline-optimal) hit rate for the quarter budget; and
+a replayed multi-session agent trace at 1/8, 1/4, 1/2 budget, LRU vs the sharing-aware policy."""
 
 
 def _conversations(args: argparse.Namespace) -> list[tuple[list[int], list[list[int]]]]:
@@ -39,29 +46,55 @@ def _conversations(args: argparse.Namespace) -> list[tuple[list[int], list[list[
     return convs
 
 
-def _run_trace(eng: Engine, args: argparse.Namespace) -> dict[str, float]:
+def _run_trace(eng: Engine, args: argparse.Namespace) -> tuple[dict[str, float], list[Step]]:
     convs = _conversations(args)
     history = [list(system) for system, _ in convs]
-    ttfts, prompt_tokens, cached = [], 0, 0
+    ttfts, prompt_tokens, cached, fills, steps = [], 0, 0, [], []
     for turn in range(3):  # NOTE: interleaved: every conversation's turn k before any turn k+1
         for i, (_, turns) in enumerate(convs):
             history[i] += turns[turn]
-            c = ttft(eng, history[i], max_tokens=args.gen_tokens)
+            prompt = list(history[i])
+            c = ttft(eng, prompt, max_tokens=args.gen_tokens)
             history[i] += c.token_ids
+            steps.append((prompt, list(history[i])))
             ttfts.append(c.metrics.ttft_s)
             prompt_tokens += c.usage.prompt_tokens
             cached += c.usage.cached_tokens
+            fills.append(eng.cache_stats().pool_fill)
+    eng.drain_disk()
     stats = eng.cache_stats()
+    eng.check_integrity()
+    eng.close()
     return {
         "hit_rate": cached / prompt_tokens,
+        "disk_hit_rate": stats.disk_hit_tokens / prompt_tokens,
         "mean_ttft_s": statistics.fmean(ttfts),
+        "pool_fill": statistics.fmean(fills),
         "bytes_used": float(stats.bytes_used),
         "evicted_blocks": float(stats.num_evictions),
-    }
+        "disk_bytes_used": float(stats.disk.bytes_used if stats.disk else 0),
+        "disk_mean_load_ms": stats.disk.mean_load_ms if stats.disk else 0.0,
+    }, steps
+
+
+def _agent_sessions_rows(block_size: int) -> dict[str, float]:
+    """Replayed multi-session agent trace: hit rates per budget fraction and policy, and Belady."""
+    steps = agent_sessions()
+    total = distinct_blocks(steps, block_size)
+    full = replay(steps, capacity_blocks=total, block_size=block_size, policy="lru")
+    out: dict[str, float] = {"agents_full_hit_rate": full.hit_rate}
+    for name, frac in (("eighth", 8), ("quarter", 4), ("half", 2)):
+        cap = total // frac
+        for policy in ("lru", "shared"):
+            r = replay(steps, capacity_blocks=cap, block_size=block_size, policy=policy)
+            out[f"agents_{name}_{policy}_hit_rate"] = r.hit_rate
+        out[f"agents_{name}_belady_hit_rate"] = belady(steps, capacity_blocks=cap,
+                                                       block_size=block_size)  # fmt: skip
+    return out
 
 
 def trace_main(argv: list[str]) -> int:
-    """``agentcache bench trace``: W3 agent trace, hit rate and TTFT vs cache off, two budgets."""
+    """``agentcache bench trace``: W3 hit rate, fill and TTFT vs cache off; disk tier; Belady."""
     p = argparse.ArgumentParser(prog="agentcache bench trace", description=TRACE_HELP)
     add_common_options(p, layers=4, repeats=1)
     p.add_argument(
@@ -74,15 +107,29 @@ def trace_main(argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = w1_model(args)
-    full = _run_trace(bench_engine(model, kv_bytes=1 << 34), args)
+    full, _ = _run_trace(bench_engine(model, kv_bytes=1 << 34), args)
     quarter_bytes = int(full["bytes_used"]) // 4
-    quarter = _run_trace(bench_engine(model, kv_bytes=quarter_bytes), args)
-    off = _run_trace(bench_engine(model, kv_bytes=0, prefix_cache=False), args)
-    result: dict[str, Any] = {f"full_{k}": v for k, v in full.items()}
-    result.update({f"quarter_{k}": v for k, v in quarter.items()})
+    quarter_eng = bench_engine(model, kv_bytes=quarter_bytes)
+    pool, block_size = quarter_eng.prefix_cache.pool, quarter_eng.prefix_cache.pool.block_size
+    capacity, pool_bytes = pool.num_blocks, pool.bytes_total
+    quarter, steps = _run_trace(quarter_eng, args)
+    with tempfile.TemporaryDirectory(prefix="agentcache-bench-disk-") as disk_dir:
+        disk_eng = bench_engine(model, kv_bytes=quarter_bytes, disk_dir=disk_dir,
+                                disk_bytes=4 * pool_bytes)  # fmt: skip
+        disk, _ = _run_trace(disk_eng, args)
+    off, _ = _run_trace(bench_engine(model, kv_bytes=0, prefix_cache=False), args)
+    result: dict[str, Any] = {}
+    for name, row in (("full", full), ("quarter", quarter), ("quarter_disk4x", disk)):
+        result.update({f"{name}_{k}": v for k, v in row.items()})
+        result[f"{name}_ttft_over_off"] = row["mean_ttft_s"] / off["mean_ttft_s"]
     result["quarter_budget_bytes"] = quarter_bytes
+    result["quarter_disk_budget_bytes"] = 4 * pool_bytes
     result["cache_off_mean_ttft_s"] = off["mean_ttft_s"]
-    result["full_ttft_over_off"] = full["mean_ttft_s"] / off["mean_ttft_s"]
-    result["quarter_ttft_over_off"] = quarter["mean_ttft_s"] / off["mean_ttft_s"]
+    result["quarter_belady_hit_rate"] = belady(steps, capacity_blocks=capacity,
+                                               block_size=block_size)  # fmt: skip
+    for policy in ("lru", "shared"):
+        sim = replay(steps, capacity_blocks=capacity, block_size=block_size, policy=policy)
+        result[f"quarter_replayed_{policy}_hit_rate"] = sim.hit_rate
+    result.update(_agent_sessions_rows(block_size))
     report(result, args.json, {"workload": "W3", "layers": args.layers})
     return 0
