@@ -7,7 +7,6 @@ no plan, and the scheduler runs them at batch size 1. It knows nothing about cac
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,9 +76,10 @@ def mask_plan(model: Any) -> tuple[MaskPlan | None, str | None]:
     if kinds and kinds <= {"full_attention"}:
         return MaskPlan(None, False, None, is_bool), None
     if kinds == {"full_attention", "sliding_attention"} or kinds == {"sliding_attention"}:
-        if not isinstance(window, int) or not _takes_mask_mapping(model):
+        plan = MaskPlan(None, True, window, is_bool)
+        if not isinstance(window, int) or not _honours_mask_mapping(model, plan):
             return None, f"layer types {sorted(kinds)} without a per-type mask mapping"
-        return MaskPlan(None, True, window, is_bool), None
+        return plan, None
     if kinds:
         return None, f"layer types {sorted(kinds)} need masks this runtime does not build"
     if window is None:
@@ -89,11 +89,30 @@ def mask_plan(model: Any) -> tuple[MaskPlan | None, str | None]:
     return None, f"sliding_window={window!r} on model type {text.model_type!r} is not understood"
 
 
-def _takes_mask_mapping(model: Any) -> bool:
-    """True when the base model's forward accepts a dict of masks keyed by layer type."""
-    base: Any = getattr(model, "model", None)
-    try:
-        source = inspect.getsource(type(base).forward)
-    except (OSError, TypeError):
-        return False
-    return "causal_mask_mapping := attention_mask, dict" in source
+@torch.no_grad()
+def _honours_mask_mapping(model: Any, plan: MaskPlan) -> bool:
+    """Probe: does ``model`` apply a dict of masks keyed by layer type (two 2-token forwards)?
+
+    Runs tokens ``[0, 1]`` once with causal masks and once with token 0 hidden from token 1 in
+    every layer type. A model that applies the mapping gives token 1 different logits; one that
+    rejects a dict raises, and one that ignores it gives the same logits: both mean "no".
+    """
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    ids = torch.tensor([[0, 1]], device=device)
+    causal = torch.tensor([[True, False], [True, True]], device=device)  # [q, kv]
+    hidden = torch.tensor([[True, False], [False, True]], device=device)  # token 1 sees itself
+    logits = []
+    for allowed in (causal, hidden):
+        mask = allowed[None, None]  # [1, 1, q, kv]
+        if not plan.is_bool:
+            mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
+                ~mask, torch.finfo(dtype).min
+            )
+        mapping = {"full_attention": mask, "sliding_attention": mask}
+        try:
+            out = model(input_ids=ids, attention_mask=mapping, use_cache=False)
+        except Exception:  # noqa: BLE001 - any failure means the mapping is not supported
+            return False
+        logits.append(out.logits[0, 1].float())
+    return not torch.allclose(logits[0], logits[1])

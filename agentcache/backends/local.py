@@ -12,7 +12,8 @@ import contextlib
 import importlib
 import time
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentcache.backends.base import (
     BaseBackend,
@@ -25,6 +26,10 @@ from agentcache.backends.base import (
 )
 from agentcache.exceptions import BackendError, BackendUnavailableError, ConfigError
 from agentcache.usage import Usage
+
+if TYPE_CHECKING:
+    from runtime.engine import Engine
+    from runtime.outputs import Completion
 
 __all__ = ["CHATML_STOPS", "Carry", "ColdRun", "LocalBackend"]
 
@@ -81,7 +86,7 @@ def _turn_stops(tokenizer: Any) -> tuple[list[str], list[int]]:
     return list(CHATML_STOPS), ids if len(ids) == 1 else []
 
 
-def _import_runtime() -> Any:
+def _import_runtime() -> ModuleType:
     try:
         return importlib.import_module("runtime")
     except ImportError as exc:  # torch/transformers missing
@@ -103,7 +108,7 @@ class LocalBackend(BaseBackend):
         self,
         model: str = "tiny",
         *,
-        engine: Any | None = None,
+        engine: Engine | None = None,
         kv_cache_bytes: int | None = None,
         prefix_cache: bool = True,
         cache_salt: str | None = None,
@@ -133,6 +138,8 @@ class LocalBackend(BaseBackend):
             )
         runtime = _import_runtime()
         self._sampling_params = runtime.SamplingParams
+        self._engine_error: type[Exception] = runtime.RuntimeEngineError
+        """The runtime's root exception: what the engine raises for a request it refuses."""
         self._model = model
         if engine is None:
             options: dict[str, Any] = {"prefix_cache": prefix_cache, "dtype": dtype}
@@ -144,7 +151,7 @@ class LocalBackend(BaseBackend):
                     engine = runtime.Engine.from_pretrained(runtime.resolve_model(model), **options)
             except (runtime.RuntimeEngineError, OSError, ValueError) as exc:
                 raise BackendUnavailableError(f"cannot load local model {model!r}: {exc}") from exc
-        self.engine = engine
+        self.engine: Engine = engine
         self._stop_strings, self._stop_ids = _turn_stops(engine.tokenizer)
         self.cache_salt = cache_salt
         self._prev_ids: list[int] = []
@@ -251,7 +258,7 @@ class LocalBackend(BaseBackend):
             stop_token_ids=self._stop_ids,
         )
         first_s: float | None = None
-        completion: Any = None
+        completion: Completion | None = None
         try:
             for delta in self.engine.stream(ids, params, cache_salt=self.cache_salt):
                 if first_s is None:
@@ -259,10 +266,8 @@ class LocalBackend(BaseBackend):
                 if delta.text:
                     yield StreamEvent(delta.text)
                 completion = delta.completion or completion
-        except Exception as exc:
-            if type(exc).__module__.startswith("runtime"):
-                raise BackendError(f"local engine rejected the request: {exc}") from exc
-            raise
+        except self._engine_error as exc:
+            raise BackendError(f"local engine rejected the request: {exc}") from exc
         assert completion is not None, "the engine's last delta carries the completion"
         self._remember(text, ids, list(completion.token_ids))
         ttft = (first_s or time.perf_counter()) - start
@@ -273,7 +278,7 @@ class LocalBackend(BaseBackend):
         self._prev_generated = generated
         self._prev_ids = ids + generated
 
-    def _response(self, completion: Any, ttft_s: float) -> ModelResponse:
+    def _response(self, completion: Completion, ttft_s: float) -> ModelResponse:
         usage = Usage(
             prompt_tokens=completion.usage.prompt_tokens,
             completion_tokens=completion.usage.completion_tokens,
@@ -314,7 +319,7 @@ class LocalBackend(BaseBackend):
         params = self._sampling_params(max_tokens=1)
         start = time.perf_counter()
         first_s: float | None = None
-        completion: Any = None
+        completion: Completion | None = None
         try:
             request = self.engine.make_request(
                 ids, params, cache_salt=self.cache_salt, use_prefix_cache=False
@@ -322,10 +327,8 @@ class LocalBackend(BaseBackend):
             for delta in self.engine.run(request):
                 first_s = first_s or time.perf_counter()
                 completion = delta.completion or completion
-        except Exception as exc:
-            if type(exc).__module__.startswith("runtime"):
-                raise BackendError(f"local engine rejected the request: {exc}") from exc
-            raise
+        except self._engine_error as exc:
+            raise BackendError(f"local engine rejected the request: {exc}") from exc
         assert completion is not None, "the engine's last delta carries the completion"
         computed = int(completion.metrics.prefill_tokens_computed)
         return ColdRun((first_s or time.perf_counter()) - start, len(ids), computed)

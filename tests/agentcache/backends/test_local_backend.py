@@ -142,6 +142,20 @@ def test_mistyped_model_path_is_backend_unavailable(tmp_path: Path) -> None:
         LocalBackend(missing)
 
 
+def test_requests_the_engine_refuses_are_backend_errors(model_dir: Path) -> None:
+    from agentcache.exceptions import BackendError
+
+    backend = LocalBackend(str(model_dir))
+    too_long = [5] * (backend.engine.max_context_len + 1)
+    with pytest.raises(BackendError, match="context"):
+        backend.measure_cold_ttft(too_long)
+    with pytest.raises(BackendError, match="vocabulary"):
+        backend.measure_cold_ttft([backend.engine.vocab_size + 7])
+    huge = GenerationOptions(max_tokens=1)
+    with pytest.raises(BackendError, match="context"):
+        backend.complete("word " * (backend.engine.max_context_len + 10), huge)
+
+
 def test_chatml_models_stop_at_a_new_turn_or_tool_response(model_dir: Path) -> None:
     from agentcache.backends.local import CHATML_STOPS
 
