@@ -2,3 +2,5 @@
 
 Never imported by the engine or the server; never timed tests.
 """
+
+__all__: list[str] = []

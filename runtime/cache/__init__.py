@@ -2,3 +2,5 @@
 
 It knows block ids, token ids and KV tensors, never models, requests, sampling, threads or HTTP.
 """
+
+__all__: list[str] = []

@@ -2,3 +2,5 @@
 
 The only layer that imports FastAPI/uvicorn; the engine below never imports it.
 """
+
+__all__: list[str] = []
