@@ -91,7 +91,11 @@ class Engine:
         logger.info("forward path for %r: %s (%s)", model_id, self.runner.path,
                     self.runner.path_reason or "supported")  # fmt: skip
         self.max_context_len = _context_len(model.config, tokenizer)
-        self.vocab_size = int(model.config.get_text_config(decoder=True).vocab_size)
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        """Token ids the model can run: the rows of its input embedding. NOTE: the one vocabulary
+        size of the engine and the server. A tokenizer may be shorter (the embedding padded to a
+        multiple of 64/128: those ids decode to nothing) or longer (tokens added without a
+        resize: those ids would index past the embedding and fail the whole batch step)."""
         self.eos_ids = _eos_ids(model, tokenizer)
         self.debug_integrity = debug_integrity
         self._dtype_name = str(self.runner.dtype).removeprefix("torch.")
@@ -301,7 +305,7 @@ class Engine:
             )
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
-        self._validate(ids, params)
+        self._check(ids, params)
         seed = params.seed if params.seed is not None else int(torch.seed() % (1 << 63))
         return Request(
             prompt_ids=ids,
@@ -337,9 +341,10 @@ class Engine:
         """
         self._finalizer()
 
-    # --- input checks -------------------------------------------------------------------
+    # --- input checks: the one place a request is validated (the server maps the errors) ---
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        """Token ids of ``prompt``; only ids given by the caller are checked id by id."""
         if isinstance(prompt, str):
             return self.tokenize(prompt)
         items = list(prompt)
@@ -347,16 +352,16 @@ class Engine:
             return self.render_chat(items)  # type: ignore[arg-type]
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in items):
             raise InvalidRequestError("prompt must be text, a list of token ids or chat messages")
-        return [int(t) for t in items if isinstance(t, int)]
-
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise InvalidRequestError("prompt is empty; give at least one token")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        bad = [t for t in items if not 0 <= t < self.vocab_size]  # type: ignore[operator]
         if bad:
             raise InvalidRequestError(
                 f"prompt token ids {bad[:5]!r} are outside the vocabulary [0, {self.vocab_size})"
             )
+        return [int(t) for t in items if isinstance(t, int)]
+
+    def _check(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise InvalidRequestError("prompt is empty; give at least one token")
         for name, tokens in (
             ("stop_token_ids", params.stop_token_ids),
             ("logit_bias", list(params.logit_bias)),

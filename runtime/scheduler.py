@@ -150,9 +150,16 @@ class Scheduler:
             self._cv.notify()
 
     def cancel(self, req: Request, *, wait: bool = True) -> None:
-        """Mark ``req`` cancelled; with ``wait``, block until the loop released what it pinned."""
+        """Mark ``req`` cancelled; with ``wait``, block until the loop released what it pinned.
+
+        A request still waiting in the queue pinned nothing: it leaves the queue at once.
+        """
         with self._cv:
             req.is_cancelled = True
+            if req.status is RequestStatus.WAITING and req in self.waiting:
+                self.waiting.remove(req)
+                req.status = RequestStatus.RELEASED
+                req.released.set()
             self._cv.notify()
         if wait:
             req.released.wait()

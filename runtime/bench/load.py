@@ -2,7 +2,8 @@
 
 Starts the server in-process on 127.0.0.1 (or targets ``--url``), sends chat requests that share
 one system prompt from 16 and 64 concurrent streaming clients, then the same number of requests
-one by one, and reports throughput ratio, TTFT p50/p99, hit rate, errors and pinned blocks.
+one by one, and reports throughput ratio, TTFT p50/p99, hit rate, errors, pinned blocks and (for
+an in-process server) the peak decode batch, sampled from the engine's scheduler stats.
 Clients run in a separate process (spawned once) so they do not share the server's GIL.
 Optionally times transformers' ``generate_batch`` on an 8-request shared-prefix workload.
 A benchmark script, never a timed test; it knows the HTTP API, not the engine's internals.
@@ -16,6 +17,7 @@ import json
 import multiprocessing
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -169,6 +171,31 @@ def _report(name: str, concurrency: int, results: list[_Result], wall_s: float) 
     )
 
 
+class _PeakBatch:
+    """Samples ``engine.scheduler_stats().num_running`` every ``period_s`` in a thread; max seen."""
+
+    def __init__(self, engine: Any, period_s: float = 0.002) -> None:
+        self._engine = engine
+        self._period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.peak = 0
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period_s):
+            self.peak = max(self.peak, int(self._engine.scheduler_stats().num_running))
+
+    def __enter__(self) -> _PeakBatch:
+        if self._engine is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
 def _wait_unpinned(engine: Any, timeout_s: float = 30.0) -> int | None:
     """Pinned (in-use) blocks once the server is idle; None when the engine does not say."""
     if not hasattr(engine, "scheduler_stats"):
@@ -211,7 +238,9 @@ def _run_levels(
         n = level * args.rounds
         tag = f"c{level}"
         bodies = _bodies(model, system, tag, n, args.max_tokens)
-        conc = _report(f"{level} concurrent", level, *phase(url, bodies, level, args.timeout_s))
+        with _PeakBatch(engine) as peak:
+            results = phase(url, bodies, level, args.timeout_s)
+        conc = _report(f"{level} concurrent", level, *results)
         bodies = _bodies(model, system, tag + "s", n, args.max_tokens)
         seq = _report("one by one", 1, *phase(url, bodies, 1, args.timeout_s))
         pinned = _wait_unpinned(engine) if engine is not None else None
@@ -221,6 +250,7 @@ def _run_levels(
                 "concurrent": asdict(conc),
                 "sequential": asdict(seq),
                 "throughput_ratio": round(ratio, 3),
+                "peak_batch": peak.peak if engine is not None else None,
                 "pinned_blocks_after": pinned,
             }
         )
@@ -242,7 +272,7 @@ def _print_level(level: dict[str, Any]) -> None:
         )
     print(
         f"{'':>14}  throughput concurrent/sequential = {level['throughput_ratio']:.2f}x  "
-        f"pinned blocks after: {level['pinned_blocks_after']}"
+        f"peak batch: {level['peak_batch']}  pinned blocks after: {level['pinned_blocks_after']}"
     )
 
 
@@ -304,7 +334,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=positive_int, default=2, help="requests per client")
     p.add_argument("--max-tokens", type=positive_int, default=16)
     p.add_argument("--system-words", type=positive_int, default=200, help="system prompt words")
-    p.add_argument("--max-concurrency", type=positive_int, default=16, help="server running slots")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout")
     p.add_argument("--hf", action="store_true", help="also time transformers generate_batch")
     p.add_argument(
@@ -340,9 +369,9 @@ def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
     from runtime.serve.server_thread import ServerThread
 
     engine = Engine.from_pretrained(args.model)
-    app = create_app(engine, max_concurrency=args.max_concurrency, max_queue=1024)
+    app = create_app(engine)
     with ServerThread(app) as url:
-        print(f"serving {engine.model_id!r} at {url} (max_concurrency={args.max_concurrency})")
+        print(f"serving {engine.model_id!r} at {url} (max batch {engine.scheduler.max_batch_size})")
         report = run_load(url, engine.model_id, args, engine)
     if args.hf:
         try:

@@ -1,8 +1,9 @@
 """OpenAI-compatible HTTP front-end over an Engine (FastAPI): chat, completions, models, metrics.
 
 Thin by design: it validates bodies, maps the API key and ``cache_salt`` to a private prefix
-cache namespace, admits a bounded number of requests, runs every blocking engine call in worker
-threads and turns deltas into JSON or SSE. Scheduling, batching and caching live in the engine.
+cache namespace, runs every blocking engine call in worker threads and turns deltas into JSON or
+SSE. Admission, scheduling, batching and caching live in the engine: its scheduler queue is the
+one place that admits or refuses a request (``EngineBusyError``), which the app maps to 429.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -27,10 +28,9 @@ from runtime.exceptions import (
     SamplingError,
 )
 from runtime.outputs import Completion
-from runtime.serve.admission import Admission, AdmissionFullError
 from runtime.serve.engine_call import EngineCall
 from runtime.serve.engine_protocol import ServingEngine
-from runtime.serve.metrics import CONTENT_TYPE, ServerMetrics
+from runtime.serve.metrics import CONTENT_TYPE, Outcome, ServerMetrics
 from runtime.serve.protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -70,17 +70,23 @@ def tenant_salt(api_key: str | None, cache_salt: str | None) -> str | None:
 
 
 class _SSEResponse(StreamingResponse):
-    """A streaming response that always closes its engine call, even if never iterated."""
+    """A streaming response that always closes its engine call, even if never iterated, then
+    hands the stream's outcome to ``on_done``."""
 
-    def __init__(self, content: AsyncIterator[str], call: EngineCall) -> None:
-        super().__init__(content, media_type="text/event-stream")
+    def __init__(
+        self, stream: ChoiceStream, call: EngineCall, on_done: Callable[[Outcome | None], None]
+    ) -> None:
+        super().__init__(stream.events(), media_type="text/event-stream")
+        self._stream = stream
         self._call = call
+        self._on_done = on_done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self._call.aclose()
+            self._on_done(self._stream.outcome)
 
 
 class _Server:
@@ -91,8 +97,6 @@ class _Server:
         engine: ServingEngine,
         *,
         api_keys: Sequence[str],
-        max_concurrency: int,
-        max_queue: int,
         max_request_bytes: int,
     ) -> None:
         if max_request_bytes < 1:
@@ -100,9 +104,12 @@ class _Server:
         self.engine = engine
         self.max_request_bytes = max_request_bytes
         self.api_keys = [key.encode() for key in api_keys]
-        self.admission = Admission(max_running=max_concurrency, max_waiting=max_queue)
-        self.limiter = anyio.CapacityLimiter(max_concurrency)
-        self.metrics = ServerMetrics(engine.cache_stats, self.admission.snapshot)
+        self.metrics = ServerMetrics(engine.cache_stats, self.queue_counts)
+
+    def queue_counts(self) -> tuple[int, int]:
+        """``(num_running, num_waiting)`` requests in the engine now (blocking: worker thread)."""
+        stats = self.engine.scheduler_stats()
+        return stats.num_running, stats.num_waiting
 
     def authorize(self, request: Request) -> str | None:
         """The bearer token of the request; with keys configured it must be one of them."""
@@ -178,10 +185,7 @@ class _Server:
     async def serve(self, request: Request, plan: RequestPlan) -> Response:
         """Admit, run and answer one planned request (JSON or SSE)."""
         call = EngineCall(
-            lambda: self.engine.stream(plan.prompt, plan.params, cache_salt=plan.cache_salt),
-            admission=self.admission,
-            limiter=self.limiter,
-            on_close=lambda completion: self._record(completion, plan),
+            lambda: self.engine.stream(plan.prompt, plan.params, cache_salt=plan.cache_salt)
         )
         is_handed_off = False
         try:
@@ -189,25 +193,25 @@ class _Server:
             if plan.stream:
                 stream = ChoiceStream(plan, call, first)
                 is_handed_off = True
-                return _SSEResponse(stream.events(), call)
+                return _SSEResponse(stream, call, lambda out: self._record(call.completion, out))
             completion = await _unless_disconnected(request, lambda: call.drain(first))
-            return JSONResponse(final_json(plan, completion))
+            body, finish = final_json(plan, completion)
+            self._record(completion, finish)
+            return JSONResponse(body)
         except _Disconnected:
+            self.metrics.count("cancelled")
             return Response(status_code=499)
-        except (AdmissionFullError, EngineBusyError) as exc:
-            plan.is_failed = True
+        except EngineBusyError as exc:
             self.metrics.count("rejected")
             raise ApiError(429, str(exc), type="server_error", code="server_busy") from exc
         except PromptTooLongError as exc:
-            plan.is_failed = True
             raise ApiError(
                 400, str(exc), param=plan.prompt_param, code="context_length_exceeded"
             ) from exc
-        except InvalidRequestError as exc:
-            plan.is_failed = True
-            raise ApiError(400, str(exc), code="invalid_value") from exc
+        except InvalidRequestError as exc:  # NOTE: the prompt is all the engine checks here
+            raise ApiError(400, str(exc), param=plan.prompt_param, code="invalid_value") from exc
         except SamplingError as exc:
-            plan.is_failed = True
+            self.metrics.count("error")
             raise ApiError(
                 500, f"generation failed: {exc}", type="server_error", code="sampling_failed"
             ) from exc
@@ -215,15 +219,14 @@ class _Server:
             if not is_handed_off:
                 await call.aclose()
 
-    def _record(self, completion: Completion | None, plan: RequestPlan) -> None:
-        if completion is None:
-            if plan.has_stream_error:
-                self.metrics.count("error")
-            elif not plan.is_failed:
-                self.metrics.count("cancelled")
-            return
-        outcome = "tool_calls" if plan.has_tool_calls else completion.finish_reason
-        self.metrics.observe_completion(completion, outcome)
+    def _record(self, completion: Completion | None, outcome: Outcome | None) -> None:
+        """Count one answered request: its outcome as returned by whoever answered it."""
+        if outcome is None:
+            self.metrics.count("cancelled")
+        elif completion is None or outcome == "error":
+            self.metrics.count("error")
+        else:
+            self.metrics.observe_completion(completion, outcome)
 
 
 def _too_large(size: int, limit: int) -> ApiError:
@@ -268,8 +271,6 @@ def create_app(
     engine: ServingEngine,
     *,
     api_key: str | Sequence[str] | None = None,
-    max_concurrency: int = 16,
-    max_queue: int = 256,
     default_max_tokens: int = 256,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
@@ -279,21 +280,19 @@ def create_app(
         engine: the loaded engine (``runtime.Engine`` or anything with its serving methods).
         api_key: one key or several; when set, every ``/v1`` call needs ``Bearer <key>``
             (else 401). Each key is its own prefix-cache tenant.
-        max_concurrency: requests running in the engine at once; also the worker-thread pool.
-        max_queue: requests waiting for a slot; beyond it the server answers 429 at once.
         default_max_tokens: ``max_tokens`` when a request gives none (capped by the context).
         max_request_bytes: largest body read; larger ones get 413 before any parsing or
             tokenizing (checked on ``Content-Length`` first, then on the bytes received).
 
     Returns:
-        The app; ``app.state.server`` holds the admission counters and metrics.
+        The app; ``app.state.server`` holds the metrics. How many requests run and wait is the
+        engine's to decide (``SchedulerConfig.max_batch_size`` / ``max_waiting``); a full queue
+        is answered with 429.
     """
     keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
     server = _Server(
         engine,
         api_keys=keys,
-        max_concurrency=max_concurrency,
-        max_queue=max_queue,
         max_request_bytes=max_request_bytes,
     )
     app = FastAPI(title="agentcache runtime", docs_url=None, redoc_url=None, openapi_url=None)
@@ -345,7 +344,7 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Response:
-        running, waiting = server.admission.snapshot()
+        running, waiting = await run_sync(server.queue_counts)
         return JSONResponse({"status": "ok", "running": running, "waiting": waiting})
 
     @app.get("/metrics")

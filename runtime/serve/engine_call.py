@@ -1,11 +1,13 @@
-"""One admitted engine stream, read from the event loop.
+"""One engine stream, read from the event loop.
 
-Opening and closing the engine stream run in worker threads taken from a per-app limiter sized
-to the running slots. Deltas of a ``RequestStream`` (``runtime.Engine``) are read on the event
-loop itself: the scheduler thread rings a waker, the loop polls every delta ready (merged), so
-no thread hop is paid per token. Any other iterator (a test fake) is read through a worker
-thread per delta. ``aclose`` is idempotent and shielded: it closes the engine stream (which
-cancels the request and unpins its blocks) and gives the slot back. It knows no HTTP and no JSON.
+Opening and closing the engine stream run in worker threads. Admission is the engine's alone:
+the first poll submits the request to the scheduler's bounded queue, which raises
+``EngineBusyError`` when full (the app answers 429). Deltas of a ``RequestStream``
+(``runtime.Engine``) are read on the event loop itself: the scheduler thread rings a waker, the
+loop polls every delta ready (merged), so no thread hop is paid per token. Any other iterator (a
+test fake) is read through a worker thread per delta. ``aclose`` is idempotent and shielded: it
+closes the engine stream (which cancels the request and unpins its blocks). It knows no HTTP and
+no JSON.
 """
 
 from __future__ import annotations
@@ -18,51 +20,34 @@ from anyio.to_thread import run_sync
 
 from runtime.outputs import Completion, StreamDelta
 from runtime.request_stream import RequestStream
-from runtime.serve.admission import Admission
 
 __all__ = ["EngineCall"]
 
 
 class EngineCall:
-    """Slot + engine stream of one request.
+    """The engine stream of one request.
 
     Args:
         open_stream: opens the engine stream (blocking; called in a worker thread).
-        admission: where the running slot comes from.
-        limiter: worker threads reserved for engine calls (one per running slot).
-        on_close: called once from ``aclose`` with the final Completion, or None if cancelled.
     """
 
-    def __init__(
-        self,
-        open_stream: Callable[[], Iterator[StreamDelta]],
-        *,
-        admission: Admission,
-        limiter: anyio.CapacityLimiter,
-        on_close: Callable[[Completion | None], None],
-    ) -> None:
+    def __init__(self, open_stream: Callable[[], Iterator[StreamDelta]]) -> None:
         self._open_stream = open_stream
-        self._admission = admission
-        self._limiter = limiter
-        self._on_close = on_close
         self._it: Iterator[StreamDelta] | None = None
         self._ready = asyncio.Event()
         self._is_wake_pending = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._has_slot = False
         self._is_closed = False
         self.completion: Completion | None = None
 
     async def start(self) -> StreamDelta | None:
-        """Wait for a slot, open the stream and return its first delta.
+        """Open the stream (which submits the request) and return its first delta.
 
         Raises:
-            AdmissionFullError: the wait queue is full.
+            EngineBusyError: the scheduler's queue is full.
             InvalidRequestError: (and subclasses) raised by the engine for this prompt.
         """
-        await self._admission.acquire()
-        self._has_slot = True
-        self._it = await run_sync(self._open_stream, limiter=self._limiter)
+        self._it = await run_sync(self._open_stream)
         if isinstance(self._it, RequestStream):
             self._loop = asyncio.get_running_loop()
             self._it.set_waker(self._wake)
@@ -79,7 +64,7 @@ class EngineCall:
         if isinstance(it, RequestStream):
             delta = await self._poll(it)
         else:
-            delta = await run_sync(next, it, None, limiter=self._limiter)
+            delta = await run_sync(next, it, None)
         if delta is not None and delta.completion is not None:
             self.completion = delta.completion
         return delta
@@ -110,7 +95,7 @@ class EngineCall:
         return self.completion
 
     async def aclose(self) -> None:
-        """Close the engine stream (cancelling it if unfinished) and release the slot, once."""
+        """Close the engine stream (cancelling it if unfinished), once."""
         if self._is_closed:
             return
         self._is_closed = True
@@ -119,10 +104,5 @@ class EngineCall:
             if isinstance(it, RequestStream):
                 it.set_waker(None)
             close = getattr(it, "close", None)
-            try:
-                if close is not None:
-                    await run_sync(close, limiter=self._limiter)
-            finally:
-                if self._has_slot:
-                    self._admission.release()
-                self._on_close(self.completion)
+            if close is not None:
+                await run_sync(close)

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from runtime.outputs import CacheStats, StreamDelta
 from runtime.sampling import SamplingParams
+from runtime.scheduler import SchedulerStats
 
 __all__ = ["ServingEngine"]
 
@@ -23,6 +24,9 @@ class ServingEngine(Protocol):
 
     @property
     def max_context_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
 
     @property
     def tokenizer(self) -> Any: ...
@@ -46,3 +50,5 @@ class ServingEngine(Protocol):
     ) -> Iterator[StreamDelta]: ...
 
     def cache_stats(self) -> CacheStats: ...
+
+    def scheduler_stats(self) -> SchedulerStats: ...

@@ -1,15 +1,16 @@
 """Turn a validated OpenAI request into a ``RequestPlan``: prompt, sampling params, namespace.
 
-Renders chat messages and tools through the model's chat template (in a worker thread), checks
-lengths against the context window and picks the tool-call parser. It knows the engine's serving
-methods only through the server; it never streams, answers HTTP or touches the cache.
+Renders chat messages and tools through the model's chat template (in a worker thread), fits
+``max_tokens`` to the context window and picks the tool-call parser. The prompt itself (empty,
+token ids, length) is validated once, by the engine; the app maps its errors to 400. It knows
+the engine only as a ``ServingEngine``; it never streams, answers HTTP or touches the cache.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Literal
 
@@ -28,9 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["RequestPlan", "chat_plan", "completion_plan"]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RequestPlan:
-    """Everything needed to run and answer one request."""
+    """Everything needed to run and answer one request (read-only: outcomes are returned)."""
 
     kind: Literal["chat", "completion"]
     id: str
@@ -53,11 +54,6 @@ class RequestPlan:
     """The prompt's text to return before the completion (``echo``), else None."""
     is_output_dropped: bool = False
     """``max_tokens=0`` with ``echo``: one token is generated (the engine's minimum), not sent."""
-    has_tool_calls: bool = False
-    is_failed: bool = False
-    """True once an error answer was chosen (so a close is not counted as a cancel)."""
-    has_stream_error: bool = False
-    """True when the engine failed after the SSE stream had started."""
 
 
 def _new_plan(
@@ -103,7 +99,8 @@ def sampling_params(
     limit = engine.max_context_len
     if max_tokens is None:
         max_tokens = max(1, min(default_max_tokens, limit - (prompt_len or 0)))
-    elif prompt_len is not None and prompt_len + max_tokens > limit:
+    elif prompt_len is not None and prompt_len < limit and prompt_len + max_tokens > limit:
+        # NOTE: a prompt that alone fills the context is the engine's to refuse (blamed on it).
         raise ApiError(
             400,
             f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
@@ -138,7 +135,7 @@ def sampling_params(
 
 
 def _check_token_ids(engine: ServingEngine, param: str, ids: list[int]) -> None:
-    vocab_size = len(engine.tokenizer)
+    vocab_size = engine.vocab_size  # NOTE: the engine's one vocabulary size (embedding rows)
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise ApiError(
@@ -146,17 +143,6 @@ def _check_token_ids(engine: ServingEngine, param: str, ids: list[int]) -> None:
             f"{param} has token ids {bad[:5]!r} outside the vocabulary [0, {vocab_size})",
             param=param,
             code="invalid_value",
-        )
-
-
-def _check_prompt_len(num_tokens: int, limit: int, param: str) -> None:
-    if num_tokens >= limit:
-        raise ApiError(
-            400,
-            f"prompt has {num_tokens} tokens; the model's context is {limit} tokens "
-            "(prompt + at least one generated token must fit)",
-            param=param,
-            code="context_length_exceeded",
         )
 
 
@@ -192,7 +178,8 @@ async def chat_plan(
     keeps the prefix cacheable); "required" and named choices are not enforced by decoding.
 
     Raises:
-        ApiError: 400 for messages the template rejects, an over-long prompt or bad tools.
+        ApiError: 400 for messages the template rejects, prompt + ``max_tokens`` past the
+            context, or bad tools (an over-long prompt is the engine's to refuse).
     """
     parser = _tool_parser(engine, req)
     messages = [message.to_template() for message in req.messages]
@@ -203,7 +190,6 @@ async def chat_plan(
         # NOTE: the engine's InvalidRequestError already says what failed; say it once.
         prefix = "" if isinstance(exc, InvalidRequestError) else "chat template failed: "
         raise ApiError(400, f"{prefix}{exc}", param="messages", code="invalid_messages") from exc
-    _check_prompt_len(len(ids), engine.max_context_len, "messages")
     params = sampling_params(
         engine,
         req,
@@ -224,22 +210,11 @@ async def completion_plan(
     """Plan a completion; a text prompt is tokenized here (worker thread) and measured like chat.
 
     Raises:
-        ApiError: 400 for a batch or empty prompt, token ids outside the vocabulary, or a prompt
-            (+ ``max_tokens``) that does not fit the context.
+        ApiError: 400 for a batch prompt, or prompt + ``max_tokens`` past the context (an empty,
+            out-of-vocabulary or over-long prompt is refused by the engine when the call opens).
     """
     prompt = req.prompt_value()
-    if isinstance(prompt, str):
-        ids = await run_sync(engine.tokenize, prompt)
-    else:
-        vocab_size = len(engine.tokenizer)
-        if any(not 0 <= tok < vocab_size for tok in prompt):
-            raise ApiError(
-                400, f"token ids must be in [0, {vocab_size})", param="prompt", code="invalid_value"
-            )
-        ids = prompt
-    if not ids:
-        raise ApiError(400, "prompt is empty", param="prompt", code="invalid_value")
-    _check_prompt_len(len(ids), engine.max_context_len, "prompt")
+    ids = await run_sync(engine.tokenize, prompt) if isinstance(prompt, str) else prompt
     params = sampling_params(
         engine,
         req,
@@ -248,10 +223,12 @@ async def completion_plan(
         default_max_tokens=default_max_tokens,
     )
     plan = _new_plan("completion", req, ids, params, cache_salt, None, engine)
-    if req.echo:
-        plan.is_output_dropped = req.max_tokens == 0
-        if isinstance(prompt, str):
-            plan.echo_text = prompt
-        else:
-            plan.echo_text = await run_sync(partial(engine.tokenizer.decode, ids))
-    return plan
+    if not req.echo:
+        return plan
+    if isinstance(prompt, str):
+        text: str | None = prompt
+    elif all(0 <= t < engine.vocab_size for t in ids):
+        text = await run_sync(partial(engine.tokenizer.decode, ids))
+    else:
+        text = None  # NOTE: the engine refuses these ids when the call opens (400)
+    return replace(plan, is_output_dropped=req.max_tokens == 0, echo_text=text)

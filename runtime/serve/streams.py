@@ -15,6 +15,7 @@ from typing import Any
 from runtime.outputs import Completion, StreamDelta, TokenLogprob, Usage
 from runtime.serve.engine_call import EngineCall
 from runtime.serve.logprobs import CompletionLogprobs, chat_logprobs
+from runtime.serve.metrics import Outcome
 from runtime.serve.protocol import error_body, tool_call_dicts, usage_dict
 from runtime.serve.request_plan import RequestPlan
 from runtime.serve.tool_parser import ParsedToolCall
@@ -74,10 +75,10 @@ def _usage(plan: RequestPlan, completion: Completion) -> dict[str, Any]:
     return usage_dict(usage)
 
 
-def final_json(plan: RequestPlan, completion: Completion) -> dict[str, Any]:
-    """The non-streaming response body for a finished request."""
+def final_json(plan: RequestPlan, completion: Completion) -> tuple[dict[str, Any], Outcome]:
+    """The non-streaming response body for a finished request, and its ``finish_reason``."""
     body = _head(plan, chunk=False)
-    finish: str = completion.finish_reason
+    finish: Outcome = completion.finish_reason
     if plan.kind == "completion":
         text = "" if plan.is_output_dropped else completion.text
         choice: dict[str, Any] = {"index": 0, "text": (plan.echo_text or "") + text}
@@ -87,7 +88,6 @@ def final_json(plan: RequestPlan, completion: Completion) -> dict[str, Any]:
             content, calls = plan.parser.parse(completion.text)
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if calls:
-            plan.has_tool_calls = True
             finish = "tool_calls"
             message["tool_calls"] = tool_call_dicts(calls, plan.id)
             for call in message["tool_calls"]:
@@ -100,7 +100,7 @@ def final_json(plan: RequestPlan, completion: Completion) -> dict[str, Any]:
     choice["finish_reason"] = finish
     body["choices"] = [choice]
     body["usage"] = _usage(plan, completion)
-    return body
+    return body, finish
 
 
 class ChoiceStream:
@@ -108,6 +108,8 @@ class ChoiceStream:
 
     With a tool parser, text is streamed only up to a possible ``<tool_call>`` tag; the rest is
     held and parsed when the request finishes (calls are then sent whole, one chunk).
+    ``outcome`` is this stream's own result once ``events`` ended: the finish reason sent, or
+    "error"; None while unfinished or when the client left first.
     """
 
     def __init__(self, plan: RequestPlan, call: EngineCall, first: StreamDelta | None) -> None:
@@ -119,6 +121,7 @@ class ChoiceStream:
         self._logprobs: list[tuple[TokenLogprob | None, int]] = []
         """``(logprob, id)`` of tokens not yet sent; the next chunk of any kind carries them."""
         self._offsets = CompletionLogprobs(plan.token_text) if plan.token_text is not None else None
+        self.outcome: Outcome | None = None
 
     def _chunk(
         self, *, text: str | None = None, extra: dict[str, Any] | None = None, finish: str | None
@@ -150,15 +153,14 @@ class ChoiceStream:
         self._sent += len(out)
         return out
 
-    def _finish(self, completion: Completion) -> list[str]:
-        """Events after the last delta: held text, tool calls, finish and usage chunks."""
+    def _finish(self, completion: Completion) -> tuple[list[str], Outcome]:
+        """Events after the last delta (held text, tool calls, finish, usage) and the finish."""
         events: list[str] = []
         rest = self._text[self._sent :]
-        finish: str = completion.finish_reason
+        finish: Outcome = completion.finish_reason
         if self._plan.parser is not None and rest:
             rest, calls = self._plan.parser.parse(rest)
             if calls:
-                self._plan.has_tool_calls = True
                 finish = "tool_calls"
                 if rest:
                     events.append(self._chunk(text=rest, finish=None))
@@ -173,7 +175,7 @@ class ChoiceStream:
             usage["choices"] = []
             usage["usage"] = _usage(self._plan, completion)
             events.append(_event(usage))
-        return events
+        return events, finish
 
     async def events(self) -> AsyncIterator[str]:
         """Yield ``data: ...`` events, ending with ``data: [DONE]``."""
@@ -196,10 +198,12 @@ class ChoiceStream:
                 delta = await self._call.next()
             if self._call.completion is None:
                 raise RuntimeError("engine stream ended without a completion")
-            for event in self._finish(self._call.completion):
+            events, finish = self._finish(self._call.completion)
+            for event in events:
                 yield event
+            self.outcome = finish
         except Exception as exc:  # the engine failed mid-stream: tell the client, keep serving
             _log.exception("stream %s failed", self._plan.id)
-            self._plan.has_stream_error = True
+            self.outcome = "error"
             yield _event(error_body(f"generation failed: {exc}", type="server_error"))
         yield DONE

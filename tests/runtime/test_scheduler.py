@@ -187,6 +187,41 @@ def test_full_queue_is_busy(model_path: Path) -> None:
     engine.close()
 
 
+def test_the_batch_fills_to_max_batch_size_then_requests_wait(model_path: Path) -> None:
+    engine = make_engine(model_path, max_batch_size=3)
+    params = SamplingParams(ignore_eos=True, max_tokens=200)
+    streams = [engine.stream(SHARED + [i + 3], params) for i in range(3)]
+    for stream in streams:
+        next(stream)  # a first delta: admitted and prefilled
+    extra = [engine.stream(SHARED + [9, 9], params) for _ in range(2)]
+    for stream in extra:
+        assert stream.poll() is None  # submitted, queued behind the full batch
+    stats = engine.scheduler_stats()
+    assert (stats.num_running, stats.num_waiting) == (3, 2)
+    for stream in [*streams, *extra]:
+        stream.close()
+    engine.check_integrity()
+    engine.close()
+
+
+def test_a_queued_request_cancelled_leaves_at_once_and_is_never_prefilled(
+    model_path: Path,
+) -> None:
+    engine = make_engine(model_path, max_batch_size=1)
+    holder = engine.stream(SHARED, SamplingParams(ignore_eos=True, max_tokens=250))
+    next(holder)
+    queued = engine.stream(SHARED + [5], SamplingParams(ignore_eos=True, max_tokens=5))
+    assert queued.poll() is None and engine.scheduler_stats().num_waiting == 1
+    queued.close()  # NOTE: returns without waiting for the holder's 250 tokens
+    stats = engine.scheduler_stats()
+    assert (stats.num_running, stats.num_waiting) == (1, 0)
+    req = queued.request
+    assert req.released.is_set() and req.output_ids == [] and req.kv is None
+    holder.close()
+    engine.check_integrity()
+    engine.close()
+
+
 def test_close_stops_the_loop_and_fails_running_requests(model_path: Path) -> None:
     engine = make_engine(model_path)
     # NOTE: hold the loop inside its first decode step until close() has been called, so the

@@ -12,9 +12,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from runtime.exceptions import InvalidRequestError, PromptTooLongError
+from runtime.exceptions import EngineBusyError, InvalidRequestError, PromptTooLongError
 from runtime.outputs import CacheStats, Completion, FinishReason, Metrics, StreamDelta, Usage
 from runtime.sampling import SamplingParams
+from runtime.scheduler import SchedulerStats
 
 HERMES_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %} ... <tool_call> ..."
 
@@ -35,6 +36,7 @@ class ScriptedEngine:
     """Streams ``script`` pieces (one per token) for every request."""
 
     model_id = "fake-model"
+    vocab_size = 0x110000
 
     def __init__(
         self,
@@ -44,12 +46,16 @@ class ScriptedEngine:
         step_s: float = 0.0,
         fail_at: int | None = None,
         engine_limit: int | None = None,
+        max_open: int | None = None,
     ) -> None:
         """``fail_at``: raise RuntimeError before that piece (0 = when the stream opens).
 
         ``engine_limit``: positions ``stream`` accepts (default ``max_context_len``); lower, it
         stands for limits the server cannot see (the real engine's batch KV budget).
+        ``max_open``: with that many streams open, ``stream`` raises ``EngineBusyError`` (the
+        real engine's full scheduler queue).
         """
+        self.max_open = max_open
         self.script = script if script is not None else ["Hello", ",", " world", "!"]
         self.max_context_len = max_context_len
         self.engine_limit = max_context_len if engine_limit is None else engine_limit
@@ -90,10 +96,21 @@ class ScriptedEngine:
     ) -> Iterator[StreamDelta]:
         params = params or SamplingParams()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        # NOTE: the checks runtime.Engine makes at its edge (the server relies on them).
+        if not ids:
+            raise InvalidRequestError("prompt is empty; give at least one token")
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise InvalidRequestError(f"prompt token ids are outside [0, {self.vocab_size})")
+        if len(ids) >= self.max_context_len:
+            raise PromptTooLongError(
+                f"prompt has {len(ids)} tokens but the model's context is {self.max_context_len}"
+            )
         if len(ids) + params.max_tokens > self.engine_limit:
             raise PromptTooLongError(f"{len(ids)} + {params.max_tokens} > {self.engine_limit}")
         if self.fail_at == 0:
             raise RuntimeError("engine exploded")
+        if self.max_open is not None and self.num_open >= self.max_open:
+            raise EngineBusyError(f"engine busy: {self.num_open} streams open")
         self.salts.append(cache_salt)
         self.params.append(params)
         return self._run(ids, params, cache_salt)
@@ -141,6 +158,9 @@ class ScriptedEngine:
             with self._lock:
                 self.num_open -= 1
                 self.num_closed_early += 0 if finished else 1
+
+    def scheduler_stats(self) -> SchedulerStats:
+        return SchedulerStats(self.num_open, 0, 0, 0, 1)
 
     def cache_stats(self) -> CacheStats:
         return CacheStats(
