@@ -13,6 +13,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -127,22 +128,35 @@ class Scheduler:
             PromptTooLongError: the request's KV row alone exceeds ``batch_kv_bytes``.
             RuntimeEngineError: the engine was closed.
         """
-        need = req.max_total_len * self.batch.position_bytes
-        if need > self.config.batch_kv_bytes:
-            raise PromptTooLongError(
-                f"prompt + max_tokens ({req.max_total_len} positions) need {need} bytes of KV, "
-                f"over batch_kv_bytes={self.config.batch_kv_bytes}; lower max_tokens or raise it"
-            )
+        self.submit_all([req])
+
+    def submit_all(self, reqs: Sequence[Request]) -> None:
+        """Queue several requests at once: the loop's next admission sees all of them.
+
+        Raises:
+            EngineBusyError: they do not all fit under ``max_waiting`` (none is queued).
+            PromptTooLongError: a request's KV row alone exceeds ``batch_kv_bytes``.
+            RuntimeEngineError: the engine was closed.
+        """
+        for req in reqs:
+            need = req.max_total_len * self.batch.position_bytes
+            if need > self.config.batch_kv_bytes:
+                raise PromptTooLongError(
+                    f"prompt + max_tokens ({req.max_total_len} positions) need {need} bytes of "
+                    f"KV, over batch_kv_bytes={self.config.batch_kv_bytes}; lower max_tokens or "
+                    "raise it"
+                )
         with self._cv:
             if self._is_closed:
                 raise RuntimeEngineError("the engine is closed")
-            if len(self.waiting) >= self.config.max_waiting:
+            if len(self.waiting) + len(reqs) > self.config.max_waiting:
                 raise EngineBusyError(
                     f"engine busy: {len(self.waiting)} requests waiting "
                     f"(max_waiting={self.config.max_waiting}); retry later"
                 )
-            req.t_start, req.t_enqueue = time.perf_counter(), time.monotonic()
-            self.waiting.append(req)
+            for req in reqs:
+                req.t_start, req.t_enqueue = time.perf_counter(), time.monotonic()
+                self.waiting.append(req)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="runtime-scheduler")
                 self._thread.daemon = True

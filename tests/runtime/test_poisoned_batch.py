@@ -66,10 +66,8 @@ def outcome(req: Request) -> list[int] | BaseException:
 
 
 def run_together(engine: Engine, reqs: Sequence[Request]) -> list[list[int] | BaseException]:
-    """Submit every request while the loop is held, so they are admitted into one batch."""
-    with engine._lock:
-        for req in reqs:
-            engine.scheduler.submit(req)
+    """Submit every request at once, so they are admitted into one batch."""
+    engine.scheduler.submit_all(reqs)
     return [outcome(req) for req in reqs]
 
 

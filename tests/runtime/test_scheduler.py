@@ -1,7 +1,7 @@
 """Scheduler scenarios: cache-aware order, FIFO fallback, age bound, KV budget, cancel, busy, close.
 
-One tiny random Llama per engine. Ordering scenarios hold the engine lock while submitting so the
-loop sees the whole queue at once, then record the order in which requests were prefilled.
+One tiny random Llama per engine. Ordering scenarios queue every request at once (``submit_all``)
+so the loop sees the whole queue, then read the prefill order from each request's first-token time.
 """
 
 from __future__ import annotations
@@ -44,24 +44,16 @@ def drain(req: Request) -> list[int]:
 
 
 def admitted_order(engine: Engine, prompts: list[list[int]]) -> list[int]:
-    """Submit all prompts while the loop is held; return prompt indices in prefill order."""
-    order: list[int] = []
-    prefill = engine.scheduler._prefill
+    """Submit all prompts at once; return prompt indices in prefill order (batch size 1).
+
+    The order is read from each request's first-token time, a public field of ``Request``.
+    """
     reqs = [engine.make_request(p, SamplingParams(ignore_eos=True, max_tokens=2)) for p in prompts]
-
-    def spy(req: Request) -> None:
-        order.append(reqs.index(req))
-        prefill(req)
-
-    engine.scheduler._prefill = spy  # type: ignore[method-assign]
-    with engine._lock:
-        for req in reqs:
-            engine.scheduler.submit(req)
+    engine.scheduler.submit_all(reqs)
     for req in reqs:
         drain(req)
-    del engine.scheduler._prefill
     engine.check_integrity()
-    return order
+    return sorted(range(len(reqs)), key=lambda i: reqs[i].t_first)
 
 
 def test_longest_cached_prefix_goes_first(model_path: Path) -> None:
@@ -113,9 +105,7 @@ def test_requests_admitted_together_reuse_each_others_prefix(
         engine.make_request(SHARED + [i + 3, i + 4], SamplingParams(ignore_eos=True, max_tokens=3))
         for i in range(8)
     ]
-    with engine._lock:
-        for req in reqs:
-            engine.scheduler.submit(req)
+    engine.scheduler.submit_all(reqs)
     cached = sorted(completion_of(req).usage.cached_tokens for req in reqs)
     assert cached == [0] + [len(SHARED)] * 7
     engine.check_integrity()
@@ -177,11 +167,10 @@ def test_full_queue_is_busy(model_path: Path) -> None:
     reqs = [
         engine.make_request(SHARED, SamplingParams(ignore_eos=True, max_tokens=2)) for _ in range(3)
     ]
-    with engine._lock:
-        engine.scheduler.submit(reqs[0])
-        engine.scheduler.submit(reqs[1])
-        with pytest.raises(EngineBusyError, match="max_waiting=2"):
-            engine.scheduler.submit(reqs[2])
+    with pytest.raises(EngineBusyError, match="max_waiting=2"):
+        engine.scheduler.submit_all(reqs)  # three do not fit: none is queued
+    assert engine.scheduler_stats().num_waiting == 0
+    engine.scheduler.submit_all(reqs[:2])
     assert [len(drain(r)) for r in reqs[:2]] == [2, 2]
     engine.check_integrity()
     engine.close()
