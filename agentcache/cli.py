@@ -98,7 +98,29 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=None,
         help="byte budget of --kv-disk-dir (default 8 GiB)",
     )
-    p.add_argument("--api-key", default=None, help="require this bearer token")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help="require this bearer token; repeat for several keys, each its own cache tenant",
+    )
+    p.add_argument(
+        "--api-key-file",
+        action="append",
+        default=None,
+        help="file with one API key per line (blank and #-lines skipped); may be repeated",
+    )
+    p.add_argument(
+        "--metrics-key",
+        default=None,
+        help="a separate bearer token for /metrics (default: any API key when keys are set)",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=None,
+        help="allow browser calls from this origin ('*' for any); repeatable; default: CORS off",
+    )
     p.add_argument(
         "--max-request-bytes",
         type=positive_int,

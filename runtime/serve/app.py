@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP front-end over an Engine (FastAPI): chat, completions, models, metrics.
+"""OpenAI-compatible HTTP front-end over an Engine (FastAPI): chat, completions, models, metrics,
+vLLM's tokenize/detokenize and prefix-cache reset, the OpenAPI schema, opt-in CORS.
 
 Thin by design: it validates bodies, maps the API key and ``cache_salt`` to a private prefix
 cache namespace, runs every blocking engine call in worker threads and turns deltas into JSON or
@@ -9,14 +10,16 @@ one place that admits or refuses a request (``EngineBusyError``), which the app 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import anyio
 from anyio.to_thread import run_sync
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.types import Receive, Scope, Send
@@ -28,18 +31,23 @@ from runtime.exceptions import (
     SamplingError,
 )
 from runtime.outputs import Completion
+from runtime.serve.auth import KeyRing
 from runtime.serve.engine_call import EngineCall
 from runtime.serve.engine_protocol import ServingEngine
+from runtime.serve.failsafe import ErrorShield
 from runtime.serve.metrics import CONTENT_TYPE, Outcome, ServerMetrics
 from runtime.serve.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     error_body,
     validation_error,
 )
 from runtime.serve.request_plan import RequestPlan, chat_plan, completion_plan
 from runtime.serve.streams import ChoiceStream, final_json
+from runtime.serve.tokenize import detokenize_body, tokenize_body, tokenizer_info_body
 
 __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
@@ -51,6 +59,9 @@ _SALT_DOMAIN = b"agentcache.runtime.tenant.v1"
 
 DEFAULT_MAX_REQUEST_BYTES = 2 << 20
 """Largest request body read (2 MiB): a 128k-token chat is about 0.5-1 MB of JSON."""
+
+MAX_JSON_DEPTH = 100
+"""Deepest nesting of arrays/objects accepted in a body (deeper: 400, before any validation)."""
 
 
 def tenant_salt(api_key: str | None, cache_salt: str | None) -> str | None:
@@ -97,36 +108,22 @@ class _Server:
         engine: ServingEngine,
         *,
         api_keys: Sequence[str],
+        metrics_key: str | None,
         max_request_bytes: int,
     ) -> None:
         if max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes!r}")
         self.engine = engine
         self.max_request_bytes = max_request_bytes
-        self.api_keys = [key.encode() for key in api_keys]
         self.metrics = ServerMetrics(engine.cache_stats, self.queue_counts)
+        self.keys = KeyRing(
+            api_keys, metrics_key=metrics_key, on_refused=lambda: self.metrics.count("unauthorized")
+        )
 
     def queue_counts(self) -> tuple[int, int]:
         """``(num_running, num_waiting)`` requests in the engine now (blocking: worker thread)."""
         stats = self.engine.scheduler_stats()
         return stats.num_running, stats.num_waiting
-
-    def authorize(self, request: Request) -> str | None:
-        """The bearer token of the request; with keys configured it must be one of them."""
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        key = token.strip() if scheme.lower() == "bearer" and token.strip() else None
-        if self.api_keys and (
-            key is None or not any(hmac.compare_digest(key.encode(), k) for k in self.api_keys)
-        ):
-            self.metrics.count("unauthorized")
-            raise ApiError(
-                401,
-                "invalid or missing API key",
-                type="authentication_error",
-                code="invalid_api_key",
-            )
-        return key
 
     async def read_body(self, request: Request) -> bytes:
         """The body, refused before it is read in full when it exceeds ``max_request_bytes``.
@@ -161,25 +158,23 @@ class _Server:
         raw = await self.read_body(request)
         try:
             body = json.loads(raw)
+        except RecursionError as exc:
+            raise _too_deep() from exc
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(
                 400, f"request body is not valid JSON: {exc}", code="invalid_json"
             ) from exc
+        if _json_depth(body) > MAX_JSON_DEPTH:
+            raise _too_deep()
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object", code="invalid_json")
         try:
             parsed = model.model_validate(body)
         except ValidationError as exc:
             raise validation_error(exc) from exc
-        if parsed.model != self.engine.model_id:  # type: ignore[attr-defined]
-            raise ApiError(
-                404,
-                f"model {parsed.model!r} does not exist; this server serves "  # type: ignore[attr-defined]
-                f"{self.engine.model_id!r}",
-                type="not_found_error",
-                param="model",
-                code="model_not_found",
-            )
+        name = getattr(parsed, "model", None)
+        if name is not None and name != self.engine.model_id:
+            raise _unknown_model(name, self.engine.model_id)
         return parsed
 
     async def serve(self, request: Request, plan: RequestPlan) -> Response:
@@ -239,6 +234,29 @@ def _too_large(size: int, limit: int) -> ApiError:
     )
 
 
+def _too_deep() -> ApiError:
+    return ApiError(
+        400,
+        f"request body is nested deeper than {MAX_JSON_DEPTH} levels of arrays/objects",
+        code="invalid_json",
+    )
+
+
+def _json_depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0, ``[]`` is 1), without recursion."""
+    depth, level = 0, [value]
+    while True:
+        containers = [item for item in level if isinstance(item, (dict, list))]
+        if not containers:
+            return depth
+        depth += 1
+        level = [
+            child
+            for item in containers
+            for child in (item.values() if isinstance(item, dict) else item)
+        ]
+
+
 class _Disconnected(Exception):
     """The client went away before the response started."""
 
@@ -271,6 +289,8 @@ def create_app(
     engine: ServingEngine,
     *,
     api_key: str | Sequence[str] | None = None,
+    metrics_key: str | None = None,
+    cors_origins: Sequence[str] = (),
     default_max_tokens: int = 256,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
@@ -278,8 +298,11 @@ def create_app(
 
     Args:
         engine: the loaded engine (``runtime.Engine`` or anything with its serving methods).
-        api_key: one key or several; when set, every ``/v1`` call needs ``Bearer <key>``
-            (else 401). Each key is its own prefix-cache tenant.
+        api_key: one key or several; when set, every ``/v1`` call, ``/tokenize`` and
+            ``/detokenize`` need ``Bearer <key>`` (else 401). Each key is its own prefix-cache
+            tenant. ``/metrics`` and the admin cache reset then need a key too (see ``KeyRing``).
+        metrics_key: a separate key that alone opens ``/metrics`` (and also the admin routes).
+        cors_origins: origins allowed by CORS (``"*"`` for any); empty: no CORS headers.
         default_max_tokens: ``max_tokens`` when a request gives none (capped by the context).
         max_request_bytes: largest body read; larger ones get 413 before any parsing or
             tokenizing (checked on ``Content-Length`` first, then on the bytes received).
@@ -288,16 +311,35 @@ def create_app(
         The app; ``app.state.server`` holds the metrics. How many requests run and wait is the
         engine's to decide (``SchedulerConfig.max_batch_size`` / ``max_waiting``); a full queue
         is answered with 429.
+
+    Raises:
+        ValueError: an empty key or one with whitespace; ``max_request_bytes`` < 1.
     """
     keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
     server = _Server(
         engine,
         api_keys=keys,
+        metrics_key=metrics_key,
         max_request_bytes=max_request_bytes,
     )
-    app = FastAPI(title="agentcache runtime", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="agentcache runtime", version="1", docs_url=None, redoc_url=None)
+    app.openapi = partial(_openapi, app)  # type: ignore[method-assign]
     app.state.server = server
+    _add_error_handlers(app, server)
+    _add_generation_routes(app, server, default_max_tokens=default_max_tokens)
+    _add_utility_routes(app, server)
+    app.add_middleware(ErrorShield, on_error=lambda exc: server.metrics.count("error"))
+    if cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+        )
+    return app
 
+
+def _add_error_handlers(app: FastAPI, server: _Server) -> None:
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError), f"unexpected {type(exc).__name__}"
         if exc.status_code in (400, 413):
@@ -307,40 +349,74 @@ def create_app(
     async def on_http_error(request: Request, exc: Exception) -> Response:
         status = int(getattr(exc, "status_code", 500))
         detail = str(getattr(exc, "detail", "error"))
-        return JSONResponse(error_body(detail, type="invalid_request_error"), status_code=status)
-
-    async def on_unexpected(request: Request, exc: Exception) -> Response:
-        server.metrics.count("error")
-        message = f"internal error: {type(exc).__name__}: {exc}"
-        return JSONResponse(error_body(message, type="server_error"), status_code=500)
+        kind = "not_found_error" if status == 404 else "invalid_request_error"
+        return JSONResponse(error_body(detail, type=kind), status_code=status)
 
     app.add_exception_handler(ApiError, on_api_error)
-    app.add_exception_handler(Exception, on_unexpected)
     app.add_exception_handler(404, on_http_error)
     app.add_exception_handler(405, on_http_error)
 
-    @app.post("/v1/chat/completions")
+
+def _add_generation_routes(app: FastAPI, server: _Server, *, default_max_tokens: int) -> None:
+    engine = server.engine
+
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
-        key = server.authorize(request)
+        key = server.keys.check_api(request)
         req = await server.parse(request, ChatCompletionRequest)
         salt = tenant_salt(key, req.cache_salt)
         plan = await chat_plan(engine, req, salt, default_max_tokens=default_max_tokens)
         return await server.serve(request, plan)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
-        key = server.authorize(request)
+        key = server.keys.check_api(request)
         req = await server.parse(request, CompletionRequest)
         salt = tenant_salt(key, req.cache_salt)
         plan = await completion_plan(engine, req, salt, default_max_tokens=default_max_tokens)
         return await server.serve(request, plan)
 
+
+def _add_utility_routes(app: FastAPI, server: _Server) -> None:
+    engine = server.engine
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        server.authorize(request)
-        card = {"id": engine.model_id, "object": "model", "created": 0, "owned_by": "agentcache"}
-        card["max_model_len"] = engine.max_context_len
-        return JSONResponse({"object": "list", "data": [card]})
+        server.keys.check_api(request)
+        return JSONResponse({"object": "list", "data": [_model_card(engine)]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> Response:
+        server.keys.check_api(request)
+        if model_id != engine.model_id:
+            raise _unknown_model(model_id, engine.model_id)
+        return JSONResponse(_model_card(engine))
+
+    @app.post("/tokenize", openapi_extra=_body_schema(TokenizeRequest))
+    async def tokenize(request: Request) -> Response:
+        server.keys.check_api(request)
+        req = await server.parse(request, TokenizeRequest)
+        return JSONResponse(await run_sync(tokenize_body, engine, req))
+
+    @app.post("/detokenize", openapi_extra=_body_schema(DetokenizeRequest))
+    async def detokenize(request: Request) -> Response:
+        server.keys.check_api(request)
+        req = await server.parse(request, DetokenizeRequest)
+        return JSONResponse(await run_sync(detokenize_body, engine, req))
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(request: Request) -> Response:
+        server.keys.check_api(request)
+        return JSONResponse(tokenizer_info_body(engine))
+
+    async def reset_cache(request: Request) -> Response:
+        server.keys.check_admin(request)
+        freed = await run_sync(engine.flush_cache)
+        return JSONResponse({"status": "ok", "num_blocks_freed": freed})
+
+    # NOTE: vLLM's path for the same action, so its clients and scripts work unchanged.
+    app.post("/v1/admin/cache/reset")(reset_cache)
+    app.post("/reset_prefix_cache")(reset_cache)
 
     @app.get("/health")
     async def health() -> Response:
@@ -348,7 +424,46 @@ def create_app(
         return JSONResponse({"status": "ok", "running": running, "waiting": waiting})
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        server.keys.check_metrics(request)
         return Response(await run_sync(server.metrics.render), media_type=CONTENT_TYPE)
 
-    return app
+
+def _model_card(engine: ServingEngine) -> dict[str, Any]:
+    return {
+        "id": engine.model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "agentcache",
+        "max_model_len": engine.max_context_len,
+    }
+
+
+def _unknown_model(name: str, served: str) -> ApiError:
+    return ApiError(
+        404,
+        f"model {name!r} does not exist; this server serves {served!r}",
+        type="not_found_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+_SCHEMA_DEFS: dict[str, Any] = {}
+"""Models referenced by the request bodies' schemas (filled as routes are declared)."""
+
+
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI ``requestBody`` for a route that reads and validates its JSON body itself."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    _SCHEMA_DEFS.update(schema.pop("$defs", {}))
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema plus the request models our bodies refer to (cached on the app)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(_SCHEMA_DEFS)
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import argparse
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.serve.app import DEFAULT_MAX_REQUEST_BYTES, create_app
+from runtime.serve.auth import read_key_file
 
-__all__ = ["bind_socket", "run_cli"]
+if TYPE_CHECKING:
+    from uvicorn import Server
+
+    from runtime.serve.engine_protocol import ServingEngine
+
+__all__ = ["api_keys", "bind_socket", "make_server", "run_cli"]
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -35,20 +41,46 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def api_keys(args: argparse.Namespace) -> list[str]:
+    """The keys of ``--api-key`` (repeatable) and ``--api-key-file`` (one per line), deduplicated.
+
+    Raises:
+        OSError: a key file cannot be read.
+        ValueError: a key file holds no key, or a key is empty or contains whitespace (the
+            message names the file and line or the flag's position, never a key).
+    """
+    keys: list[str] = []
+    given = getattr(args, "api_key", None) or []
+    for i, key in enumerate([given] if isinstance(given, str) else given, 1):
+        if not key or any(c.isspace() for c in key):
+            raise ValueError(f"--api-key #{i} is empty or contains whitespace")
+        keys.append(key)
+    for path in getattr(args, "api_key_file", None) or []:
+        keys.extend(read_key_file(path))
+    metrics_key = getattr(args, "metrics_key", None)
+    if metrics_key is not None and (not metrics_key or any(c.isspace() for c in metrics_key)):
+        raise ValueError("--metrics-key is empty or contains whitespace")
+    return list(dict.fromkeys(keys))
+
+
 def run_cli(args: argparse.Namespace) -> int:
     """``agentcache serve``: bind the port, load the engine and serve until interrupted.
 
     The port is bound before the model loads, so a taken port fails in milliseconds.
 
     Returns:
-        0 after a clean shutdown, 2 when the model cannot be loaded, 3 when the address cannot
-        be bound (port in use, or a host that is not local).
+        0 after a clean shutdown, 2 when the model cannot be loaded or an API key option is
+        bad (unreadable or empty key file), 3 when the address cannot be bound (port in use, or
+        a host that is not local).
     """
-    import uvicorn
-
     from runtime.engine import Engine
     from runtime.exceptions import ModelLoadError
 
+    try:
+        keys = api_keys(args)
+    except (OSError, ValueError) as exc:
+        print(f"agentcache serve: bad API key option: {exc}")
+        return 2
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
@@ -75,8 +107,27 @@ def run_cli(args: argparse.Namespace) -> int:
         except (ModelLoadError, OSError) as exc:
             print(f"agentcache serve: cannot load {args.model!r}: {exc}")
             return 2
-        max_bytes = getattr(args, "max_request_bytes", None) or DEFAULT_MAX_REQUEST_BYTES
-        app = create_app(engine, api_key=args.api_key, max_request_bytes=max_bytes)
-        print(f"agentcache serve: {engine.model_id!r} on http://{args.host}:{args.port}")
-        uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
+        make_server(args, engine, keys).run(sockets=[sock])
     return 0
+
+
+def make_server(args: argparse.Namespace, engine: ServingEngine, keys: list[str]) -> Server:
+    """The uvicorn server ``agentcache serve`` runs (logging at info), announced on stdout.
+
+    NOTE: the announcement says how many keys are required, never which: keys must not reach
+    stdout or logs (uvicorn's access log has no headers).
+    """
+    import uvicorn
+
+    max_bytes = getattr(args, "max_request_bytes", None) or DEFAULT_MAX_REQUEST_BYTES
+    app = create_app(
+        engine,
+        api_key=keys,
+        metrics_key=getattr(args, "metrics_key", None),
+        cors_origins=getattr(args, "cors_origin", None) or (),
+        max_request_bytes=max_bytes,
+    )
+    print(f"agentcache serve: {engine.model_id!r} on http://{args.host}:{args.port}")
+    if keys:
+        print(f"agentcache serve: {len(keys)} API key(s) required")
+    return uvicorn.Server(uvicorn.Config(app, log_level="info"))

@@ -96,9 +96,22 @@ class ServerMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
-        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens", registry=reg)
+        self.prompt_tokens = Counter(
+            f"{PREFIX}_prompt_tokens",
+            "Prompt tokens of finished requests (cached tokens included)",
+            registry=reg,
+        )
         self.cached_tokens = Counter(
-            f"{PREFIX}_cached_tokens", "Prompt tokens served from the prefix cache", registry=reg
+            f"{PREFIX}_cached_tokens",
+            "Prompt tokens of finished requests served from the prefix cache "
+            "(a part of prompt_tokens)",
+            registry=reg,
+        )
+        self.prefill_tokens = Counter(
+            f"{PREFIX}_prefill_tokens_computed",
+            "Prompt tokens of finished requests actually computed by prefill (cached tokens "
+            "excluded)",
+            registry=reg,
         )
         self.generation_tokens = Counter(
             f"{PREFIX}_generation_tokens", "Generated tokens", registry=reg
@@ -126,6 +139,7 @@ class ServerMetrics:
         usage, timing = completion.usage, completion.metrics
         self.prompt_tokens.inc(usage.prompt_tokens)
         self.cached_tokens.inc(usage.cached_tokens)
+        self.prefill_tokens.inc(timing.prefill_tokens_computed)
         self.generation_tokens.inc(usage.completion_tokens)
         self.ttft.observe(timing.ttft_s)
         if timing.decode_tokens_per_s > 0:

@@ -29,7 +29,9 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "DetokenizeRequest",
     "StreamOptions",
+    "TokenizeRequest",
     "ToolSpec",
     "UNSUPPORTED_PARAMS",
     "error_body",
@@ -111,7 +113,10 @@ def validation_error(exc: ValidationError) -> ApiError:
     Of several errors (one per union member) the deepest path wins, as it names the member that
     matched furthest; the messages of every error at that path are joined.
     """
-    errors = [(_param_path(e["loc"]), _clean_message(str(e["msg"]))) for e in exc.errors()]
+    errors = [
+        (_param_path(e["loc"], is_extra=e["type"] == "extra_forbidden"), _clean_message(e["msg"]))
+        for e in exc.errors()
+    ]
     param = max((path for path, _ in errors), key=_depth)
     hints = list(dict.fromkeys(msg for path, msg in errors if path == param))
     message = "; or ".join(hints[:3])
@@ -120,12 +125,12 @@ def validation_error(exc: ValidationError) -> ApiError:
     )
 
 
-def _param_path(loc: tuple[int | str, ...]) -> str | None:
+def _param_path(loc: tuple[int | str, ...], *, is_extra: bool = False) -> str | None:
     path = ""
-    for part in loc:
+    for i, part in enumerate(loc):
         if isinstance(part, int):
             path += f"[{part}]"
-        elif part in _FIELD_NAMES:
+        elif part in _FIELD_NAMES or (is_extra and i == len(loc) - 1):
             path += f".{part}" if path else part
     return path or None
 
@@ -442,6 +447,47 @@ class CompletionRequest(_SamplingFields):
         return [p for p in only if isinstance(p, int)]
 
 
+class _Strict(BaseModel):
+    # NOTE: unlike the completion bodies (which clients fill with fields for other servers),
+    # these are only sent by callers that know vLLM's shape: an unknown field is a 400.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TokenizeRequest(_Strict):
+    """Body of ``POST /tokenize``: exactly one of ``prompt`` or ``messages``."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[ToolSpec] | None = None
+    add_generation_prompt: bool = True
+    """Chat only: end with the assistant turn's opening, as a chat completion does."""
+    add_special_tokens: bool | None = None
+    """Text: default True (BOS etc., as ``/v1/completions``). Chat: only False (the template
+    writes the special tokens itself)."""
+    continue_final_message: Literal[False] = False
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        if self.messages is not None and self.add_special_tokens:
+            raise ValueError(
+                "add_special_tokens must be false with messages (the chat template adds them)"
+            )
+        if self.prompt is not None and (self.tools is not None or not self.add_generation_prompt):
+            raise ValueError("tools and add_generation_prompt only apply to messages")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    """Body of ``POST /detokenize``."""
+
+    model: str | None = None
+    tokens: list[StrictInt]
+
+
 _MODELS: tuple[type[BaseModel], ...] = (
     FunctionSpec,
     ToolSpec,
@@ -452,6 +498,8 @@ _MODELS: tuple[type[BaseModel], ...] = (
     StreamOptions,
     ChatCompletionRequest,
     CompletionRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
 )
 # Field names of the request models: any other loc part in a pydantic error is a union tag.
 _FIELD_NAMES = frozenset(name for model in _MODELS for name in model.model_fields)

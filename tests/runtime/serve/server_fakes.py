@@ -28,8 +28,14 @@ class CharTokenizer:
     def __len__(self) -> int:
         return 0x110000
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [chr(i) for i in ids]
 
 
 class ScriptedEngine:
@@ -161,6 +167,11 @@ class ScriptedEngine:
 
     def scheduler_stats(self) -> SchedulerStats:
         return SchedulerStats(self.num_open, 0, 0, 0, 1)
+
+    def flush_cache(self) -> int:
+        with self._lock:
+            num_freed, self.seen = len(self.seen), []
+        return num_freed
 
     def cache_stats(self) -> CacheStats:
         return CacheStats(

@@ -432,7 +432,7 @@ def test_api_key_is_required_when_configured() -> None:
     good = {"Authorization": "Bearer secret"}
     assert client.post("/v1/chat/completions", json=chat_body(), headers=good).status_code == 200
     assert client.get("/health").status_code == 200
-    assert 'outcome="unauthorized"} 2.0' in client.get("/metrics").text
+    assert 'outcome="unauthorized"} 2.0' in client.get("/metrics", headers=good).text
 
 
 def test_engine_failure_is_a_500_with_the_error_shape_and_the_server_keeps_serving() -> None:

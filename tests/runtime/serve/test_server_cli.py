@@ -1,17 +1,23 @@
-"""``agentcache serve`` (``runtime.serve.cli.run_cli``) fails fast and clearly before serving.
+"""``agentcache serve`` (``runtime.serve.cli.run_cli``): fails fast, clearly, never logs keys.
 
-A taken port is found before the model loads; a missing local model path is named as such.
-Nothing here starts uvicorn: every case returns before serving.
+A taken port is found before the model loads; a missing local model path is named as such; bad
+key options are named without echoing a key. One test serves the bundled model exactly as the
+command does (in a thread) and checks that no key appears in its stdout or logs.
 """
 
 from __future__ import annotations
 
 import argparse
 import socket
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
+from agentcache.cli import build_parser
 from runtime.engine import Engine
 from runtime.serve import cli as server
 
@@ -79,3 +85,80 @@ def test_kv_disk_flags_reach_the_engine(
     lone = build_parser().parse_args(["serve", "--port", port, "--kv-disk-bytes", "4096"])
     assert server.run_cli(lone) == 2
     assert "--kv-disk-bytes needs --kv-disk-dir" in capsys.readouterr().out
+
+
+def test_api_keys_from_repeated_flags_and_files(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("# team keys\nfile-one\n\n  file-two  \nflag-one\n")
+    args = argparse.Namespace(api_key=["flag-one", "flag-two"], api_key_file=[str(keys_file)])
+    assert server.api_keys(args) == ["flag-one", "flag-two", "file-one", "file-two"]
+    assert server.api_keys(argparse.Namespace(api_key="solo")) == ["solo"]
+
+
+@pytest.mark.parametrize(
+    ("content", "flags", "message"),
+    [
+        ("# only a comment\n", {}, "holds no API key"),
+        ("good\nhas space-secret inside\n", {}, "line 2"),
+        ("good\n", {"api_key": [""]}, "--api-key #1"),
+        ("good\n", {"metrics_key": "a b"}, "--metrics-key"),
+    ],
+)
+def test_bad_key_options_are_exit_2_without_echoing_keys(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: str,
+    flags: dict[str, Any],
+    message: str,
+) -> None:
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text(content)
+    args = serve_args(0)
+    args.api_key_file = [str(keys_file)]
+    for name, value in flags.items():
+        setattr(args, name, value)
+    assert server.run_cli(args) == 2
+    out = capsys.readouterr().out
+    assert message in out and "secret" not in out and "good" not in out
+
+
+def test_served_keys_never_reach_stdout_or_logs(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("file-key-7f3a9\n")
+    secrets = ["flag-key-1c2d", "flag-key-9e8f", "file-key-7f3a9", "metrics-key-55aa"]
+    argv = ["serve", "--api-key", secrets[0], "--api-key", secrets[1]]
+    argv += ["--api-key-file", str(keys_file), "--metrics-key", secrets[3]]
+    args = build_parser().parse_args(argv)
+    engine = Engine.from_pretrained("tiny")
+    # NOTE: what ``run_cli`` serves, on a free port and in a thread (no signal handlers there).
+    uv = server.make_server(args, engine, server.api_keys(args))
+    sock = server.bind_socket("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        while not uv.started and thread.is_alive():
+            time.sleep(0.01)
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        for key in secrets[:3]:
+            ok = httpx.post(f"{url}/v1/chat/completions", json=body, headers=_bearer(key))
+            assert ok.status_code == 200, ok.text
+        wrong = httpx.post(f"{url}/v1/chat/completions", json=body, headers=_bearer("wrong-9x"))
+        assert wrong.status_code == 401 and "wrong-9x" not in wrong.text
+        assert httpx.get(f"{url}/metrics", headers=_bearer(secrets[3])).status_code == 200
+        assert httpx.get(f"{url}/metrics", headers=_bearer(secrets[0])).status_code == 401
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+        engine.close()
+    out, err = capfd.readouterr()
+    assert "3 API key(s) required" in out and "POST /v1/chat/completions" in out + err
+    for secret in [*secrets, "wrong-9x"]:
+        assert secret not in out + err
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}

@@ -236,3 +236,21 @@ def test_metrics_say_which_tier_served_the_prompt(model_dir: Path, tmp_path: Pat
     assert metrics["agentcache_kv_disk_loads_total"] >= from_disk // 16
     engine.check_integrity()
     engine.close()
+
+
+def test_tokenize_counts_what_a_chat_is_billed_and_reset_empties_the_cache(
+    served: tuple[Engine, str],
+) -> None:
+    engine, url = served
+    messages = chat("count me")
+    tokens = httpx.post(f"{url}/tokenize", json={"model": engine.model_id, "messages": messages})
+    body = {"model": engine.model_id, "messages": messages, "max_tokens": 1}
+    usage = httpx.post(f"{url}/v1/chat/completions", json=body).json()["usage"]
+    assert tokens.json()["count"] == usage["prompt_tokens"]
+    text = httpx.post(f"{url}/detokenize", json={"tokens": tokens.json()["tokens"]}).json()
+    assert text["prompt"].endswith("user\ncount me<|im_end|><|im_start|>assistant")
+    freed = httpx.post(f"{url}/v1/admin/cache/reset").json()["num_blocks_freed"]
+    assert freed > 0 and engine.cache_stats().num_blocks_used == 0
+    again = httpx.post(f"{url}/v1/chat/completions", json=body).json()["usage"]
+    assert again["prompt_tokens_details"]["cached_tokens"] == 0
+    engine.check_integrity()

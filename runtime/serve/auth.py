@@ -1,0 +1,119 @@
+"""Bearer keys of the server: API keys (each its own tenant), the metrics key, the admin rule.
+
+Keys are compared in constant time and never appear in error messages or logs (only their
+position in the list or file). It knows request headers and the OpenAI error shape; how a key
+becomes a prefix-cache namespace is ``app.tenant_salt``'s business.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from starlette.requests import Request
+
+from runtime.serve.protocol import ApiError
+
+__all__ = ["KeyRing", "read_key_file"]
+
+
+def read_key_file(path: str | Path) -> list[str]:
+    """API keys from a file: one per line; blank lines and lines starting with ``#`` skipped.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: no key in the file, or a line with whitespace inside a key (the message
+            gives the line number, never the line).
+    """
+    keys: list[str] = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        key = line.strip()
+        if not key or key.startswith("#"):
+            continue
+        if any(c.isspace() for c in key):
+            raise ValueError(f"{str(path)!r} line {number}: a key must not contain whitespace")
+        keys.append(key)
+    if not keys:
+        raise ValueError(f"{str(path)!r} holds no API key (one key per line)")
+    return keys
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def _is_one_of(key: str | None, keys: Sequence[bytes]) -> bool:
+    # NOTE: compare against every key (no early exit) so timing does not tell which one matched.
+    if key is None:
+        return False
+    raw = key.encode()
+    return sum(hmac.compare_digest(raw, k) for k in keys) > 0
+
+
+class KeyRing:
+    """Who may call what, from the ``Authorization: Bearer <key>`` header.
+
+    - ``/v1`` routes and ``/tokenize``: open without API keys; with keys, one of them.
+    - ``/metrics``: the metrics key when one is set (API keys are then not enough, since the
+      metrics show every tenant's counts); else any API key when keys are set; else open.
+    - admin routes (cache reset): any API key or the metrics key once either is set; else open.
+
+    Args:
+        api_keys: the tenants' keys (may be empty).
+        metrics_key: a separate key for ``/metrics`` (and admin), or None.
+        on_refused: called once per refused request (the server counts them).
+
+    Raises:
+        ValueError: a key that is empty or contains whitespace (named by position only).
+    """
+
+    def __init__(
+        self,
+        api_keys: Sequence[str],
+        *,
+        metrics_key: str | None = None,
+        on_refused: Callable[[], None] = lambda: None,
+    ) -> None:
+        for i, key in enumerate([*api_keys, *([metrics_key] if metrics_key is not None else [])]):
+            if not key or any(c.isspace() for c in key):
+                raise ValueError(f"key #{i + 1} is empty or contains whitespace")
+        self._api = [key.encode() for key in api_keys]
+        self._metrics = [metrics_key.encode()] if metrics_key is not None else []
+        self._on_refused = on_refused
+
+    @property
+    def has_api_keys(self) -> bool:
+        """True when ``/v1`` calls need a key."""
+        return bool(self._api)
+
+    def check_api(self, request: Request) -> str | None:
+        """The caller's API key (None when keys are off and none was sent).
+
+        Raises:
+            ApiError: 401 when keys are configured and the bearer token is none of them.
+        """
+        key = _bearer(request)
+        if self._api and not _is_one_of(key, self._api):
+            self._refuse()
+        return key
+
+    def check_metrics(self, request: Request) -> None:
+        """Raises ApiError 401 unless the caller may read ``/metrics``."""
+        allowed = self._metrics or self._api
+        if allowed and not _is_one_of(_bearer(request), allowed):
+            self._refuse()
+
+    def check_admin(self, request: Request) -> None:
+        """Raises ApiError 401 unless the caller may use admin routes (cache reset)."""
+        allowed = self._api + self._metrics
+        if allowed and not _is_one_of(_bearer(request), allowed):
+            self._refuse()
+
+    def _refuse(self) -> None:
+        self._on_refused()
+        raise ApiError(
+            401, "invalid or missing API key", type="authentication_error", code="invalid_api_key"
+        )

@@ -1,0 +1,278 @@
+"""The server's surface beyond completions: hostile bodies, 500s that keep the connection,
+several API keys, protected metrics, tokenize/detokenize, model cards, cache reset, OpenAPI, CORS.
+
+Raw httpx over a real loopback server where connections matter; the scripted engine
+(tests/runtime/serve/server_fakes.py) elsewhere, so every count is exact.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from openai import NotFoundError, OpenAI
+
+from runtime.serve.app import MAX_JSON_DEPTH, create_app
+from runtime.serve.server_thread import ServerThread
+from tests.runtime.serve.server_fakes import ScriptedEngine
+
+MODEL = ScriptedEngine.model_id
+
+
+def chat_body(**overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    body.update(overrides)
+    return body
+
+
+def error_of(resp: httpx.Response, status: int) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return dict(error)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+class ConnectionCounter:
+    """httpcore trace hook: counts TCP connects, i.e. connections that were not reused."""
+
+    def __init__(self) -> None:
+        self.num_connects = 0
+
+    def __call__(self, name: str, info: dict[str, Any]) -> None:
+        self.num_connects += name == "connection.connect_tcp.complete"
+
+
+# --- hostile bodies and unexpected errors -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"[" * 100_000,  # past the JSON parser's recursion limit
+        json.dumps(chat_body(tools=[{"deep": json.loads("[" * 500 + "]" * 500)}])).encode(),
+        json.dumps(chat_body(x=json.loads("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH))).encode(),
+    ],
+    ids=["unparseable", "deep-field", "one-level-too-deep"],
+)
+def test_deeply_nested_json_is_a_400_and_the_connection_stays_open(raw: bytes) -> None:
+    engine = ScriptedEngine()
+    counter = ConnectionCounter()
+    with ServerThread(create_app(engine)) as url, httpx.Client(base_url=url) as client:
+        trace = {"trace": counter}
+        resp = client.post("/v1/chat/completions", content=raw, extensions=trace)
+        assert error_of(resp, 400)["code"] == "invalid_json"
+        assert "nested deeper" in resp.json()["error"]["message"]
+        ok = client.post("/v1/chat/completions", json=chat_body(), extensions=trace)
+        assert ok.status_code == 200
+    assert counter.num_connects == 1 and len(engine.seen) == 1  # only the valid body ran
+
+
+def test_nesting_at_the_limit_is_parsed() -> None:
+    client = TestClient(create_app(ScriptedEngine()))
+    deep = json.loads("[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1))
+    assert client.post("/v1/chat/completions", json=chat_body(metadata=deep)).status_code == 200
+
+
+def test_unexpected_error_is_a_500_that_keeps_the_keep_alive_connection() -> None:
+    engine = ScriptedEngine(fail_at=0)
+    counter = ConnectionCounter()
+    with ServerThread(create_app(engine)) as url, httpx.Client(base_url=url) as client:
+        trace = {"trace": counter}
+        for _ in range(2):  # the second 500 is read on the same connection as the first
+            failed = client.post("/v1/chat/completions", json=chat_body(), extensions=trace)
+            error = error_of(failed, 500)
+            assert error["type"] == "server_error" and "engine exploded" in error["message"]
+            assert failed.headers.get("connection", "keep-alive").lower() != "close"
+        engine.fail_at = None
+        ok = client.post("/v1/chat/completions", json=chat_body(), extensions=trace)
+        assert ok.status_code == 200
+        metrics = client.get("/metrics", extensions=trace).text
+    assert counter.num_connects == 1
+    assert 'agentcache_request_outcomes_total{outcome="error"} 2.0' in metrics
+
+
+# --- keys, metrics, admin ---------------------------------------------------------------------
+
+
+def test_each_of_several_keys_is_a_tenant_and_metrics_need_a_key() -> None:
+    engine = ScriptedEngine()
+    client = TestClient(create_app(engine, api_key=["key-a", "key-b"]))
+    body = chat_body(messages=[{"role": "user", "content": "x" * 40}])
+
+    def cached(key: str) -> int:
+        resp = client.post("/v1/chat/completions", json=body, headers=bearer(key))
+        return int(resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    assert (cached("key-a"), cached("key-b")) == (0, 0)
+    assert cached("key-b") > 0
+    assert error_of(client.get("/metrics"), 401)["code"] == "invalid_api_key"
+    assert error_of(client.get("/metrics", headers=bearer("nope")), 401)
+    assert client.get("/metrics", headers=bearer("key-b")).status_code == 200
+    assert client.get("/health").status_code == 200  # liveness stays open
+
+
+def test_a_metrics_key_alone_opens_metrics() -> None:
+    client = TestClient(create_app(ScriptedEngine(), api_key="tenant", metrics_key="ops"))
+    error_of(client.get("/metrics", headers=bearer("tenant")), 401)
+    text = client.get("/metrics", headers=bearer("ops")).text
+    assert 'outcome="unauthorized"} 1.0' in text
+    error_of(client.post("/v1/chat/completions", json=chat_body(), headers=bearer("ops")), 401)
+    open_api = TestClient(create_app(ScriptedEngine(), metrics_key="ops"))
+    assert open_api.post("/v1/chat/completions", json=chat_body()).status_code == 200
+    error_of(open_api.get("/metrics"), 401)
+
+
+@pytest.mark.parametrize("path", ["/v1/admin/cache/reset", "/reset_prefix_cache"])
+def test_cache_reset_needs_a_key_and_drops_the_cached_prefixes(path: str) -> None:
+    engine = ScriptedEngine()
+    client = TestClient(create_app(engine, api_key="k"))
+    body = chat_body(messages=[{"role": "user", "content": "y" * 30}])
+
+    def cached() -> int:
+        resp = client.post("/v1/chat/completions", json=body, headers=bearer("k"))
+        return int(resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    assert cached() == 0 and cached() > 0
+    error_of(client.post(path), 401)
+    assert cached() > 0  # the refused reset changed nothing
+    reset = client.post(path, headers=bearer("k"))
+    assert reset.status_code == 200 and reset.json() == {"status": "ok", "num_blocks_freed": 3}
+    assert cached() == 0
+    assert client.get(path).status_code == 405  # POST only
+
+
+def test_prefill_counter_excludes_cached_tokens() -> None:
+    client = TestClient(create_app(ScriptedEngine()))
+    for _ in range(2):
+        client.post("/v1/chat/completions", json=chat_body())
+    text = client.get("/metrics").text
+    n = len("<user>hi<assistant>")
+    assert f"agentcache_prompt_tokens_total {2 * n}.0" in text
+    assert f"agentcache_cached_tokens_total {n - 1}.0" in text
+    assert f"agentcache_prefill_tokens_computed_total {n + 1}.0" in text
+    assert "# HELP agentcache_prefill_tokens_computed_total" in text
+    assert "cached tokens excluded" in text and "cached tokens included" in text
+
+
+# --- tokenize, detokenize, models, OpenAPI, CORS ----------------------------------------------
+
+
+def test_tokenize_text_and_chat_and_detokenize() -> None:
+    client = TestClient(create_app(ScriptedEngine()))
+    text = client.post("/tokenize", json={"model": MODEL, "prompt": "ab"}).json()
+    assert text == {"count": 2, "max_model_len": 400, "tokens": [97, 98], "token_strs": None}
+    chat = client.post(
+        "/tokenize",
+        json={"messages": [{"role": "user", "content": "hi"}], "return_token_strs": True},
+    ).json()
+    done = client.post("/v1/chat/completions", json=chat_body()).json()
+    assert chat["count"] == done["usage"]["prompt_tokens"]
+    assert "".join(chat["token_strs"]) == "<user>hi<assistant>"
+    plain = client.post(
+        "/tokenize",
+        json={"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False},
+    ).json()
+    assert plain["count"] == chat["count"] - len("<assistant>")
+    back = client.post("/detokenize", json={"model": MODEL, "tokens": chat["tokens"]}).json()
+    assert back == {"prompt": "<user>hi<assistant>"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, None),
+        ("/tokenize", {}, None),
+        ("/tokenize", {"prompt": "a", "bogus": 1}, "bogus"),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": "b"}], "add_special_tokens": True},
+            None,
+        ),
+        ("/tokenize", {"prompt": "a", "continue_final_message": True}, "continue_final_message"),
+        ("/detokenize", {"tokens": [-1]}, "tokens"),
+        ("/detokenize", {"tokens": ["a"]}, "tokens[0]"),
+    ],
+)
+def test_tokenize_refuses_what_it_cannot_honour(
+    path: str, body: dict[str, Any], param: str | None
+) -> None:
+    client = TestClient(create_app(ScriptedEngine()))
+    error = error_of(client.post(path, json=body), 400)
+    if param is not None:
+        assert error["param"] == param
+
+
+def test_tokenize_needs_a_key_when_keys_are_set() -> None:
+    client = TestClient(create_app(ScriptedEngine(), api_key="k"))
+    error_of(client.post("/tokenize", json={"prompt": "a"}), 401)
+    error_of(client.post("/detokenize", json={"tokens": [97]}), 401)
+    assert client.post("/tokenize", json={"prompt": "a"}, headers=bearer("k")).status_code == 200
+    other = client.post("/tokenize", json={"prompt": "a", "model": "x"}, headers=bearer("k"))
+    assert error_of(other, 404)["code"] == "model_not_found"
+
+
+def test_model_card_by_id_and_unknown_model_404() -> None:
+    openai = OpenAI(
+        base_url="http://testserver/v1",
+        api_key="k",
+        http_client=TestClient(create_app(ScriptedEngine())),
+    )
+    card = openai.models.retrieve(MODEL)
+    assert card.id == MODEL and card.object == "model"
+    with pytest.raises(NotFoundError) as caught:
+        openai.models.retrieve("gpt-4o")
+    assert caught.value.body is not None
+    assert caught.value.code == "model_not_found"
+
+
+def test_openapi_schema_lists_every_route_with_request_bodies() -> None:
+    client = TestClient(create_app(ScriptedEngine(), api_key="k"))
+    schema = client.get("/openapi.json").json()
+    paths = schema["paths"]
+    routes = ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"]
+    routes += ["/v1/models", "/v1/models/{model_id}", "/v1/admin/cache/reset", "/metrics"]
+    assert set(routes) <= set(paths)
+    body = paths["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
+    assert "messages" in body["schema"]["properties"]
+    refs = {m.split("/")[-1] for m in _refs(schema)}
+    assert refs and refs <= set(schema["components"]["schemas"])
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return own + [r for value in node.values() for r in _refs(value)]
+    if isinstance(node, list):
+        return [r for value in node for r in _refs(value)]
+    return []
+
+
+def test_cors_is_off_by_default_and_opt_in_per_origin() -> None:
+    origin = "https://app.example"
+    preflight = {"Origin": origin, "Access-Control-Request-Method": "POST"}
+    off = TestClient(create_app(ScriptedEngine()))
+    assert (
+        "access-control-allow-origin"
+        not in off.get("/v1/models", headers={"Origin": origin}).headers
+    )
+    assert off.options("/v1/chat/completions", headers=preflight).status_code == 405
+    on = TestClient(create_app(ScriptedEngine(), api_key="k", cors_origins=[origin]))
+    allowed = on.options(
+        "/v1/chat/completions",
+        headers={**preflight, "Access-Control-Request-Headers": "authorization,content-type"},
+    )
+    assert allowed.status_code == 200  # a preflight carries no key and must not need one
+    assert allowed.headers["access-control-allow-origin"] == origin
+    resp = on.get("/v1/models", headers={"Origin": origin, **bearer("k")})
+    assert resp.headers["access-control-allow-origin"] == origin
+    other = on.options(
+        "/v1/chat/completions", headers={**preflight, "Origin": "https://evil.example"}
+    )
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
