@@ -147,3 +147,19 @@ def test_bounded_memory_and_disk_under_a_long_random_trace(tmp_path: Path, polic
     assert 0 < result.disk_hit_rate <= result.hit_rate < 1
     assert len(list(tmp_path.iterdir())) == disk.num_blocks
     disk.close()
+
+
+def test_prefetch_stages_verified_blocks_for_the_next_load(tmp_path: Path) -> None:
+    tier = make_tier(tmp_path, max_staged=2)
+    keys = [tier.key(h) for h in chain(4)]
+    for i, key in enumerate(keys):
+        tier.put(key, block(float(i)))
+    tier.drain()
+    (tmp_path / f"{keys[3]}.kvb").write_bytes(b"garbage")
+    tier.prefetch(keys[2:])  # read and checked in the background
+    tier.drain()
+    assert list(tier._staged) == [keys[2]]  # keys[3] failed its check: removed, not staged
+    assert tier.stats.num_corrupt == 1 and not tier.contains(keys[3])
+    assert torch.equal(tier.load(keys[2]), block(2.0))  # type: ignore[arg-type]
+    assert not tier._staged  # a staged block is handed over once
+    tier.check_integrity()
