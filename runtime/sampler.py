@@ -59,7 +59,8 @@ class TokenCounts:
     def of(cls, prompt_ids: Sequence[int], vocab_size: int, device: torch.device) -> TokenCounts:
         """Counts of a request that has generated nothing yet."""
         seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)  # [vocab]
-        seen[torch.tensor([t for t in prompt_ids if t < vocab_size], dtype=torch.long)] = True
+        ids = [t for t in prompt_ids if t < vocab_size]
+        seen[torch.tensor(ids, dtype=torch.long, device=device)] = True
         return cls(torch.zeros(vocab_size, dtype=torch.float32, device=device), seen)
 
     def sync(self, output_ids: Sequence[int]) -> None:
@@ -138,10 +139,12 @@ def process_logits(
     Returns:
         ``[n, vocab]`` float32 processed logits, and the rows that cannot be sampled.
     """
-    scores = logits.float().clone()  # [n, vocab], edited in place below
+    scores = logits.float()  # [n, vocab]
     errors: dict[int, SamplingError] = {}
-    _run_processors(scores, rows, errors)
-    _apply_bias_and_min_tokens(scores, rows)
+    if any(_edits_in_place(row) for row in rows):
+        scores = scores.clone() if scores is logits else scores  # NOTE: never edit the input
+        _run_processors(scores, rows, errors)
+        _apply_bias_and_min_tokens(scores, rows)
     scores = _apply_penalties(scores, rows)
     for i in _bad_rows(scores):
         errors.setdefault(i, _bad_row_error(logits[i], scores[i]))
@@ -261,6 +264,13 @@ def _apply_penalties(scores: torch.Tensor, rows: Sequence[SamplerRow]) -> torch.
     return scores
 
 
+def _edits_in_place(row: SamplerRow) -> bool:
+    params = row.params
+    return bool(
+        row.logits_processors or params.logit_bias or len(row.output_ids) < params.min_tokens
+    )
+
+
 def _has_penalty(params: SamplingParams) -> bool:
     return (
         params.repetition_penalty != 1.0
@@ -270,9 +280,9 @@ def _has_penalty(params: SamplingParams) -> bool:
 
 
 def _bad_rows(scores: torch.Tensor) -> list[int]:
-    """Rows with NaN or +inf anywhere, or without any finite score."""
-    bad = torch.isnan(scores).any(-1) | torch.isposinf(scores).any(-1)
-    bad |= ~torch.isfinite(scores).any(-1)
+    """Rows with NaN or +inf anywhere, or without any finite score (one reduction: a row's
+    max is NaN if any entry is, +inf if any is, and -inf only if all are)."""
+    bad = ~torch.isfinite(scores.max(dim=-1).values)  # [n]
     return [int(i) for i in torch.nonzero(bad).flatten().tolist()]
 
 
@@ -294,21 +304,33 @@ def _draw(
     picked = [i for i, row in enumerate(rows) if not row.params.is_greedy and i not in errors]
     if not picked:
         return
-    probs = sampling_probs(scores[picked], [rows[i].params for i in picked])  # [k, vocab]
+    # NOTE: drawn on the CPU, where every request's generator lives.
+    probs = sampling_probs(scores[picked], [rows[i].params for i in picked]).cpu()  # [k, vocab]
     for j, i in enumerate(picked):
         tokens[i] = int(torch.multinomial(probs[j], 1, generator=rows[i].generator).item())
 
 
 def _top_k_top_p_min_p(scores: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Unnormalized probabilities ``[k, vocab]`` after min_p, top-k and top-p (in that order)."""
+    """Unnormalized probabilities ``[k, vocab]`` after min_p, top-k and top-p (in that order).
+
+    The candidates are sorted only when top-k or top-p is on, and only the top ``max(top_k)``
+    (``torch.topk``) when every row has a top-k: a full sort of the vocabulary dominates.
+    """
     probs = torch.softmax(scores, dim=-1)  # [k, vocab]
-    min_p = _column([p.min_p for p in params], probs)
-    probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+    if any(p.min_p for p in params):
+        min_p = _column([p.min_p for p in params], probs)
+        probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+    if all(p.top_p == 1.0 and not p.top_k for p in params):
+        return probs
     vocab = probs.shape[-1]
+    if all(p.top_k for p in params):
+        width = min(max(p.top_k for p in params), vocab)
+        sorted_probs, order = torch.topk(probs, width, dim=-1)  # [k, width], descending
+    else:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # [k, vocab]
     top_k = _column([p.top_k if p.top_k else vocab for p in params], probs)
     top_p = _column([p.top_p for p in params], probs)
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # [k, vocab]
-    rank = torch.arange(vocab, device=probs.device).unsqueeze(0)  # [1, vocab]
+    rank = torch.arange(sorted_probs.shape[-1], device=probs.device).unsqueeze(0)  # [1, width]
     sorted_probs = sorted_probs.masked_fill(rank >= top_k, 0.0)
     sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
     # NOTE: keep a token while the mass before it is < top_p; the top token always stays (a
