@@ -35,9 +35,15 @@ class TurnReport:
 
     @property
     def speedup(self) -> float | None:
-        """Cache-off TTFT / this turn's TTFT for the same prompt; ``None`` when not measured."""
+        """Cache-off TTFT / this turn's TTFT for the same prompt.
+
+        ``None`` when not measured, or when nothing was reused (then both runs did the same
+        work and their ratio is only noise).
+        """
         warm, cold = self.usage.ttft_s, self.cold_ttft_s
-        return cold / warm if warm and cold is not None else None
+        if not self.usage.cached_tokens or not warm or cold is None:
+            return None
+        return cold / warm
 
 
 def _fmt_tokens(value: int | None) -> str:
@@ -54,32 +60,55 @@ def _fmt_ms(seconds: float | None, unit: str = " ms") -> str:
 
 
 def _fmt_ttft(report: TurnReport) -> str:
-    """``98 ms (cache off: 310 ms, 3.2x)``, or just the TTFT without a cache-off run."""
-    text = _fmt_ms(report.usage.ttft_s)
-    if report.cold_ttft_s is None or report.speedup is None:
+    """``98 ms vs 310 ms with the cache off (3.2x faster)``, or why there is no comparison."""
+    text = f"TTFT {_fmt_ms(report.usage.ttft_s)}"
+    if report.cold_ttft_s is None:
         return text
-    return f"{text} (cache off: {_fmt_ms(report.cold_ttft_s)}, {report.speedup:.1f}x)"
+    if report.speedup is None:
+        return f"{text} (nothing reused, so no cache-off comparison)"
+    cold = _fmt_ms(report.cold_ttft_s)
+    return f"{text} vs {cold} for the same prompt with the cache off ({report.speedup:.1f}x faster)"
+
+
+def _fmt_cached(usage: Usage, previous: TurnReport | None, number: int) -> str:
+    """How many prompt tokens came from the prefix cache, and where they came from."""
+    cached, prompt = usage.cached_tokens, usage.prompt_tokens
+    if cached is None or prompt is None:
+        return "cached n/a (the backend does not report it)"
+    head = f"{cached} of {prompt} prompt tokens cached ({_fmt_pct(usage)})"
+    if cached == 0:
+        return f"{head}: {'first turn, nothing to reuse yet' if previous is None else 'no reuse'}"
+    before = previous.usage.prompt_tokens if previous is not None else None
+    if before is None:
+        return f"{head}, from earlier requests to this model"
+    if cached > before:
+        return f"{head} = turn {number - 1}'s prompt ({before}) + its answer, kept after decoding"
+    return f"{head}, from turn {number - 1}'s {before}-token prompt (reused in whole blocks)"
 
 
 def _fmt_prefill(usage: Usage) -> str:
-    """Prompt tokens that went through the model, of all prompt tokens."""
+    """Prompt tokens that went through the model."""
     if usage.prompt_tokens is None or usage.cached_tokens is None:
         return "n/a"
-    return f"{usage.prompt_tokens - usage.cached_tokens}/{usage.prompt_tokens}"
+    return str(usage.prompt_tokens - usage.cached_tokens)
 
 
-def print_turn(console: Console, number: int, report: TurnReport) -> None:
-    """Print a turn's sources and its one-line cache summary."""
+def print_turn(
+    console: Console, number: int, report: TurnReport, previous: TurnReport | None = None
+) -> None:
+    """Print a turn's sources and its cache figures, each with the words that explain it."""
     console.print()
     if report.sources:
         console.print(f"[dim]sources: {', '.join(report.sources[:6])}[/dim]", soft_wrap=True)
     u = report.usage
     console.print(
-        f"[cyan]turn {number}: prompt {_fmt_tokens(u.prompt_tokens)} tok, cached "
-        f"{_fmt_tokens(u.cached_tokens)} ({_fmt_pct(u)}), prefill computed {_fmt_prefill(u)} "
-        f"tok, TTFT {_fmt_ttft(report)} | retrieval cache {report.retrieval_hits} "
-        f"hit/{report.retrieval_misses} miss | tool cache {report.tool_hits} "
-        f"hit/{report.tool_misses} miss[/cyan]",
+        f"[cyan]turn {number}: {_fmt_cached(u, previous, number)}; prefill computed "
+        f"{_fmt_prefill(u)} tokens; {_fmt_ttft(report)}[/cyan]",
+        soft_wrap=True,
+    )
+    console.print(
+        f"[cyan]        retrieval cache {report.retrieval_hits} hit / {report.retrieval_misses} "
+        f"miss; tool cache {report.tool_hits} hit / {report.tool_misses} miss[/cyan]",
         soft_wrap=True,
     )
 
@@ -88,7 +117,10 @@ def print_summary(console: Console, reports: Sequence[TurnReport], wall_s: float
     """Print every turn in a table, then the same-prompt cache-off speedup of turns 2 onwards."""
     table = Table(
         title="agentcache demo: what the caches saved (tokens, ms)",
-        caption="speedup: same prompt, TTFT cache off / on; retrieval, tools: cache hits/misses",
+        caption=(
+            "speedup: the same prompt's TTFT with the cache off / on (- when nothing was reused); "
+            "retrieval, tools: cache hits/misses"
+        ),
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
@@ -104,7 +136,7 @@ def print_summary(console: Console, reports: Sequence[TurnReport], wall_s: float
             _fmt_pct(u),
             _fmt_ms(u.ttft_s, unit=""),
             _fmt_ms(r.cold_ttft_s, unit=""),
-            "n/a" if r.speedup is None else f"{r.speedup:.1f}x",
+            "-" if r.speedup is None else f"{r.speedup:.1f}x",
             f"{r.retrieval_hits}/{r.retrieval_misses}",
             f"{r.tool_hits}/{r.tool_misses}",
         )
@@ -124,6 +156,8 @@ def summary_line(reports: Sequence[TurnReport]) -> str:
     if not later:
         if any(r.cold_ttft_s is None for r in reports):
             return "TTFT: a cache-off comparison of the same prompts needs the local engine"
+        if len(reports) > 1:
+            return "TTFT: no turn reused cached tokens, so there is no speedup to report"
         return "TTFT: only one turn, so nothing was reused from the prefix cache yet"
     median = statistics.median(later)
     last = len(reports)

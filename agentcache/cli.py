@@ -72,6 +72,12 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint instead of local")
     p.add_argument("--docs", default=None, help="folder of .md/.txt/.py files (default: stdlib)")
+    p.add_argument(
+        "--question",
+        action="append",
+        metavar="TEXT",
+        help="ask this (repeatable); with --docs, give these or --interactive",
+    )
     p.add_argument("--interactive", action="store_true", help="ask your own questions")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens generated per answer")
     p.add_argument("--cache-dir", default=None, help="tool/retrieval cache directory")

@@ -8,17 +8,18 @@ per-turn prompt-cache, retrieval-cache and tool-cache figures. Knows no model in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentcache import env
+from agentcache._demo_options import base_url_of, cache_dir_of, check_options
 from agentcache._demo_report import TurnReport, print_summary, print_turn
 from agentcache.agent import Agent, AgentConfig, PlannedCall
 from agentcache.backends import BaseBackend, GenerationOptions, create_backend
@@ -49,6 +50,12 @@ SYSTEM = (
     "documents and tool results; cite chunk ids in brackets. Call search_docs to find passages "
     "and read_doc to read one object's full docstring."
 )
+SYSTEM_NEUTRAL = (
+    "You are a documentation assistant. Answer briefly from the documents and tool results; "
+    "cite chunk ids in brackets. Call search_docs to find passages and read_doc to read one "
+    "source in full."
+)
+"""System prompt for ``--docs``: names no corpus."""
 PINNED_SOURCES = (
     "json",
     "functools",
@@ -136,21 +143,11 @@ def _load_folder(docs: str, console: Console) -> list[TextSource]:
     return sources
 
 
-def check_options(args: argparse.Namespace) -> None:
-    """Reject unusable options before anything is loaded.
-
-    Raises:
-        ConfigError: ``--max-tokens`` is below 1.
-    """
-    if args.max_tokens < 1:
-        raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-
-
 def build_session(
     args: argparse.Namespace, backend: BaseBackend, sources: list[TextSource], console: Console
 ) -> DemoSession:
     """Index the corpus and assemble caches and agent (stores under the cache dir)."""
-    cache_dir = Path(args.cache_dir).expanduser() if args.cache_dir else env.cache_dir()
+    cache_dir = cache_dir_of(args)
     started = time.perf_counter()
     chunks = chunk_sources(sources)
     retrieval_cache = RetrievalCache(DiskStore(cache_dir / "retrieval"))
@@ -162,7 +159,7 @@ def build_session(
     tools = DocTools(index, {s.source: s.text for s in sources})
     agent = Agent(
         backend,
-        system=SYSTEM,
+        system=SYSTEM_NEUTRAL if getattr(args, "docs", None) else SYSTEM,
         documents=_pinned(chunks),
         tool_cache=ToolCache(DiskStore(cache_dir / "tools")),
         planner=plan if needs_planner(backend) else None,
@@ -200,19 +197,30 @@ def _pinned(chunks: list[Chunk]) -> list[Document]:
     return [Document(c.id, c.text, source=c.source) for c in picked]
 
 
+PROMPT = "[bold]you[/bold] [dim](empty line or Ctrl-D ends, Ctrl-C stops)[/dim]> "
+
+
 def questions(args: argparse.Namespace, console: Console) -> Iterator[str]:
-    """The built-in questions, or lines typed by the user (``--interactive``)."""
-    if not args.interactive:
-        yield from QUESTIONS
+    """``--question`` texts, then lines typed by the user (``--interactive``); else built-ins."""
+    given: list[str] = list(args.question or [])
+    yield from given
+    if not wants_prompt(args):
+        if not given:
+            yield from QUESTIONS
         return
     while True:
         try:
-            line = console.input("[bold]you>[/bold] ").strip()
+            line = console.input(PROMPT).strip()
         except EOFError:
             return
         if not line:
             return
         yield line
+
+
+def wants_prompt(args: argparse.Namespace) -> bool:
+    """Ask on the terminal: ``--interactive``, or ``--docs`` without ``--question`` on a TTY."""
+    return bool(args.interactive or (args.docs and not args.question and sys.stdin.isatty()))
 
 
 def ask(session: DemoSession, question: str, write: Callable[[str], None]) -> TurnReport:
@@ -246,8 +254,9 @@ def make_backend(args: argparse.Namespace) -> BaseBackend:
     Without ``--model`` the local engine runs the bundled ``tiny`` model and an endpoint gets
     ``AGENTCACHE_MODEL`` or else the first model its ``/models`` lists.
     """
-    if args.base_url:
-        return create_backend(args.base_url, model=args.model or env.default_model())
+    base_url = base_url_of(args)
+    if base_url:
+        return create_backend(base_url, model=args.model or env.default_model())
     return create_backend("local", model=args.model or "tiny")
 
 
@@ -266,7 +275,8 @@ def describe(backend: BaseBackend, args: argparse.Namespace) -> str:
     if is_toy(backend):
         return TOY_NOTE
     planner = "the demo's planner picks" if needs_planner(backend) else "the model plans its own"
-    where = f"at {args.base_url}" if args.base_url else "on the local engine"
+    base_url = base_url_of(args)
+    where = f"at {base_url}" if base_url else "on the local engine"
     return f"model: {backend.model} {where} ({planner} tool calls)"
 
 
@@ -285,21 +295,35 @@ def run(args: argparse.Namespace) -> int:
 
     Returns:
         0 on success; 2 when the options or inputs cannot be used (bad option, missing or empty
-        ``--docs``, model or endpoint unavailable); 1 when a turn fails.
+        ``--docs``, unknown model, endpoint unavailable or refusing the key or model, found
+        before or during a turn); 1 when a turn fails otherwise; 130 on Ctrl-C.
     """
     console = Console(highlight=False)
+    held: list[BaseBackend] = []
+    try:
+        return _run(args, console, held)
+    except KeyboardInterrupt:
+        console.print("\n[dim]interrupted[/dim]")
+        return EXIT_INTERRUPTED
+    finally:
+        for backend in held:
+            backend.close()
+
+
+def _run(args: argparse.Namespace, console: Console, held: list[BaseBackend]) -> int:
     started = time.perf_counter()
     try:
         check_options(args)
         sources = load_corpus(args.docs, console)
-        backend = make_backend(args)
+        with _loading(console, "loading torch and the model..."):
+            backend = make_backend(args)
+            held.append(backend)
+            if isinstance(backend, LocalBackend):
+                backend.warm_up()  # NOTE: keeps one-time start-up costs out of turn 1's TTFT.
         console.print(describe(backend, args), soft_wrap=True)
         session = build_session(args, backend, sources, console)
-        if isinstance(backend, LocalBackend):
-            backend.warm_up()  # NOTE: keeps one-time start-up costs out of turn 1's TTFT.
     except AgentCacheError as exc:
-        console.print(f"agentcache demo: {exc}", style="red", markup=False, soft_wrap=True)
-        return 2
+        return _fail(console, exc, default=2)
     reports: list[TurnReport] = []
     try:
         for question in questions(args, console):
@@ -307,14 +331,45 @@ def run(args: argparse.Namespace) -> int:
             written: list[str] = []
             report = ask(session, question, _answer_writer(console, written))
             if not "".join(written).strip():
-                console.print("[dim](no answer text)[/dim]", end="")
-            print_turn(console, len(reports) + 1, report)
+                console.print("[dim](empty: the model ended its turn at once)[/dim]", end="")
+            print_turn(console, len(reports) + 1, report, reports[-1] if reports else None)
             reports.append(report)
     except AgentCacheError as exc:
-        console.print(f"\nagentcache demo: {exc}", style="red", markup=False, soft_wrap=True)
-        return 1
+        return _fail(console, exc, default=1)
     print_summary(console, reports, time.perf_counter() - started)
     return 0
+
+
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
+
+
+@contextlib.contextmanager
+def _loading(console: Console, text: str) -> Iterator[None]:
+    """A spinner on a terminal, one plain line elsewhere, while something slow loads."""
+    if not console.is_terminal:
+        console.print(text)
+        yield
+        return
+    with console.status(text):
+        yield
+
+
+def _fail(console: Console, exc: AgentCacheError, *, default: int) -> int:
+    """Print ``exc`` on one line with a fix hint; 2 for configuration errors, else ``default``."""
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    status = getattr(exc, "status_code", None)
+    if status in (401, 403):
+        message += (
+            "; the endpoint refused the API key: set AGENTCACHE_API_KEY (or OPENAI_API_KEY) "
+            "to the key the server expects (agentcache serve --api-key KEY)"
+        )
+    elif status == 404:
+        message += "; check the endpoint URL (it usually ends in /v1) and --model"
+    lead = "\n" if default == 1 else ""  # NOTE: a turn's answer may be mid-line.
+    console.print(f"{lead}agentcache demo: {message}", style="red", markup=False, soft_wrap=True)
+    is_config = isinstance(exc, ConfigError | EmptyCorpusError) or status in (400, 401, 403, 404)
+    return 2 if is_config else default
 
 
 if __name__ == "__main__":  # pragma: no cover

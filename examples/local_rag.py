@@ -14,9 +14,10 @@ from agentcache.rag import DocumentIndex, load_folder, stdlib_sources
 
 
 def main(backend: BaseBackend | None = None, folder: str | None = None) -> list[str]:
-    """Index, then ask two questions that share the system + tools + history prefix."""
+    """Index, then ask three questions (the third repeats the first: a retrieval-cache hit)."""
     sources = load_folder(folder) if folder else stdlib_sources(max_files=60)
-    index = DocumentIndex.from_sources(sources, cache=RetrievalCache(MemoryStore()))
+    retrieval_cache = RetrievalCache(MemoryStore())
+    index = DocumentIndex.from_sources(sources, cache=retrieval_cache)
     search_docs = index.search_tool(k=3)
     agent = Agent(
         backend or create_backend("local", model="tiny"),
@@ -25,11 +26,18 @@ def main(backend: BaseBackend | None = None, folder: str | None = None) -> list[
         planner=lambda question: [("search_docs", {"query": question})],
     )
     answers = []
-    for question in ["What does the abc module provide?", "How do I use argparse?"]:
+    questions = ["What does the abc module provide?", "How do I use argparse?"]
+    for question in [*questions, questions[0]]:
+        before = retrieval_cache.stats()
         result = agent.run(question)
+        hits = retrieval_cache.stats().since(before).hits
         usage = result.usages[-1]
+        ttft = "n/a" if usage.ttft_s is None else f"{1000 * usage.ttft_s:.1f} ms"
         print(f"Q: {question}\nA: {result.output}")
-        print(f"   prompt={usage.prompt_tokens} cached={usage.cached_tokens} ttft={usage.ttft_s}")
+        print(
+            f"   prompt {usage.prompt_tokens} tokens, {usage.cached_tokens} cached; TTFT {ttft}; "
+            f"retrieval cache {'hit' if hits else 'miss'}"
+        )
         answers.append(result.output)
     return answers
 

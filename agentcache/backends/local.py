@@ -9,9 +9,12 @@ engine's prefix cache matches the whole earlier conversation. Knows nothing abou
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
+import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
     from runtime.engine import Engine
     from runtime.outputs import Completion
 
-__all__ = ["CHATML_STOPS", "Carry", "ColdRun", "LocalBackend"]
+__all__ = ["CHATML_STOPS", "Carry", "ColdRun", "LocalBackend", "check_model_name"]
 
 _HINT = "install the local runtime: pip install 'agentcache[local]'"
 CHATML_STOPS: tuple[str, ...] = ("<|im_start|>", "<tool_response>", "</tool_response>")
@@ -84,6 +87,29 @@ def _turn_stops(tokenizer: Any) -> tuple[list[str], list[int]]:
         return [], []
     ids = list(tokenizer.encode("<|im_start|>", add_special_tokens=False))
     return list(CHATML_STOPS), ids if len(ids) == 1 else []
+
+
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def check_model_name(model: str) -> None:
+    """Fail fast on a local model name that cannot load: milliseconds, no torch, no network.
+
+    Accepted: a bundled short name, an existing folder, or a hub id ``owner/name``.
+
+    Raises:
+        ConfigError: Anything else; the message lists the bundled models (and the closest one).
+    """
+    from runtime.models import BUNDLED_MODELS  # NOTE: imports neither torch nor transformers.
+
+    if model in BUNDLED_MODELS or _HUB_ID.match(model) or Path(model).expanduser().is_dir():
+        return
+    close = difflib.get_close_matches(model, BUNDLED_MODELS, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(
+        f"unknown model {model!r}: {hint}bundled models: {', '.join(BUNDLED_MODELS)}; "
+        "or give a local folder or a hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'"
+    )
 
 
 def _import_runtime() -> ModuleType:
@@ -141,6 +167,7 @@ class LocalBackend(BaseBackend):
         self._engine_error: type[Exception] = runtime.RuntimeEngineError
         """The runtime's root exception: what the engine raises for a request it refuses."""
         self._model = model
+        owns_engine = engine is None
         if engine is None:
             options: dict[str, Any] = {"prefix_cache": prefix_cache, "dtype": dtype}
             options["device"] = device
@@ -152,6 +179,7 @@ class LocalBackend(BaseBackend):
             except (runtime.RuntimeEngineError, OSError, ValueError) as exc:
                 raise BackendUnavailableError(f"cannot load local model {model!r}: {exc}") from exc
         self.engine: Engine = engine
+        self._owns_engine = owns_engine
         self._stop_strings, self._stop_ids = _turn_stops(engine.tokenizer)
         self.cache_salt = cache_salt
         self._prev_ids: list[int] = []
@@ -348,6 +376,11 @@ class LocalBackend(BaseBackend):
         text = "The quick brown fox jumps over the lazy dog. " * num_tokens
         ids = list(self.engine.tokenizer.encode(text, add_special_tokens=False))[:num_tokens]
         self.measure_cold_ttft(ids)
+
+    def close(self) -> None:
+        """Stop the engine this backend loaded (an ``engine=`` passed in is left running)."""
+        if self._owns_engine:
+            self.engine.close()
 
     def reset(self) -> None:
         """Forget the carried ids (the engine's prefix cache is kept)."""

@@ -12,9 +12,11 @@ import argparse
 import contextlib
 import json
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from agentcache import env
@@ -25,6 +27,7 @@ from agentcache.cache.keys import index_fingerprint
 from agentcache.cache.memory import MemoryStore
 from agentcache.cache.retrieval import RetrievalCache
 from agentcache.cache.tool import ToolCache
+from agentcache.exceptions import CacheError
 
 __all__ = ["main"]
 
@@ -125,6 +128,14 @@ def _redis(store: str, url: str | None) -> Iterator[str | None]:
         yield local_url
 
 
+def _unusable_dir(folder: Path) -> str | None:
+    """Why ``folder`` cannot hold a DiskStore (a file on its path), or None."""
+    for part in (folder, *folder.parents):
+        if part.exists() and not part.is_dir():
+            return f"{str(part)!r} is a file, not a folder"
+    return None
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``agentcache bench cache``; prints a table (and JSON with ``--json``)."""
     parser = argparse.ArgumentParser(prog="agentcache bench cache", description=DESCRIPTION)
@@ -148,6 +159,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.iterations < 10:
         parser.error("--iterations must be at least 10")
+    if args.dir is not None and (problem := _unusable_dir(Path(args.dir))) is not None:
+        print(f"agentcache bench cache: --dir {args.dir!r}: {problem}", file=sys.stderr)
+        return 2
     try:
         with (
             tempfile.TemporaryDirectory(prefix="agentcache-bench-") as tmp,
@@ -157,6 +171,12 @@ def main(argv: list[str]) -> int:
     except FileNotFoundError as exc:
         print(f"agentcache bench cache: {exc}")
         return 2
+    except CacheError as exc:
+        print(f"agentcache bench cache: --dir {args.dir!r}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("agentcache bench cache: interrupted", file=sys.stderr)
+        return 130
     print(f"{'measurement':22s} {'p50 ms':>9s} {'p99 ms':>9s} {'p50 over direct':>16s}")
     for name, row in report["rows"].items():
         extra = report["overhead"].get(f"{name}_overhead_p50_ms")

@@ -1,9 +1,10 @@
 """``agentcache lint FILE`` and ``agentcache diff A B`` on JSON request bodies.
 
 Exit codes: 0 clean (lint: no warnings, info findings are printed; diff: identical or B extends
-A), 1 warnings or divergence, 2 bad input (missing file,
-invalid JSON, not a chat body) with a one-line message and never a traceback. Output is a rich
-table, or one JSON object with ``--json``. Argument parsing lives in ``agentcache/cli.py``.
+A), 1 warnings or divergence, 2 bad input (missing file, invalid JSON, not a chat body) with a
+one-line message and never a traceback. Output is a rich table readable at 80 columns (lint
+ends with a line saying which severity set the exit status), or one JSON object with ``--json``.
+Argument parsing lives in ``agentcache/cli.py``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from agentcache.exceptions import PromptError
 from agentcache.prompt.diff import diff
-from agentcache.prompt.lint import lint
+from agentcache.prompt.lint import Finding, lint
 
 __all__ = ["run_diff", "run_lint"]
 
@@ -53,18 +55,46 @@ def run_lint(args: argparse.Namespace) -> int:
         findings = lint(_load(args.file))
     except (_BadInput, PromptError) as exc:
         return _fail("lint", str(exc))
+    status = 1 if any(f.severity == "warning" for f in findings) else 0
     if args.json:
         print(json.dumps({"file": args.file, "findings": [f.to_dict() for f in findings]}))
-    elif not findings:
-        Console(soft_wrap=True).print(f"[green]{args.file}: no prefix-cache hazards found[/green]")
-    else:
-        table = Table(title=f"{args.file}: {len(findings)} finding(s)")
-        for column in ("code", "segment", "part", "offset", "message", "fix"):
-            table.add_column(column)
-        for f in findings:
-            table.add_row(f.code, f.segment, f.part, str(f.offset), f.message, f.hint)
-        Console(width=160).print(table)
-    return 1 if any(f.severity == "warning" for f in findings) else 0
+        return status
+    console = Console(soft_wrap=False)
+    if not findings:
+        console.print(f"[green]{args.file}: no prefix-cache hazards found[/green]", soft_wrap=True)
+        return 0
+    console.print(_findings_table(args.file, findings))
+    console.print(_lint_verdict(findings, status), soft_wrap=True)
+    return status
+
+
+_SEVERITY_STYLE = {"warning": "bold red", "info": "yellow"}
+
+
+def _findings_table(file: str, findings: list[Finding]) -> Table:
+    """Severity, code and one wrapped column with the message, where, and the fix (fits 80)."""
+    table = Table(title=f"{file}: {len(findings)} finding(s)", show_lines=True, expand=False)
+    table.add_column("severity", no_wrap=True)
+    table.add_column("code", no_wrap=True)
+    table.add_column("finding (where) and fix", overflow="fold", ratio=1)
+    for f in sorted(findings, key=lambda f: (f.severity != "warning", f.offset)):
+        where = f"{f.segment} / {f.part}, byte {f.offset}"
+        text = Text(f.message)
+        text.append(f"\nat {where}", style="dim")
+        text.append(f"\nfix: {f.hint}", style="green")
+        table.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), f.code, text)
+    return table
+
+
+def _lint_verdict(findings: list[Finding], status: int) -> str:
+    warnings = sum(f.severity == "warning" for f in findings)
+    infos = len(findings) - warnings
+    if status:
+        return (
+            f"exit 1: {warnings} warning(s) break the prefix cache; "
+            f"{infos} info finding(s) only reduce it"
+        )
+    return f"exit 0: {infos} info finding(s) reduce caching but break nothing (no warnings)"
 
 
 def run_diff(args: argparse.Namespace) -> int:
@@ -80,6 +110,11 @@ def run_diff(args: argparse.Namespace) -> int:
     if not result.is_divergent:
         console.print(f"[green]prefix kept:[/green] {result.reason}")
         return 0
+    if result.segment is None:
+        # NOTE: e.g. an OpenAI body against an Anthropic one: no part to point at.
+        console.print(f"[red]diverges[/red] ({result.change})", markup=True)
+        console.print(f"  {result.reason}", markup=False)
+        return 1
     approx = "~" if result.token_offset_is_estimate else ""
     console.print(f"[red]diverges[/red] in {result.segment} / {result.part}", markup=True)
     console.print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +161,17 @@ def test_bench_cache_store_redis_adds_redis_rows(
     assert {"redis_miss", "redis_hit", "disk_miss", "disk_hit"} <= set(report["rows"])
     assert all(row["p99_ms"] >= row["p50_ms"] > 0 for row in report["rows"].values())
     assert any(line.startswith("redis_hit ") for line in out.splitlines())
+
+
+def test_bench_cache_dir_on_a_file_exits_2_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentcache.cache.bench import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for folder in (blocker, blocker / "sub"):
+        assert main(["--iterations", "20", "--dir", str(folder)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and "Traceback" not in captured.err
+        assert captured.err.strip().endswith(f"{str(blocker)!r} is a file, not a folder")

@@ -39,10 +39,13 @@ def test_agent_with_tools_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert "tool cache hits=1" in capsys.readouterr().out
 
 
-def test_local_rag_example(tmp_path: Path) -> None:
+def test_local_rag_example(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "notes.md").write_text("The abc module provides abstract base classes.")
     backend = FakeBackend(default="From [x].")
-    assert load_example("local_rag").main(backend, folder=str(tmp_path)) == ["From [x]."] * 2
+    assert load_example("local_rag").main(backend, folder=str(tmp_path)) == ["From [x]."] * 3
+    out = capsys.readouterr().out
+    assert re.findall(r"retrieval cache (hit|miss)", out) == ["miss", "miss", "hit"]
+    assert re.search(r"TTFT \d+\.\d ms;", out), out
     tool_results = [m for m in backend.prompts[0].to_messages() if m["role"] == "tool"]
     assert "abstract base classes" in str(tool_results[0]["content"])
 
@@ -89,7 +92,7 @@ def turn_report(
 def demo_args(tmp_path: Path, **overrides: Any) -> Any:
     values: dict[str, Any] = {
         "model": None, "base_url": None, "docs": None, "interactive": False, "max_tokens": 4,
-        "cache_dir": str(tmp_path / "cache"),
+        "cache_dir": str(tmp_path / "cache"), "question": None,
     }  # fmt: skip
     values.update(overrides)
     return argparse.Namespace(**values)
@@ -118,7 +121,7 @@ def test_demo_with_an_empty_docs_folder_exits_2(
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "blank.md").write_text("  \n")
-    assert demo.run(demo_args(tmp_path, docs=str(docs))) == 2
+    assert demo.run(demo_args(tmp_path, docs=str(docs), question=["q"])) == 2
     out = capsys.readouterr().out
     assert "skipped 1 file(s): blank.md (empty)" in out
     assert "no readable, non-empty .md/.txt/.py files under" in out
@@ -128,7 +131,7 @@ def test_demo_with_a_missing_docs_folder_exits_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(demo, "make_backend", no_backend)
-    assert demo.run(demo_args(tmp_path, docs=str(tmp_path / "nope"))) == 2
+    assert demo.run(demo_args(tmp_path, docs=str(tmp_path / "nope"), question=["q"])) == 2
     assert "does not exist" in capsys.readouterr().out
 
 
@@ -137,17 +140,39 @@ def test_demo_turn_line_compares_the_same_prompt_with_the_cache_off() -> None:
 
     report = turn_report(ttft_s=0.098, cold_ttft_s=0.310, prompt=2000, cached=1800)
     console = Console(record=True, width=300)
-    print_turn(console, 2, report)
+    print_turn(console, 2, report, turn_report(ttft_s=0.3, prompt=1790))
     line = console.export_text()
-    assert "prefill computed 200/2000 tok, TTFT 98 ms (cache off: 310 ms, 3.2x)" in line
+    assert "turn 2: 1800 of 2000 prompt tokens cached (90.0%) = turn 1's prompt (1790) + " in line
+    assert "prefill computed 200 tokens; TTFT 98 ms vs 310 ms for the same prompt with the " in line
+    assert "cache off (3.2x faster)" in line
+
+
+def test_demo_turn_line_without_reuse_shows_no_speedup() -> None:
+    from rich.console import Console
+
+    console = Console(record=True, width=300)
+    print_turn(console, 1, turn_report(ttft_s=0.3, cold_ttft_s=0.31, prompt=900, cached=0))
+    line = console.export_text()
+    assert "turn 1: 0 of 900 prompt tokens cached (0.0%): first turn, nothing to reuse yet" in line
+    assert "TTFT 300 ms (nothing reused, so no cache-off comparison)" in line
+    assert "faster" not in line and "x" not in line.split("TTFT")[1].split(")")[0]
+
+
+def test_demo_turn_line_explains_reuse_within_the_previous_prompt() -> None:
+    from rich.console import Console
+
+    console = Console(record=True, width=300)
+    report = turn_report(ttft_s=0.1, cold_ttft_s=0.2, prompt=1000, cached=512)
+    print_turn(console, 3, report, turn_report(ttft_s=0.1, prompt=520))
+    assert "from turn 2's 520-token prompt (reused in whole blocks)" in console.export_text()
 
 
 def test_demo_summary_uses_same_prompt_ratios_of_later_turns_only() -> None:
     reports = [
         turn_report(ttft_s=0.100, cold_ttft_s=0.100),  # turn 1: nothing cached, left out
-        turn_report(ttft_s=0.300, cold_ttft_s=0.600),  # 2.0x, though slower than turn 1
-        turn_report(ttft_s=0.100, cold_ttft_s=0.400),  # 4.0x
-        turn_report(ttft_s=0.200, cold_ttft_s=0.600),  # 3.0x
+        turn_report(ttft_s=0.300, cold_ttft_s=0.600, cached=64),  # 2.0x, slower than turn 1
+        turn_report(ttft_s=0.100, cold_ttft_s=0.400, cached=64),  # 4.0x
+        turn_report(ttft_s=0.200, cold_ttft_s=0.600, cached=64),  # 3.0x
     ]
     assert summary_line(reports) == (
         "prefix cache: turns 2-4 reached the first token 3.0x faster (median) than the same "
@@ -196,7 +221,7 @@ def test_demo_unreachable_base_url_exits_2_in_one_line(
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "a.md").write_text("The json module.")
-    args = demo_args(tmp_path, base_url="http://127.0.0.1:1/v1", docs=str(docs))
+    args = demo_args(tmp_path, base_url="http://127.0.0.1:1/v1", docs=str(docs), question=["q"])
     assert demo.run(args) == 2
     out = capsys.readouterr().out
     assert "agentcache demo: cannot reach http://127.0.0.1:1/v1/models" in out
@@ -240,26 +265,27 @@ def test_demo_end_to_end_on_a_random_llama(
     engine = Engine.from_pretrained(str(model_dir))
     # NOTE: labelled "tiny" so the demo treats it as the toy model (deterministic planner).
     monkeypatch.setattr(demo, "make_backend", lambda args: LocalBackend("tiny", engine=engine))
-    args = demo_args(tmp_path, docs=str(docs))
+    args = demo_args(tmp_path, docs=str(docs), question=list(demo.QUESTIONS))
     assert demo.run(args) == 0
     first = capsys.readouterr().out
     assert demo.TOY_NOTE.split()[0] in first
     turns = re.findall(
-        r"turn (\d): prompt (\d+) tok, cached (\d+) .*prefill computed (\d+)/(\d+) tok, "
-        r"TTFT \d+ ms \(cache off: \d+ ms, [\d.]+x\)",
+        r"turn (\d): (\d+) of (\d+) prompt tokens cached .*; prefill computed (\d+) tokens; "
+        r"TTFT \d+ ms",
         first,
     )
-    assert len(turns) == 4 and int(turns[0][2]) == 0
-    for _, prompt, cached, computed, total in turns:
-        assert int(computed) == int(prompt) - int(cached) and total == prompt
-    assert all(int(cached) > 0 for _, _, cached, _, _ in turns[1:])
+    assert len(turns) == 4 and int(turns[0][1]) == 0
+    for _, cached, prompt, computed in turns:
+        assert int(computed) == int(prompt) - int(cached)
+    assert all(int(cached) > 0 for _, cached, _, _ in turns[1:])
+    assert "first turn, nothing to reuse yet" in first
     assert "retrieval cache 1 hit" in first  # question 4 repeats question 1
     assert "prefix cache: turns 2-4 reached the first token" in first
     assert demo.run(args) == 0
     second = capsys.readouterr().out
     # A second process-level run reads the persistent retrieval and tool caches.
-    assert re.findall(r"retrieval cache (\d) hit/0 miss", second) == ["1", "1", "1", "1"]
-    assert "tool cache 1 hit/0 miss" in second
+    assert re.findall(r"retrieval cache (\d) hit / 0 miss", second) == ["1", "1", "1", "1"]
+    assert "tool cache 1 hit / 0 miss" in second
 
 
 def test_demo_read_doc_never_answers_from_another_corpus(tmp_path: Path) -> None:

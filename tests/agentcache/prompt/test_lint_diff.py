@@ -231,3 +231,31 @@ def test_cli_bad_input_exits_2_without_traceback(
     assert main(["diff", good, path]) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
+
+
+def test_cli_lint_fits_80_columns_with_a_severity_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    dirty = write(tmp_path, "dirty.json", openai_body(system="Date: 2026-11-29. " + SYSTEM))
+    assert main(["lint", dirty]) == 1
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    assert "severity" in out and "warning" in out and "AC101" in out
+    assert "exit 1: 1 warning(s) break the prefix cache" in out
+
+
+def test_cli_diff_openai_vs_anthropic_names_no_part(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = write(tmp_path, "a.json", openai_body())
+    anthropic = {
+        "model": "claude",
+        "max_tokens": 16,
+        "system": SYSTEM,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    b = write(tmp_path, "b.json", anthropic)
+    assert main(["diff", a, b]) == 1
+    out = capsys.readouterr().out
+    assert "None" not in out and "different provider shapes" in out

@@ -1,0 +1,63 @@
+"""Checks of ``agentcache demo``'s options that run before anything slow (corpus, torch, model).
+
+Each check is a file-system or string test taking milliseconds; it raises ``ConfigError`` with
+one line that names the option and the fix. Knows nothing about how the demo uses the values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from agentcache import env
+from agentcache.backends.local import check_model_name
+from agentcache.exceptions import ConfigError
+
+__all__ = ["cache_dir_of", "check_options"]
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Reject unusable options before anything is loaded.
+
+    Raises:
+        ConfigError: ``--max-tokens`` below 1, ``--docs`` without questions on a non-terminal
+            stdin, an empty ``--question``, a cache directory that cannot be created, or a
+            local model name that is neither bundled, a folder nor a hub id.
+    """
+    if args.max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if any(not question.strip() for question in args.question or []):
+        raise ConfigError("--question needs a non-empty text")
+    if args.docs and not (args.question or args.interactive or sys.stdin.isatty()):
+        raise ConfigError(
+            "with --docs, give your questions: --question TEXT (repeatable) or --interactive"
+        )
+    cache_dir_of(args)
+    if not base_url_of(args):
+        check_model_name(args.model or "tiny")
+
+
+def base_url_of(args: argparse.Namespace) -> str | None:
+    """``--base-url``, else ``AGENTCACHE_BASE_URL``, else None (the local engine)."""
+    return args.base_url or env.base_url()
+
+
+def cache_dir_of(args: argparse.Namespace) -> Path:
+    """The tool/retrieval cache folder, created if needed.
+
+    Raises:
+        ConfigError: The path (or a folder above it) is a file, or it cannot be created.
+    """
+    folder = Path(args.cache_dir).expanduser() if args.cache_dir else env.cache_dir()
+    for part in (folder, *folder.parents):
+        if part.exists() and not part.is_dir():
+            raise ConfigError(f"cache directory {str(folder)!r}: {str(part)!r} is a file")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create cache directory {str(folder)!r}: {exc.strerror or exc}; "
+            "pass --cache-dir DIR or set AGENTCACHE_CACHE_DIR"
+        ) from exc
+    return folder

@@ -1,0 +1,226 @@
+"""Every way `agentcache demo` ends early: one line, the right status, nothing slow started.
+
+Bad options exit 2 before the corpus or a model loads; Ctrl-C exits 130 without a traceback,
+checked both in-process and with a real SIGINT sent to a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import pytest
+import respx
+
+from agentcache import demo
+from agentcache.backends.fake import FakeBackend, FakeTurn
+from agentcache.backends.openai import OpenAIBackend
+from agentcache.exceptions import BackendHTTPError
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = "http://127.0.0.1:8000/v1"
+
+
+def demo_args(tmp_path: Path, **overrides: Any) -> argparse.Namespace:
+    values: dict[str, Any] = {
+        "model": None, "base_url": None, "docs": None, "interactive": False, "max_tokens": 4,
+        "cache_dir": str(tmp_path / "cache"), "question": None,
+    }  # fmt: skip
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def docs_folder(tmp_path: Path) -> str:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "notes.md").write_text("# Logs\n\nRotate the logs with logrotate every week.\n")
+    return str(docs)
+
+
+@pytest.fixture
+def nothing_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if the demo reads a corpus or builds a backend."""
+
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("bad options must be rejected before slow work starts")
+
+    monkeypatch.setattr(demo, "load_corpus", refuse)
+    monkeypatch.setattr(demo, "make_backend", refuse)
+    monkeypatch.delenv("AGENTCACHE_BASE_URL", raising=False)
+
+
+def one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    assert len(lines) == 1, captured.out
+    assert "Traceback" not in captured.out + captured.err
+    return lines[0]
+
+
+@pytest.mark.usefixtures("nothing_slow")
+def test_cache_dir_under_a_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert demo.run(demo_args(tmp_path, cache_dir=str(blocker / "cache"))) == 2
+    assert f"{str(blocker)!r} is a file" in one_line(capsys)
+
+
+@pytest.mark.usefixtures("nothing_slow")
+def test_model_name_typo_lists_the_bundled_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert demo.run(demo_args(tmp_path, model="tinyy")) == 2
+    line = one_line(capsys)
+    assert "unknown model 'tinyy': did you mean 'tiny'? bundled models: tiny" in line
+
+
+@pytest.mark.usefixtures("nothing_slow")
+def test_docs_without_questions_off_a_terminal_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert demo.run(demo_args(tmp_path, docs=docs_folder(tmp_path))) == 2
+    assert "--question TEXT (repeatable) or --interactive" in one_line(capsys)
+
+
+@pytest.mark.usefixtures("nothing_slow")
+def test_empty_question_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.run(demo_args(tmp_path, question=["  "])) == 2
+    assert "--question needs a non-empty text" in one_line(capsys)
+
+
+@respx.mock
+def test_agentcache_base_url_is_the_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTCACHE_BASE_URL", BASE)
+    monkeypatch.delenv("AGENTCACHE_MODEL", raising=False)
+    respx.get(f"{BASE}/models").mock(return_value=httpx.Response(200, json={"data": [{"id": "m"}]}))
+    backend = demo.make_backend(demo_args(tmp_path))
+    assert isinstance(backend, OpenAIBackend) and backend.base_url == BASE
+    assert demo.describe(backend, demo_args(tmp_path)).startswith(f"model: m at {BASE}")
+
+
+@respx.mock
+def test_a_401_says_which_key_to_set_and_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("AGENTCACHE_MODEL", raising=False)
+    respx.get(f"{BASE}/models").mock(
+        return_value=httpx.Response(401, json={"error": {"message": "invalid or missing API key"}})
+    )
+    args = demo_args(tmp_path, base_url=BASE, docs=docs_folder(tmp_path), question=["q"])
+    assert demo.run(args) == 2
+    out = capsys.readouterr().out
+    assert "HTTP 401" in out and "set AGENTCACHE_API_KEY (or OPENAI_API_KEY)" in out
+    assert "Traceback" not in out
+
+
+def run_with_turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, turn: FakeTurn) -> int:
+    backend = FakeBackend([turn], model="tiny", tool_call_format="hermes")
+    monkeypatch.setattr(demo, "make_backend", lambda args: backend)
+    args = demo_args(tmp_path, docs=docs_folder(tmp_path), question=["How to rotate logs?"])
+    return demo.run(args)
+
+
+def test_a_configuration_error_found_in_a_turn_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refused = BackendHTTPError("x answered HTTP 403: no", status_code=403, body="no")
+    assert run_with_turn(tmp_path, monkeypatch, refused) == 2
+    assert "the endpoint refused the API key" in capsys.readouterr().out
+
+
+def test_a_failing_turn_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = BackendHTTPError("x answered HTTP 500: boom", status_code=500, body="boom")
+    assert run_with_turn(tmp_path, monkeypatch, broken) == 1
+    assert "HTTP 500: boom" in capsys.readouterr().out
+
+
+def test_ctrl_c_in_a_turn_exits_130_and_closes_the_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    closed: list[bool] = []
+    monkeypatch.setattr(FakeBackend, "close", lambda self: closed.append(True))
+    assert run_with_turn(tmp_path, monkeypatch, KeyboardInterrupt()) == 130
+    captured = capsys.readouterr()
+    assert "interrupted" in captured.out and "Traceback" not in captured.out + captured.err
+    assert closed == [True]
+
+
+# ----------------------------------------------------------------------------- real SIGINT
+
+
+def start_demo(tmp_path: Path, *options: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    env.pop("AGENTCACHE_BASE_URL", None)
+    command = [sys.executable, "-m", "agentcache.cli", "demo", "--docs", docs_folder(tmp_path)]
+    command += ["--cache-dir", str(tmp_path / "cache"), *options]
+    return subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+
+
+def wait_for(stream: IO[str], text: str, timeout_s: float = 120.0) -> str:
+    """Read ``stream`` (in a thread) until ``text`` appears; return what was read."""
+    seen: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        while (char := stream.read(1)) != "":
+            seen.append(char)
+            if text in "".join(seen[-len(text) :]):
+                found.set()
+        found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert found.wait(timeout_s), "".join(seen)
+    time.sleep(0.2)
+    return "".join(seen)
+
+
+def interrupt(process: subprocess.Popen[str]) -> tuple[int, str]:
+    process.send_signal(signal.SIGINT)
+    try:
+        _, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    return process.returncode, stderr
+
+
+@pytest.mark.slow
+def test_sigint_at_the_interactive_prompt_exits_130_quietly(tmp_path: Path) -> None:
+    process = start_demo(tmp_path, "--interactive")
+    assert process.stdout is not None
+    seen = wait_for(process.stdout, "Ctrl-C stops)> ")
+    assert "Ctrl-D ends" in seen
+    status, stderr = interrupt(process)
+    assert status == 130, stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_sigint_during_a_turn_exits_130_quietly(tmp_path: Path) -> None:
+    questions = [part for _ in range(30) for part in ("--question", "How to rotate the logs?")]
+    process = start_demo(tmp_path, "--max-tokens", "64", *questions)
+    assert process.stdout is not None
+    wait_for(process.stdout, "Q: How to rotate")
+    status, stderr = interrupt(process)
+    assert status == 130, stderr
+    assert "Traceback" not in stderr
