@@ -97,11 +97,16 @@ class DocTools:
         """Return the full docstring of one object, e.g. ``functools.lru_cache``.
 
         Args:
-            name: Dotted name of a module, class or function.
+            name: Dotted name of a module, class or function (``json.decoder.JSONDecoder``:
+                every module/qualname split is tried, longest module first).
         """
-        module, _, qualname = name.partition(".")
-        key = f"{module}:{qualname}" if qualname else module
-        return self.sources.get(key) or self.sources.get(name) or f"no docstring for {name!r}"
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            module, qualname = ".".join(parts[:cut]), ".".join(parts[cut:])
+            text = self.sources.get(f"{module}:{qualname}" if qualname else module)
+            if text is not None:
+                return text
+        return self.sources.get(name) or f"no docstring for {name!r}"
 
 
 def plan(question: str) -> list[PlannedCall]:

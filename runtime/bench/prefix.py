@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import random
 import statistics
+import sys
 import tempfile
 from functools import partial
 from typing import Any
@@ -26,6 +28,7 @@ from runtime.bench._common import (
     ttft,
     w1_model,
 )
+from runtime.bench._figures import Spread, noise_warnings, print_tables, spread_table
 from runtime.engine import Engine
 
 __all__ = ["prefix_main"]
@@ -48,7 +51,7 @@ def _hf_prefilled(model: Any, prefix: list[int]) -> DynamicCache:
     return cache
 
 
-def _measure_prefix(args: argparse.Namespace) -> dict[str, float]:
+def _measure_prefix(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, list[float]]]:
     model = w1_model(args)
     rng = random.Random(0)
 
@@ -81,14 +84,16 @@ def _measure_prefix(args: argparse.Namespace) -> dict[str, float]:
         r["zero"].append(ttft(eng, toks(args.prefix_len + args.suffix_len)).metrics.ttft_s)
         r["off"].append(ttft(off, toks(args.prefix_len + args.suffix_len)).metrics.ttft_s)
     out = {f"{k}_ttft_s": statistics.median(v) for k, v in r.items()}
-    out.update(_measure_decode(model, eng, prefix, suffixes[0], hf_cache, args))
-    out.update(_measure_paths(model, prefix, suffixes, args))
-    return _rename(out)
+    decode = _measure_decode(model, eng, prefix, suffixes[0], hf_cache, args)
+    out.update({k: statistics.median(v) for k, v in decode.items()})
+    paths = _measure_paths(model, prefix, suffixes, args)
+    out.update({k: statistics.median(v) for k, v in paths.items()})
+    return _rename(out), {**r, **decode, **paths}
 
 
 def _measure_paths(
     model: Any, prefix: list[int], suffixes: list[list[int]], args: argparse.Namespace
-) -> dict[str, float]:
+) -> dict[str, list[float]]:
     """Hit TTFT and decode rate on each forward path, alternating A/B (same weights, same run)."""
     engines = {p: bench_engine(model, kv_bytes=args.kv_cache_bytes, forward=p)
                for p in ("compact", "transformers")}  # fmt: skip
@@ -101,10 +106,10 @@ def _measure_paths(
             hit[path].append(ttft(eng, prefix + s).metrics.ttft_s)
             run = ttft(eng, prefix + s, max_tokens=args.decode_tokens)
             decode[path].append(run.metrics.decode_tokens_per_s)
-    out: dict[str, float] = {}
+    out: dict[str, list[float]] = {}
     for path in engines:
-        out[f"{path}_path_hit_ttft_s"] = statistics.median(hit[path])
-        out[f"{path}_path_decode_tokens_per_s"] = statistics.median(decode[path])
+        out[f"{path}_path_hit_ttft_s"] = hit[path]
+        out[f"{path}_path_decode_tokens_per_s"] = decode[path]
     for eng in engines.values():
         eng.close()
     return out
@@ -113,7 +118,7 @@ def _measure_paths(
 def _measure_decode(
     model: Any, eng: Engine, prefix: list[int], suffix: list[int], hf_cache: Any,
     args: argparse.Namespace,
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, list[float]]:  # fmt: skip
     n, ours, hf = args.decode_tokens, [], []
     ids = torch.tensor([prefix + suffix])
     for _ in range(max(1, args.repeats // 2)):
@@ -126,10 +131,7 @@ def _measure_decode(
 
         t1, tn = timed(lambda: hf_gen(1)), timed(lambda: hf_gen(n))
         hf.append((n - 1) / max(tn - t1, 1e-9))
-    return {
-        "decode_tokens_per_s": statistics.median(ours),
-        "hf_decode_tokens_per_s": statistics.median(hf),
-    }
+    return {"decode_tokens_per_s": ours, "hf_decode_tokens_per_s": hf}
 
 
 def _rename(raw: dict[str, float]) -> dict[str, float]:
@@ -217,7 +219,78 @@ def prefix_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = _measure_restart(args) if args.warm_restart else _measure_prefix(args)
     header = {"workload": "W1", "layers": args.layers, "prefix_len": args.prefix_len}
-    report(result, args.json, {**header, "suffix_len": args.suffix_len})
+    if args.warm_restart:
+        report(_measure_restart(args), args.json, {**header, "suffix_len": args.suffix_len})
+        return 0
+    try:
+        result, raw = _measure_prefix(args)
+    except KeyboardInterrupt:
+        print("agentcache bench prefix: interrupted", file=sys.stderr)
+        return 130
+    timings, ratios, decode = _spreads(raw)
+    floors = [(timings[1], timings[2])]
+    warnings = noise_warnings(timings, ratios, floors)
+    title = (
+        f"bench prefix: W1, {args.layers} layers, {args.prefix_len}-token prefix + "
+        f"{args.suffix_len}-token suffix, {args.dtype}"
+    )
+    print_tables(
+        [
+            spread_table(f"{title}: time to first token", timings),
+            spread_table("same-run ratios (per run)", ratios),
+            spread_table(f"decode rate ({args.decode_tokens} tokens)", decode),
+        ],
+        warnings,
+    )
+    if args.json:
+        spread = {s.name: s.as_json() for s in (*timings, *ratios, *decode)}
+        extra = {"spread": spread, "warnings": warnings}
+        print(json.dumps({**header, "suffix_len": args.suffix_len, **result, **extra}))
     return 0
+
+
+_TIMING_NAMES = (
+    ("miss", "miss (prefix not cached)"),
+    ("hit", "hit (prefix cached)"),
+    ("floor", "hit floor: forward over KV in memory"),
+    ("alone", "suffix alone, no prefix"),
+    ("deep", "transformers deep-copy reuse"),
+    ("zero", "0%-hit request, cache on"),
+    ("off", "same, cache off"),
+)
+
+
+def _spreads(raw: dict[str, list[float]]) -> tuple[list[Spread], list[Spread], list[Spread]]:
+    """(TTFT timings, per-run ratios, decode rates) over the repeats."""
+    timings = [Spread.ms(label, raw[key]) for key, label in _TIMING_NAMES]
+
+    def per_run(name: str, top: str, bottom: str) -> Spread:
+        pairs = zip(raw[top], raw[bottom], strict=False)
+        return Spread(name, "x", tuple(a / b for a, b in pairs if b > 0))
+
+    ratios = [
+        per_run("miss / hit TTFT", "miss", "hit"),
+        per_run("hit / floor TTFT", "hit", "floor"),
+        per_run("hit / transformers deep-copy TTFT", "hit", "deep"),
+        per_run("0%-hit / cache-off TTFT", "zero", "off"),
+        per_run(
+            "decode rate / transformers generate", "decode_tokens_per_s", "hf_decode_tokens_per_s"
+        ),
+    ]
+    timings += [
+        Spread.ms(f"hit, {path} forward path", raw[f"{path}_path_hit_ttft_s"])
+        for path in ("compact", "transformers")
+    ]
+    decode = [
+        Spread("this engine", "tok/s", tuple(raw["decode_tokens_per_s"])),
+        Spread("transformers generate", "tok/s", tuple(raw["hf_decode_tokens_per_s"])),
+    ] + [
+        Spread(
+            f"this engine, {path} forward path",
+            "tok/s",
+            tuple(raw[f"{path}_path_decode_tokens_per_s"]),
+        )
+        for path in ("compact", "transformers")
+    ]
+    return timings, ratios, decode

@@ -71,8 +71,17 @@ def run_cli(args: argparse.Namespace) -> int:
     Returns:
         0 after a clean shutdown, 2 when the model cannot be loaded or an API key option is
         bad (unreadable or empty key file), 3 when the address cannot be bound (port in use, or
-        a host that is not local).
+        a host that is not local), 130 after Ctrl-C (SIGINT) at any point: the engine and the
+        socket are released and no traceback is printed.
     """
+    try:
+        return _serve(args)
+    except KeyboardInterrupt:
+        print("agentcache serve: stopped (Ctrl-C)")
+        return 130
+
+
+def _serve(args: argparse.Namespace) -> int:
     from runtime.engine import Engine
     from runtime.exceptions import ModelLoadError
 
@@ -107,7 +116,12 @@ def run_cli(args: argparse.Namespace) -> int:
         except (ModelLoadError, OSError) as exc:
             print(f"agentcache serve: cannot load {args.model!r}: {exc}")
             return 2
-        make_server(args, engine, keys).run(sockets=[sock])
+        try:
+            # NOTE: uvicorn shuts down gracefully on SIGINT, then re-raises the signal, which
+            # arrives here as KeyboardInterrupt (run_cli turns it into exit status 130).
+            make_server(args, engine, keys).run(sockets=[sock])
+        finally:
+            engine.close()
     return 0
 
 

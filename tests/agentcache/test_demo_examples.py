@@ -328,3 +328,22 @@ def test_shared_redis_workers_example_shares_one_tool_run_per_tenant(
     # One tool run per tenant, shared by both of its workers; never across tenants.
     assert sorted(notes) == ["acme", "globex"] and all(len(n) == 1 for n in notes.values())
     assert notes["acme"] != notes["globex"]
+
+
+def test_demo_read_doc_finds_objects_of_dotted_modules() -> None:
+    from agentcache.rag import DocumentIndex, TextSource
+
+    sources = [
+        TextSource("json", "json\n\nJSON encoder and decoder."),
+        TextSource("json.decoder:JSONDecoder", "json.decoder.JSONDecoder\n\nSimple decoder."),
+        TextSource("json:loads", "json.loads\n\nDeserialize s."),
+    ]
+    from agentcache.rag.chunking import chunk_sources
+
+    tools = demo.DocTools(
+        DocumentIndex(chunk_sources(sources)), {s.source: s.text for s in sources}
+    )
+    assert tools.read_doc("json.decoder.JSONDecoder").endswith("Simple decoder.")
+    assert tools.read_doc("json.loads").endswith("Deserialize s.")
+    assert tools.read_doc("json").endswith("JSON encoder and decoder.")
+    assert tools.read_doc("json.nope") == "no docstring for 'json.nope'"

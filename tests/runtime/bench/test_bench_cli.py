@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from runtime.bench import load as loadtest
@@ -36,3 +39,47 @@ def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
             main(["--help"])
         out = capsys.readouterr().out
         assert "``" not in out and "issue" not in out.lower()
+
+
+@pytest.mark.slow
+def test_trace_prints_a_spread_table_json_and_a_plot(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "trace.png"
+    argv = ["--layers", "1", "--system-len", "40", "--convs-per-system", "1", "--turn-len", "4"]
+    argv += ["--gen-tokens", "1", "--repeats", "1", "--json", "--plot", str(plot)]
+    assert trace.trace_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "min" in out and "median" in out and "max" in out and "hit rate, full budget" in out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["spread"]["mean TTFT, cache off"]["n"] == 1
+    assert "one run per figure: no spread to judge noise by" in report["warnings"][-1]
+    assert report["spread"]["mean TTFT, cache off"]["unit"] == "ms"
+    assert 0 < report["full_hit_rate"] < 1
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_prefix_prints_tables_with_units_and_keeps_json(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--layers", "1", "--prefix-len", "64", "--suffix-len", "4", "--repeats", "2"]
+    assert prefix.prefix_main([*argv, "--decode-tokens", "2", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "hit floor: forward over KV in memory" in out and "tok/s" in out
+    assert "3538944.0000" not in out and "=" not in out.split("{")[0]
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["spread"]["hit (prefix cached)"]["n"] == 2
+    assert "miss_over_hit" in report and isinstance(report["warnings"], list)
+
+
+def test_noise_warnings_name_a_flipping_ratio_and_a_hit_below_its_floor() -> None:
+    from runtime.bench._figures import Spread, noise_warnings
+
+    hit = Spread.ms("hit", [0.010, 0.030])
+    floor = Spread.ms("floor", [0.012, 0.011])
+    flips = Spread("hit / other", "x", (0.8, 1.3))
+    warnings = noise_warnings([hit], [flips], [(hit, floor)])
+    assert warnings[0] == "hit beat its own floor (floor) in 1 of 2 runs: the machine was noisy"
+    assert "hit / other flips between runs (0.80x to 1.30x)" in warnings[1]
+    assert "hit varies 3.0x between runs" in warnings[2]
+    assert noise_warnings([floor], [Spread("r", "x", (1.2, 1.3))]) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +38,36 @@ def test_load_script_counts_errors_and_fails(capsys: pytest.CaptureFixture[str])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["errors"] == 1 + 2 + 2  # warm-up, concurrent, one by one
     assert "HTTP 400" in report["levels"][0]["concurrent"]["first_error"]
+
+
+def test_load_script_takes_the_v1_url_says_what_it_cannot_see_and_plots(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    engine = ScriptedEngine(["a", "b"])
+    plot = tmp_path / "load.png"
+    with ServerThread(create_app(engine)) as url:
+        argv = ["--url", url + "/v1/", "--concurrency", "1", "2", "--rounds", "1"]
+        assert main([*argv, "--system-words", "10", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "pinned blocks after: n/a (a remote server does not say)" in out
+    assert "None" not in out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--url", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
+        (["--hf"], "--hf was dropped: transformers' generate_batch sizes its paged KV cache"),
+        (["--plot", "out.svg"], "give a .png file name"),
+    ],
+)
+def test_load_script_bad_input_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], captured.err
+    assert "Traceback" not in captured.err
