@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +18,10 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.mark.slow
 def test_sigint_while_serving_exits_130_without_a_traceback() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "agentcache.cli", "serve", "--model", "tiny", "--port", "0"]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    command = [sys.executable, "-m", "agentcache.cli", "serve", "--model", "tiny", "--port", port]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
