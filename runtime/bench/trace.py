@@ -10,15 +10,19 @@ built from configs (no downloads), CPU by default. A script, never a timed test.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
+import sys
 import tempfile
 from typing import Any
 
 import torch
 
 from runtime.bench._argtypes import positive_int
-from runtime.bench._common import add_common_options, bench_engine, report, ttft, w1_model
+from runtime.bench._common import add_common_options, bench_engine, ttft, w1_model
+from runtime.bench._figures import Spread, print_tables, spread_table
+from runtime.bench._plot import check_plot_path, plot_trace
 from runtime.bench._replay import Step, agent_sessions, belady, distinct_blocks, replay
 from runtime.engine import Engine
 
@@ -46,7 +50,14 @@ def _conversations(args: argparse.Namespace) -> list[tuple[list[int], list[list[
     return convs
 
 
-def _run_trace(eng: Engine, args: argparse.Namespace) -> tuple[dict[str, float], list[Step]]:
+Row = tuple[float, int, int]
+"""One request of the trace: (TTFT seconds, cached tokens, prompt tokens)."""
+
+
+def _run_trace(
+    eng: Engine, args: argparse.Namespace, rows: list[Row] | None = None
+) -> tuple[dict[str, float], list[Step]]:
+    """Run the trace; append one ``Row`` per request to ``rows`` when given."""
     convs = _conversations(args)
     history = [list(system) for system, _ in convs]
     ttfts, prompt_tokens, cached, fills, steps = [], 0, 0, [], []
@@ -58,6 +69,8 @@ def _run_trace(eng: Engine, args: argparse.Namespace) -> tuple[dict[str, float],
             history[i] += c.token_ids
             steps.append((prompt, list(history[i])))
             ttfts.append(c.metrics.ttft_s)
+            if rows is not None:
+                rows.append((c.metrics.ttft_s, c.usage.cached_tokens, c.usage.prompt_tokens))
             prompt_tokens += c.usage.prompt_tokens
             cached += c.usage.cached_tokens
             fills.append(eng.cache_stats().pool_fill)
@@ -103,21 +116,33 @@ def trace_main(argv: list[str]) -> int:
     p.add_argument("--convs-per-system", type=positive_int, default=3, help="conversations each")
     p.add_argument("--turn-len", type=positive_int, default=30, help="tokens per user turn")
     p.add_argument("--gen-tokens", type=positive_int, default=8, help="tokens generated per turn")
+    p.add_argument("--plot", metavar="FILE.png", default=None, help="hit rate and TTFT plots")
     args = p.parse_args(argv)
+    if (problem := check_plot_path(args.plot)) is not None:
+        p.error(problem)
     if args.threads:
         torch.set_num_threads(args.threads)
+    try:
+        return _trace(args)
+    except KeyboardInterrupt:
+        print("agentcache bench trace: interrupted", file=sys.stderr)
+        return 130
+
+
+def _trace(args: argparse.Namespace) -> int:
+    rows: dict[str, list[Row]] = {name: [] for name in ("full", "quarter", "quarter+disk", "off")}
     model = w1_model(args)
-    full, _ = _run_trace(bench_engine(model, kv_bytes=1 << 34), args)
+    full, _ = _run_trace(bench_engine(model, kv_bytes=1 << 34), args, rows["full"])
     quarter_bytes = int(full["bytes_used"]) // 4
     quarter_eng = bench_engine(model, kv_bytes=quarter_bytes)
     pool, block_size = quarter_eng.prefix_cache.pool, quarter_eng.prefix_cache.pool.block_size
     capacity, pool_bytes = pool.num_blocks, pool.bytes_total
-    quarter, steps = _run_trace(quarter_eng, args)
+    quarter, steps = _run_trace(quarter_eng, args, rows["quarter"])
     with tempfile.TemporaryDirectory(prefix="agentcache-bench-disk-") as disk_dir:
         disk_eng = bench_engine(model, kv_bytes=quarter_bytes, disk_dir=disk_dir,
                                 disk_bytes=4 * pool_bytes)  # fmt: skip
-        disk, _ = _run_trace(disk_eng, args)
-    off, _ = _run_trace(bench_engine(model, kv_bytes=0, prefix_cache=False), args)
+        disk, _ = _run_trace(disk_eng, args, rows["quarter+disk"])
+    off, _ = _run_trace(bench_engine(model, kv_bytes=0, prefix_cache=False), args, rows["off"])
     result: dict[str, Any] = {}
     for name, row in (("full", full), ("quarter", quarter), ("quarter_disk4x", disk)):
         result.update({f"{name}_{k}": v for k, v in row.items()})
@@ -131,5 +156,50 @@ def trace_main(argv: list[str]) -> int:
         sim = replay(steps, capacity_blocks=capacity, block_size=block_size, policy=policy)
         result[f"quarter_replayed_{policy}_hit_rate"] = sim.hit_rate
     result.update(_agent_sessions_rows(block_size))
-    report(result, args.json, {"workload": "W3", "layers": args.layers})
+    _print_trace(args, result, rows)
+    if args.plot:
+        plot_trace(
+            args.plot, {f"{k} budget" if k != "off" else "cache off": v for k, v in rows.items()}
+        )
+        print(f"plot: {args.plot}")
+    if args.json:
+        spread = {f"ttft_{k}": Spread.ms(k, [r[0] for r in v]).as_json() for k, v in rows.items()}
+        print(
+            json.dumps({"workload": "W3", "layers": args.layers, **result, "ttft_spread": spread})
+        )
     return 0
+
+
+def _print_trace(
+    args: argparse.Namespace, result: dict[str, Any], rows: dict[str, list[Row]]
+) -> None:
+    """Per budget: hit rate and TTFT min / median / max over the trace's requests; then the rest."""
+    ttfts = [Spread.ms(f"TTFT per request, {k}", [r[0] for r in v]) for k, v in rows.items()]
+    keys = {"full": "full", "quarter": "quarter", "quarter+disk": "quarter_disk4x"}
+    hits = [
+        Spread(f"hit rate, {k}", "%", (100 * result[f"{v}_hit_rate"],)) for k, v in keys.items()
+    ]
+    ratios = [
+        Spread(f"mean TTFT {k} / cache off", "x", (result[f"{v}_ttft_over_off"],))
+        for k, v in keys.items()
+    ]
+    others = [
+        Spread(key.replace("_", " "), "%", (100 * value,))
+        for key, value in result.items()
+        if key.endswith("hit_rate")
+        and not key.startswith(("full_", "quarter_hit", "quarter_disk4x_hit"))
+    ]
+    title = f"bench trace: W3, {args.layers} layers, {args.system_len}-token system prompts"
+    warnings = [
+        f"{r.name} is {r.median:.2f}x: the cached run was slower than the cache off "
+        "(a noisy machine)"
+        for r in ratios
+        if r.median > 1
+    ]
+    print_tables(
+        [
+            spread_table(f"{title} (spread over the trace's requests)", [*hits, *ttfts, *ratios]),
+            spread_table("replayed traces and optimal (Belady) hit rates", others),
+        ],
+        warnings,
+    )
