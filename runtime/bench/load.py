@@ -275,7 +275,8 @@ def _print_level(level: dict[str, Any]) -> None:
     shown = "n/a (a remote server does not say)" if pinned is None else str(pinned)
     print(
         f"{'':>14}  throughput concurrent/sequential = {level['throughput_ratio']:.2f}x  "
-        f"peak batch: {level['peak_batch']}  pinned blocks after: {shown}"
+        f"peak batch: {'n/a' if level['peak_batch'] is None else level['peak_batch']}  "
+        f"pinned blocks after: {shown}"
     )
 
 
