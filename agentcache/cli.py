@@ -36,6 +36,7 @@ _BENCHES: dict[str, tuple[str, str]] = {
     "prompt": ("agentcache.prompt.bench:main", "prompt build time with many tools and documents"),
     "cache": ("agentcache.cache.bench:main", "tool/retrieval result cache hit and miss latency"),
     "proxy": ("agentcache.proxy.bench:main", "a careless app's hit rate direct vs via the proxy"),
+    "choices": ("runtime.bench.choices:main", "n=4 from one prefill vs 4 requests; grammar cost"),
 }
 
 

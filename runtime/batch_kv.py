@@ -93,10 +93,10 @@ class BatchKV:
         """Bytes of the buffer now (always <= ``budget_bytes``)."""
         return self.buffer.numel() * self.buffer.element_size()
 
-    def can_fit(self, total_len: int) -> bool:
-        """Whether one more row of ``total_len`` positions fits the budget next to the others."""
+    def can_fit(self, total_len: int, *, num_rows: int = 1) -> bool:
+        """Whether ``num_rows`` more rows of ``total_len`` positions fit next to the others."""
         need_cap = max([total_len, *self._reserved])
-        return (self.num_rows + 1) * need_cap * self.position_bytes <= self.budget_bytes
+        return (self.num_rows + num_rows) * need_cap * self.position_bytes <= self.budget_bytes
 
     def add_row(self, total_len: int) -> RequestKVCache:
         """A new row able to hold ``total_len`` positions; call ``can_fit`` first.

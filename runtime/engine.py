@@ -21,6 +21,7 @@ from runtime.cache.disk_tier import DiskTier
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.prefix_cache import PrefixCache, namespace_of
 from runtime.exceptions import InvalidRequestError, PromptTooLongError
+from runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
 from runtime.model_runner import (
     ForwardPath,
     ModelRunner,
@@ -32,7 +33,7 @@ from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.request import Request
 from runtime.request_stream import RequestStream
 from runtime.sampler import LogitsProcessor
-from runtime.sampling import SamplingParams
+from runtime.sampling import SEED_MAX, SEED_MIN, SamplingParams
 from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 
 __all__ = ["DEFAULT_KV_CACHE_BYTES", "DEFAULT_KV_DISK_BYTES", "Engine", "Prompt"]
@@ -112,6 +113,10 @@ class Engine:
             scheduler or SchedulerConfig(),
             debug_integrity=debug_integrity,
         )
+        self.grammars = GrammarCompiler(
+            tokenizer, vocab_size=self.vocab_size, stop_ids=self.eos_ids
+        )
+        """Compiles ``GrammarSpec``s for constrained decoding (xgrammar loads on first use)."""
         # NOTE: holds the scheduler, not the engine, so an unreferenced engine is collected.
         self._finalizer = weakref.finalize(self, _shutdown, self.scheduler, self.prefix_cache.disk)
 
@@ -239,6 +244,40 @@ class Engine:
         )
         return self.run(req)
 
+    def stream_choices(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        n: int = 1,
+        cache_salt: str | None = None,
+        grammar: Grammar | None = None,
+    ) -> list[RequestStream]:
+        """Generate ``n`` choices of one prompt from ONE prefill; one stream per choice.
+
+        The prompt's KV is computed once (or read from the prefix cache once); every other
+        choice copies it into its own row and samples its own tokens. Choice ``i`` samples with
+        seed ``params.seed + i`` (wrapped into the signed 64-bit range), so choice 0 matches a
+        single request with the same seed; without a seed each choice draws its own. With
+        ``grammar`` every choice is constrained by it (its own matcher). The request is
+        submitted now: closing one stream cancels that choice only.
+
+        Raises:
+            InvalidRequestError, PromptTooLongError: as ``generate``; also ``n`` < 1 or more
+                choices than the scheduler decodes at once.
+            EngineBusyError: the scheduler's queue is full.
+        """
+        head = self.make_request(prompt, params, cache_salt=cache_salt, n=n, grammar=grammar)
+        return self.run_choices(head)
+
+    def compile_grammar(self, spec: GrammarSpec) -> Grammar:
+        """Compile (or fetch from the cache) the grammar of a constrained request.
+
+        Raises:
+            InvalidRequestError: the schema or structural tag is invalid or unsupported.
+        """
+        return self.grammars.compile(spec)
+
     def cache_stats(self) -> CacheStats:
         """Prefix cache counters and occupancy."""
         pc = self.prefix_cache
@@ -288,12 +327,16 @@ class Engine:
         use_prefix_cache: bool = True,
         record_logits: bool = False,
         logits_processors: Sequence[LogitsProcessor] = (),
+        n: int = 1,
+        grammar: Grammar | None = None,
     ) -> Request:
         """Validate and tokenize a prompt into a waiting Request (nothing is pinned yet).
 
         ``use_prefix_cache=False`` forces a miss for this request; ``record_logits`` keeps the
         raw ``[vocab]`` logits of every step in ``request.logits_log`` (exactness tests);
-        ``logits_processors`` as in ``stream``.
+        ``logits_processors`` as in ``stream`` (with ``n > 1`` every choice shares them: give
+        stateless ones, per-choice state belongs in ``grammar``). With ``n > 1`` the other
+        choices are in ``request.forks`` (see ``stream_choices``).
 
         Raises:
             InvalidRequestError: ``cache_salt`` is empty (it would share the unsalted namespace;
@@ -304,29 +347,52 @@ class Engine:
                 f"cache_salt must be a non-empty str or None (no salt), got {cache_salt!r}"
             )
         params = params or SamplingParams()
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise InvalidRequestError(f"n must be an int >= 1, got {n!r}")
         ids = self._prompt_ids(prompt)
         self._check(ids, params)
-        seed = params.seed if params.seed is not None else int(torch.seed() % (1 << 63))
-        return Request(
-            prompt_ids=ids,
-            params=params,
-            namespace=namespace_of(self.model_id, self.revision, self._dtype_name, cache_salt),
-            max_total_len=min(self.max_context_len, len(ids) + params.max_tokens),
-            stop_ids=frozenset(params.stop_token_ids)
-            | (frozenset() if params.ignore_eos else self.eos_ids),
-            detokenizer=Detokenizer(
-                self.tokenizer, list(params.stop), min_tokens=params.min_tokens
-            ),
-            generator=torch.Generator(device="cpu").manual_seed(seed),
-            # NOTE: prompt logprobs need every prompt position's logits: skip the cache.
-            use_prefix_cache=use_prefix_cache and params.prompt_logprobs is None,
-            logits_log=[] if record_logits else None,
-            logits_processors=list(logits_processors),
-        )
+        namespace = namespace_of(self.model_id, self.revision, self._dtype_name, cache_salt)
+        choices = [
+            Request(
+                prompt_ids=ids,
+                params=params,
+                namespace=namespace,
+                max_total_len=min(self.max_context_len, len(ids) + params.max_tokens),
+                stop_ids=frozenset(params.stop_token_ids)
+                | (frozenset() if params.ignore_eos else self.eos_ids),
+                detokenizer=Detokenizer(
+                    self.tokenizer, list(params.stop), min_tokens=params.min_tokens
+                ),
+                generator=torch.Generator(device="cpu").manual_seed(choice_seed(params.seed, i)),
+                # NOTE: prompt logprobs need every prompt position's logits: skip the cache.
+                use_prefix_cache=use_prefix_cache and params.prompt_logprobs is None,
+                logits_log=[] if record_logits else None,
+                logits_processors=_processors(logits_processors, grammar),
+                is_fork=i > 0,
+            )
+            for i in range(n)
+        ]
+        choices[0].forks = choices[1:]
+        return choices[0]
 
     def run(self, request: Request) -> RequestStream:
-        """Drive a request made by ``make_request`` to completion (what ``stream`` returns)."""
+        """Drive a request made by ``make_request`` to completion (what ``stream`` returns).
+
+        For a request with forks use ``run_choices`` (this stream would read choice 0 only).
+        """
         return RequestStream(request, self.scheduler)
+
+    def run_choices(self, request: Request) -> list[RequestStream]:
+        """Submit a request made by ``make_request`` now; one stream per choice (``n``).
+
+        Raises:
+            EngineBusyError, InvalidRequestError, PromptTooLongError: as ``Scheduler.submit``.
+        """
+        self.scheduler.submit(request)
+        return [
+            RequestStream(member, self.scheduler, is_submitted=True)
+            for member in (request, *request.forks)
+        ]
 
     def scheduler_stats(self) -> SchedulerStats:
         """Running and waiting requests, pinned prefix blocks and batch KV bytes now."""
@@ -408,6 +474,24 @@ def _shutdown(scheduler: Scheduler, disk: DiskTier | None) -> None:
     scheduler.close()
     if disk is not None:
         disk.close()
+
+
+def _processors(
+    shared: Sequence[LogitsProcessor], grammar: Grammar | None
+) -> list[LogitsProcessor]:
+    """One choice's logits processors: the caller's, then a fresh matcher of ``grammar``."""
+    return [*shared, *([] if grammar is None else [grammar.matcher()])]
+
+
+def choice_seed(seed: int | None, choice: int) -> int:
+    """The generator seed of choice ``choice`` of a request with ``seed`` (None draws one).
+
+    ``seed + choice`` wrapped into ``[SEED_MIN, SEED_MAX]`` (torch then takes a negative seed as
+    its two's complement), so choice 0 samples exactly as a single request with ``seed`` does.
+    """
+    if seed is None:
+        return int(torch.seed() % (1 << 63))
+    return (seed + choice - SEED_MIN) % (SEED_MAX - SEED_MIN + 1) + SEED_MIN
 
 
 def _last_completion(deltas: Iterator[StreamDelta]) -> Completion:

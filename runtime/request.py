@@ -80,6 +80,11 @@ class Request:
     """``time.monotonic()`` when submitted (age bound of cache-aware ordering)."""
     waker: Callable[[], None] | None = None
     """Called (scheduler thread) after each ``post``: tells a polling consumer to read."""
+    forks: list[Request] = field(default_factory=list)
+    """The other choices of an ``n > 1`` request: admitted with this one, they copy its prompt KV
+    after its one prefill (they never wait in the queue themselves)."""
+    is_fork: bool = False
+    """True for a choice that copied another's prompt KV (its prefill computed nothing)."""
 
     def post(self, item: StreamDelta | BaseException) -> None:
         """Hand a delta (or the error that ends the stream) to the consumer and wake it."""
@@ -120,7 +125,9 @@ class Request:
             metrics=Metrics(
                 ttft_s=self.t_first - self.t_start,
                 decode_tokens_per_s=(n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0,
-                prefill_tokens_computed=len(self.prompt_ids) - self.cached_len,
+                prefill_tokens_computed=0
+                if self.is_fork
+                else len(self.prompt_ids) - self.cached_len,
             ),
             logprobs=None if self.output_logprobs is None else list(self.output_logprobs),
             prompt_logprobs=self.prompt_logprobs,

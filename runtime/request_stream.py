@@ -45,11 +45,12 @@ class RequestStream(Iterator[StreamDelta]):
     collection) before the last delta cancels the request and releases what it pinned.
     """
 
-    def __init__(self, req: Request, scheduler: Scheduler) -> None:
+    def __init__(self, req: Request, scheduler: Scheduler, *, is_submitted: bool = False) -> None:
+        """``is_submitted``: the caller already submitted ``req`` (or its group's head)."""
         self._req = req
         self._scheduler = scheduler
         self._backlog: deque[StreamDelta | BaseException] = deque()
-        self._is_submitted = False
+        self._is_submitted = is_submitted
         self.is_done = False
         """True after the last delta (or the error) was handed out, or after ``close``."""
 

@@ -23,10 +23,12 @@ from runtime.batch_kv import BatchKV
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.exceptions import (
     EngineBusyError,
+    InvalidRequestError,
     PromptTooLongError,
     RuntimeEngineError,
     SamplingError,
 )
+from runtime.kv_cache import RequestKVCache
 from runtime.model_runner import ModelRunner
 from runtime.outputs import StreamDelta, TokenLogprob
 from runtime.request import Request, RequestStatus
@@ -123,9 +125,13 @@ class Scheduler:
     def submit(self, req: Request) -> None:
         """Queue a waiting request; the loop starts on the first submit.
 
+        A request with ``forks`` (the other choices of ``n > 1``) is queued as one group: the
+        forks are admitted with it and never wait on their own.
+
         Raises:
             EngineBusyError: the queue holds ``max_waiting`` requests.
-            PromptTooLongError: the request's KV row alone exceeds ``batch_kv_bytes``.
+            InvalidRequestError: the group has more choices than ``max_batch_size`` rows.
+            PromptTooLongError: the group's KV rows alone exceed ``batch_kv_bytes``.
             RuntimeEngineError: the engine was closed.
         """
         self.submit_all([req])
@@ -133,18 +139,28 @@ class Scheduler:
     def submit_all(self, reqs: Sequence[Request]) -> None:
         """Queue several requests at once: the loop's next admission sees all of them.
 
+        A request with ``forks`` (the other choices of ``n > 1``) is queued as one group: the
+        forks are admitted with it and never wait on their own.
+
         Raises:
             EngineBusyError: they do not all fit under ``max_waiting`` (none is queued).
-            PromptTooLongError: a request's KV row alone exceeds ``batch_kv_bytes``.
+            InvalidRequestError: a group has more choices than ``max_batch_size`` rows.
+            PromptTooLongError: a request's (group's) KV rows alone exceed ``batch_kv_bytes``.
             RuntimeEngineError: the engine was closed.
         """
         for req in reqs:
-            need = req.max_total_len * self.batch.position_bytes
+            size = 1 + len(req.forks)
+            if size > self.max_batch_size:
+                raise InvalidRequestError(
+                    f"n={size} choices are decoded together, but this engine decodes at most "
+                    f"{self.max_batch_size} rows at once (max_batch_size); lower n"
+                )
+            need = size * req.max_total_len * self.batch.position_bytes
             if need > self.config.batch_kv_bytes:
                 raise PromptTooLongError(
-                    f"prompt + max_tokens ({req.max_total_len} positions) need {need} bytes of "
-                    f"KV, over batch_kv_bytes={self.config.batch_kv_bytes}; lower max_tokens or "
-                    "raise it"
+                    f"prompt + max_tokens ({req.max_total_len} positions) x {size} choices need "
+                    f"{need} bytes of KV, over batch_kv_bytes={self.config.batch_kv_bytes}; "
+                    "lower max_tokens or n, or raise it"
                 )
         with self._cv:
             if self._is_closed:
@@ -188,7 +204,8 @@ class Scheduler:
             thread.join()
         with self._lock, self._cv:
             closed = RuntimeEngineError("the engine was closed while this request was queued")
-            for req in [*self.waiting, *self.running]:
+            queued = [member for head in self.waiting for member in (head, *head.forks)]
+            for req in [*queued, *self.running]:
                 self._fail(req, closed)
             self.waiting.clear()
 
@@ -243,17 +260,21 @@ class Scheduler:
             budget -= len(req.prompt_ids) - req.cached_len
 
     def _pick(self) -> Request | None:
-        """Pop the next request to admit, or None (queue empty or its pick does not fit)."""
+        """Pop the next request (with its forks) to admit, or None (empty, or it does not fit)."""
         with self._cv:
-            for req in [r for r in self.waiting if r.is_cancelled]:
+            for req in [r for r in self.waiting if _is_all_cancelled(r)]:
                 self.waiting.remove(req)
-                req.status = RequestStatus.RELEASED
-                req.released.set()
+                for member in (req, *req.forks):
+                    member.status = RequestStatus.RELEASED
+                    member.released.set()
             if not self.waiting:
                 return None
             index = self._choose()
             req = self.waiting[index]
-            if not self.batch.can_fit(req.max_total_len):
+            size = 1 + len(req.forks)
+            if len(self.running) + size > self.max_batch_size or not self.batch.can_fit(
+                req.max_total_len, num_rows=size
+            ):
                 return None  # NOTE: wait for rows to free; never exceed the KV budget.
             del self.waiting[index]
             return req
@@ -274,29 +295,63 @@ class Scheduler:
         return best
 
     def _prefill(self, req: Request) -> None:
-        req.kv = self.batch.add_row(req.max_total_len)
-        self.running.append(req)
-        req.status = RequestStatus.RUNNING
+        """Prefill ``req`` once; its forks (``n > 1``) copy the prompt KV and sample their own."""
+        group = [req, *self._live_forks(req)]
+        kv = [self._add_row(member) for member in group][0]
         try:
             hit = self.prefix_cache.match(
-                req.namespace, req.prompt_ids, req.kv, use_cache=req.use_prefix_cache
+                req.namespace, req.prompt_ids, kv, use_cache=req.use_prefix_cache
             )
             req.cached_len, req.node = hit.cached_len, hit.node
             if req.params.prompt_logprobs is None:
-                logits = self.runner.forward(req.prompt_ids[req.cached_len :], req.kv)
+                logits = self.runner.forward(req.prompt_ids[req.cached_len :], kv)
             else:
                 logits = self._prefill_scored(req)
-            (picked,) = self._sample([req], logits.unsqueeze(0))
-            if isinstance(picked, SamplingError):
-                raise picked
-            req.t_first = time.perf_counter()
-            self._emit(req, picked)
-            if req.status is RequestStatus.RUNNING:
-                # NOTE: stored after the first token went out (not part of TTFT), and before the
-                # next admission, so a waiting request that shares this prompt hits it.
-                req.node = self.prefix_cache.insert(req.namespace, req.prompt_ids, req.kv, req.node)
+            self._fork(req, group[1:])
+            # NOTE: one logits row seen by every choice (the sampler edits its own copy).
+            tokens = self._sample(group, logits.unsqueeze(0).expand(len(group), -1))
         except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving
-            self._fail(req, exc)
+            for member in group:
+                self._fail(member, exc)
+            return
+        t_first = time.perf_counter()
+        for member, token in zip(group, tokens, strict=True):
+            member.t_first = t_first
+            self._finish_step(member, token)
+        if req.status is RequestStatus.RUNNING:
+            # NOTE: stored after the first token went out (not part of TTFT), and before the
+            # next admission, so a waiting request that shares this prompt hits it.
+            req.node = self.prefix_cache.insert(req.namespace, req.prompt_ids, kv, req.node)
+
+    def _add_row(self, req: Request) -> RequestKVCache:
+        """Give an admitted request its batch row and make it running."""
+        req.kv = self.batch.add_row(req.max_total_len)
+        self.running.append(req)
+        req.status = RequestStatus.RUNNING
+        return req.kv
+
+    def _live_forks(self, req: Request) -> list[Request]:
+        """The forks of ``req`` still wanted; cancelled ones are released unadmitted."""
+        live = []
+        for fork in req.forks:
+            if fork.is_cancelled:
+                fork.status = RequestStatus.RELEASED
+                fork.released.set()
+            else:
+                live.append(fork)
+        return live
+
+    def _fork(self, req: Request, forks: list[Request]) -> None:
+        """Copy ``req``'s prompt KV (just prefilled) into each fork's row; pin the same node."""
+        assert req.kv is not None, "fork of a request without a row"
+        length = req.kv.length
+        for fork in forks:
+            assert fork.kv is not None, "fork admitted without a row"
+            fork.kv.span(0, length).copy_(req.kv.span(0, length))
+            fork.kv.length = length
+            fork.cached_len = req.cached_len
+            fork.prompt_logprobs = req.prompt_logprobs
+            fork.node = self.prefix_cache.acquire(req.node)
 
     def _prefill_scored(self, req: Request) -> torch.Tensor:
         """Prefill computing every prompt position's logits (in chunks, to bound their memory),
@@ -324,10 +379,14 @@ class Scheduler:
             return
         # NOTE: a row that cannot be sampled ends alone; the others' KV rows are untouched.
         for req, picked in zip(reqs, picks, strict=True):
-            if isinstance(picked, SamplingError):
-                self._fail(req, picked)
-            else:
-                self._emit(req, picked)
+            self._finish_step(req, picked)
+
+    def _finish_step(self, req: Request, picked: Sampled | SamplingError) -> None:
+        """Emit a row's pick, or fail that row alone (it could not be sampled)."""
+        if isinstance(picked, SamplingError):
+            self._fail(req, picked)
+        else:
+            self._emit(req, picked)
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[Sampled | SamplingError]:
         """One pick per row of ``logits`` (``[n, vocab]``), or the error that ends that row."""
@@ -370,3 +429,8 @@ class Scheduler:
         # NOTE: the row is reused by the next request; drop the view so nothing reads stale KV.
         req.node, req.kv, req.status = None, None, RequestStatus.RELEASED
         req.released.set()
+
+
+def _is_all_cancelled(req: Request) -> bool:
+    """A waiting request leaves the queue once it and every fork riding with it are cancelled."""
+    return req.is_cancelled and all(fork.is_cancelled for fork in req.forks)

@@ -168,8 +168,18 @@ class PrefixCache:
         self.radix.unlock(held)
         return node
 
+    def acquire(self, node: TreeNode | None) -> TreeNode | None:
+        """Pin ``node`` once more for another holder (the choices of one prompt share its node).
+
+        Returns:
+            ``node``, which that holder must ``release`` exactly once (None is a no-op).
+        """
+        if node is not None:
+            self.radix.lock(node)
+        return node
+
     def release(self, node: TreeNode | None) -> None:
-        """Unpin a node returned by ``match``/``insert`` (None is a no-op)."""
+        """Unpin a node returned by ``match``/``insert``/``acquire`` (None is a no-op)."""
         if node is not None:
             self.radix.unlock(node)
 

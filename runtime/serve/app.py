@@ -9,9 +9,10 @@ one place that admits or refuses a request (``EngineBusyError``), which the app 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -30,7 +31,7 @@ from runtime.exceptions import (
     PromptTooLongError,
     SamplingError,
 )
-from runtime.outputs import Completion
+from runtime.outputs import Completion, StreamDelta
 from runtime.serve.auth import KeyRing
 from runtime.serve.engine_call import EngineCall
 from runtime.serve.engine_protocol import ServingEngine
@@ -179,19 +180,19 @@ class _Server:
 
     async def serve(self, request: Request, plan: RequestPlan) -> Response:
         """Admit, run and answer one planned request (JSON or SSE)."""
-        call = EngineCall(
-            lambda: self.engine.stream(plan.prompt, plan.params, cache_salt=plan.cache_salt)
-        )
+        call = EngineCall(lambda: self._open_streams(plan))
         is_handed_off = False
         try:
             first = await _unless_disconnected(request, call.start)
             if plan.stream:
                 stream = ChoiceStream(plan, call, first)
                 is_handed_off = True
-                return _SSEResponse(stream, call, lambda out: self._record(call.completion, out))
-            completion = await _unless_disconnected(request, lambda: call.drain(first))
-            body, finish = final_json(plan, completion)
-            self._record(completion, finish)
+                return _SSEResponse(
+                    stream, call, lambda out: self._record(call.completions, out, plan.n)
+                )
+            completions = await _unless_disconnected(request, lambda: call.drain(first))
+            body, finish = final_json(plan, completions)
+            self._record(list(completions), finish, plan.n)
             return JSONResponse(body)
         except _Disconnected:
             self.metrics.count("cancelled")
@@ -214,13 +215,50 @@ class _Server:
             if not is_handed_off:
                 await call.aclose()
 
-    def _record(self, completion: Completion | None, outcome: Outcome | None) -> None:
-        """Count one answered request: its outcome as returned by whoever answered it."""
+    def _open_streams(self, plan: RequestPlan) -> list[Iterator[StreamDelta]]:
+        """One engine stream per choice, prompt-major (worker thread; blocking).
+
+        Each prompt is one engine request whose ``n`` choices share its prefill. If opening a
+        later prompt fails, the streams already open are closed before the error propagates.
+        """
+        streams: list[Iterator[StreamDelta]] = []
+        try:
+            for prompt in plan.prompts:
+                streams.extend(
+                    self.engine.stream_choices(
+                        prompt,
+                        plan.params,
+                        n=plan.n,
+                        cache_salt=plan.cache_salt,
+                        grammar=plan.grammar,
+                    )
+                )
+        except BaseException:
+            for stream in streams:
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+            raise
+        return streams
+
+    def _record(
+        self, completions: list[Completion | None], outcome: Outcome | None, n: int
+    ) -> None:
+        """Count one answered request: its outcome as returned by whoever answered it.
+
+        The ``n`` choices of a prompt share its prefill: its prompt tokens are counted once.
+        """
         if outcome is None:
             self.metrics.count("cancelled")
-        elif completion is None or outcome == "error":
+            return
+        if not completions or any(c is None for c in completions) or outcome == "error":
             self.metrics.count("error")
-        else:
+            return
+        for index, completion in enumerate(completions):
+            assert completion is not None
+            if index % n:
+                usage = dataclasses.replace(completion.usage, prompt_tokens=0, cached_tokens=0)
+                completion = dataclasses.replace(completion, usage=usage)
             self.metrics.observe_completion(completion, outcome)
 
 

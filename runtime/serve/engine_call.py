@@ -1,19 +1,20 @@
-"""One engine stream, read from the event loop.
+"""One engine call: the streams of every choice of one HTTP request, read from the event loop.
 
-Opening and closing the engine stream run in worker threads. Admission is the engine's alone:
-the first poll submits the request to the scheduler's bounded queue, which raises
-``EngineBusyError`` when full (the app answers 429). Deltas of a ``RequestStream``
-(``runtime.Engine``) are read on the event loop itself: the scheduler thread rings a waker, the
-loop polls every delta ready (merged), so no thread hop is paid per token. Any other iterator (a
-test fake) is read through a worker thread per delta. ``aclose`` is idempotent and shielded: it
-closes the engine stream (which cancels the request and unpins its blocks). It knows no HTTP and
-no JSON.
+A request opens one engine stream per choice (``n`` choices of each prompt) in a worker thread.
+Admission is the engine's alone: opening submits to the scheduler's bounded queue, which raises
+``EngineBusyError`` when full (the app answers 429). Deltas of ``RequestStream``s
+(``runtime.Engine``) are read on the event loop itself: the scheduler thread rings a shared
+waker, the loop polls every stream (merged deltas), so no thread hop is paid per token. Any
+other iterator (a test fake) is read through a worker thread per delta, one stream after the
+other. ``aclose`` is idempotent and shielded: it closes every engine stream (which cancels
+unfinished choices and unpins their blocks). It knows no HTTP and no JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import anyio
 from anyio.to_thread import run_sync
@@ -21,63 +22,102 @@ from anyio.to_thread import run_sync
 from runtime.outputs import Completion, StreamDelta
 from runtime.request_stream import RequestStream
 
-__all__ = ["EngineCall"]
+__all__ = ["ChoiceDelta", "EngineCall"]
+
+
+class ChoiceDelta(NamedTuple):
+    """A delta of one choice: ``index`` is its position in the response's ``choices``."""
+
+    choice: int
+    """Position in the response's ``choices`` (prompt * n + choice)."""
+    delta: StreamDelta
 
 
 class EngineCall:
-    """The engine stream of one request.
+    """The engine streams (one per choice) of one request.
 
     Args:
-        open_stream: opens the engine stream (blocking; called in a worker thread).
+        open_streams: opens the engine streams, in choice order (blocking; worker thread).
     """
 
-    def __init__(self, open_stream: Callable[[], Iterator[StreamDelta]]) -> None:
-        self._open_stream = open_stream
-        self._it: Iterator[StreamDelta] | None = None
+    def __init__(self, open_streams: Callable[[], Sequence[Iterator[StreamDelta]]]) -> None:
+        self._open_streams = open_streams
+        self._its: list[Iterator[StreamDelta]] = []
+        self._is_done: list[bool] = []
+        self._next_index = 0
         self._ready = asyncio.Event()
         self._is_wake_pending = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._is_closed = False
-        self.completion: Completion | None = None
+        self.completions: list[Completion | None] = []
+        """Each choice's Completion once its last delta was read."""
 
-    async def start(self) -> StreamDelta | None:
-        """Open the stream (which submits the request) and return its first delta.
+    @property
+    def num_choices(self) -> int:
+        """Choices opened (0 before ``start``)."""
+        return len(self._its)
+
+    async def start(self) -> ChoiceDelta | None:
+        """Open the streams (which submits the request) and return the first delta of any choice.
 
         Raises:
             EngineBusyError: the scheduler's queue is full.
             InvalidRequestError: (and subclasses) raised by the engine for this prompt.
         """
-        self._it = await run_sync(self._open_stream)
-        if isinstance(self._it, RequestStream):
-            self._loop = asyncio.get_running_loop()
-            self._it.set_waker(self._wake)
+        self._its = list(await run_sync(self._open_streams))
+        self._is_done = [False] * len(self._its)
+        self.completions = [None] * len(self._its)
+        self._loop = asyncio.get_running_loop()
+        for it in self._its:
+            if isinstance(it, RequestStream):
+                it.set_waker(self._wake)
         return await self.next()
 
-    async def next(self) -> StreamDelta | None:
-        """The next delta, or None after the last one (which carries the Completion).
+    async def next(self) -> ChoiceDelta | None:
+        """The next delta of some choice, or None once every choice delivered its last one.
 
-        From a ``RequestStream`` the delta merges every token ready now (one or more).
+        From ``RequestStream``s a delta merges every token of that choice ready now; choices
+        are polled round-robin so none starves.
+
+        Raises:
+            Exception: whatever a choice's engine stream raised (it failed; see ``aclose``).
         """
-        it = self._it
-        if it is None:
-            return None
-        if isinstance(it, RequestStream):
-            delta = await self._poll(it)
-        else:
-            delta = await run_sync(next, it, None)
-        if delta is not None and delta.completion is not None:
-            self.completion = delta.completion
-        return delta
+        while self._its and not all(self._is_done):
+            found = await self._read()
+            if found is None:
+                continue
+            index, delta = found
+            if delta is None:
+                self._is_done[index] = True
+                continue
+            if delta.completion is not None:
+                self.completions[index] = delta.completion
+                self._is_done[index] = True
+            return ChoiceDelta(index, delta)
+        return None
 
-    async def _poll(self, it: RequestStream) -> StreamDelta | None:
-        while True:
-            # NOTE: clear the flag before polling: a delta posted after the poll rings again.
-            self._is_wake_pending = False
+    async def _read(self) -> tuple[int, StreamDelta | None] | None:
+        """One read: ``(index, delta or None at its end)``, or None after a wake-up wait."""
+        if not all(isinstance(it, RequestStream) for it in self._its):
+            index = self._is_done.index(False)
+            delta = await run_sync(next, self._its[index], None)
+            return index, delta
+        # NOTE: clear the flag before polling: a delta posted after the poll rings again.
+        self._is_wake_pending = False
+        count = len(self._its)
+        for step in range(count):
+            index = (self._next_index + step) % count
+            it = self._its[index]
+            assert isinstance(it, RequestStream)
+            if self._is_done[index]:
+                continue
             delta = it.poll()
             if delta is not None or it.is_done:
-                return delta
-            await self._ready.wait()
-            self._ready.clear()
+                self._next_index = index + 1
+                return index, delta
+        await self._ready.wait()
+        self._ready.clear()
+        return None
 
     def _wake(self) -> None:
         """Scheduler thread: schedule one wake-up of the reader (skipped while one is pending)."""
@@ -86,23 +126,25 @@ class EngineCall:
         self._is_wake_pending = True
         self._loop.call_soon_threadsafe(self._ready.set)
 
-    async def drain(self, first: StreamDelta | None) -> Completion:
-        """Consume the stream to its end and return the Completion."""
-        delta = first
-        while delta is not None and delta.completion is None:
-            delta = await self.next()
-        assert self.completion is not None, "engine stream ended without a Completion"
-        return self.completion
+    async def drain(self, first: ChoiceDelta | None) -> list[Completion]:
+        """Consume every stream to its end and return the Completions in choice order."""
+        item = first
+        while item is not None:
+            item = await self.next()
+        done = [c for c in self.completions if c is not None]
+        assert len(done) == len(self._its), "an engine stream ended without a Completion"
+        return done
 
     async def aclose(self) -> None:
-        """Close the engine stream (cancelling it if unfinished), once."""
+        """Close the engine streams (cancelling unfinished ones), once."""
         if self._is_closed:
             return
         self._is_closed = True
         with anyio.CancelScope(shield=True):
-            it, self._it = self._it, None
-            if isinstance(it, RequestStream):
-                it.set_waker(None)
-            close = getattr(it, "close", None)
-            if close is not None:
-                await run_sync(close)
+            its, self._its = self._its, []
+            for it in its:
+                if isinstance(it, RequestStream):
+                    it.set_waker(None)
+                close = getattr(it, "close", None)
+                if close is not None:
+                    await run_sync(close)

@@ -6,9 +6,10 @@ engine can stand in for tests. It knows nothing about HTTP.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
+from runtime.grammar import Grammar, GrammarSpec
 from runtime.outputs import CacheStats, StreamDelta
 from runtime.sampling import SamplingParams
 from runtime.scheduler import SchedulerStats
@@ -41,13 +42,17 @@ class ServingEngine(Protocol):
 
     def tokenize(self, text: str) -> list[int]: ...
 
-    def stream(
+    def stream_choices(
         self,
         prompt: str | list[int],
         params: SamplingParams | None = None,
         *,
+        n: int = 1,
         cache_salt: str | None = None,
-    ) -> Iterator[StreamDelta]: ...
+        grammar: Grammar | None = None,
+    ) -> Sequence[Iterator[StreamDelta]]: ...
+
+    def compile_grammar(self, spec: GrammarSpec) -> Grammar: ...
 
     def cache_stats(self) -> CacheStats: ...
 

@@ -27,6 +27,8 @@ from runtime.serve.tool_parser import ParsedToolCall
 __all__ = [
     "ApiError",
     "ChatCompletionRequest",
+    "MAX_N",
+    "MAX_PROMPTS",
     "ChatMessage",
     "CompletionRequest",
     "DetokenizeRequest",
@@ -65,6 +67,10 @@ Any other value is refused with a 400 naming the field (never silently ignored);
 equal to ``n`` is also accepted (it then means nothing more than ``n``). Fields not listed here
 and not modelled (``user``, ``metadata``, ``store``, ``prompt_cache_key``, ...) change nothing
 about generation and are ignored."""
+MAX_N = 128
+"""Largest ``n`` accepted (OpenAI's limit); the engine may refuse fewer (its batch rows)."""
+MAX_PROMPTS = 256
+"""Most prompts in one batched ``/v1/completions`` request."""
 
 # Function names as OpenAI accepts them (a-z, A-Z, 0-9, underscores and dashes, max 64).
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -198,20 +204,28 @@ class NamedToolChoice(_Lenient):
     function: FunctionName
 
 
+class JsonSchemaFormat(_Lenient):
+    """``response_format.json_schema``: ``{"name", "schema", "strict", "description"}``."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    schema_: Annotated[dict[str, Any], Field(alias="schema")] = Field(default_factory=dict)
+    strict: bool | None = None
+    description: str | None = None
+
+
 class ResponseFormat(_Lenient):
-    """``response_format``: only plain text is served (no JSON mode or JSON schema decoding)."""
+    """``response_format``: ``text``, ``json_object`` or ``json_schema`` (enforced by a grammar)."""
 
-    type: str
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
-    @field_validator("type")
-    @classmethod
-    def _only_text(cls, value: str) -> str:
-        if value != "text":
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError(
-                f"response_format type {value!r} is not supported by this server "
-                "(no constrained decoding); omit response_format or use {'type': 'text'}"
+                "response_format.json_schema is required with type 'json_schema' (and only then)"
             )
-        return value
+        return self
 
 
 class ChatMessage(_Lenient):
@@ -281,7 +295,8 @@ class _SamplingFields(_Lenient):
     seed: Annotated[StrictInt, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
     """Signed 64-bit, as OpenAI documents; negative seeds are used two's-complement."""
     stop: str | list[str] | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
+    """Choices per prompt, from one prefill of the prompt (choice ``i`` seeded ``seed + i``)."""
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
@@ -346,6 +361,8 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    """False: at most one tool call per choice (enforced by the tool-call grammar)."""
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
     """True: each generated token's logprob (raw model distribution) in ``choices[].logprobs``."""
@@ -389,7 +406,7 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    """Body of ``POST /v1/completions``: one prompt, as text or token ids."""
+    """Body of ``POST /v1/completions``: one prompt or a batch, as text or token ids."""
 
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     max_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
@@ -419,32 +436,34 @@ class CompletionRequest(_SamplingFields):
         """``SamplingParams.prompt_logprobs``: set when echoing with logprobs."""
         return self.logprobs if self.echo else None
 
-    def prompt_value(self) -> str | list[int]:
-        """The single prompt (a one-element list of strings is unwrapped).
+    def prompt_values(self) -> list[str | list[int]]:
+        """The prompts in order: one text, one token-id list, or a batch of either.
 
         Raises:
-            ApiError: 400 for an empty prompt list or a batch (several prompts in one request).
+            ApiError: 400 for an empty prompt list or a batch over ``MAX_PROMPTS`` prompts.
         """
         prompt = self.prompt
         if isinstance(prompt, str):
-            return prompt
+            return [prompt]
         if not prompt:
             raise ApiError(400, "prompt is an empty list", param="prompt", code="invalid_value")
         if all(isinstance(p, int) for p in prompt):
-            return [p for p in prompt if isinstance(p, int)]
-        if len(prompt) > 1:
+            return [[p for p in prompt if isinstance(p, int)]]
+        if len(prompt) > MAX_PROMPTS:
             raise ApiError(
                 400,
-                f"batch prompts ({len(prompt)} prompts in one request) are not supported; "
-                "send one prompt per request",
+                f"batch of {len(prompt)} prompts is over this server's limit of {MAX_PROMPTS}; "
+                "split it into several requests",
                 param="prompt",
-                code="unsupported_value",
+                code="invalid_value",
             )
-        only = prompt[0]
-        if isinstance(only, str):
-            return only
-        assert isinstance(only, list), "pydantic let a non-list through"
-        return [p for p in only if isinstance(p, int)]
+        values: list[str | list[int]] = []
+        for item in prompt:
+            assert isinstance(item, str | list), "pydantic let a non-prompt through"
+            values.append(
+                item if isinstance(item, str) else [p for p in item if isinstance(p, int)]
+            )
+        return values
 
 
 class _Strict(BaseModel):
@@ -494,6 +513,7 @@ _MODELS: tuple[type[BaseModel], ...] = (
     FunctionName,
     NamedToolChoice,
     ResponseFormat,
+    JsonSchemaFormat,
     ChatMessage,
     StreamOptions,
     ChatCompletionRequest,
@@ -502,7 +522,9 @@ _MODELS: tuple[type[BaseModel], ...] = (
     DetokenizeRequest,
 )
 # Field names of the request models: any other loc part in a pydantic error is a union tag.
-_FIELD_NAMES = frozenset(name for model in _MODELS for name in model.model_fields)
+_FIELD_NAMES = frozenset(
+    field.alias or name for model in _MODELS for name, field in model.model_fields.items()
+)
 
 
 def usage_dict(usage: Usage) -> dict[str, Any]:

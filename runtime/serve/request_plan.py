@@ -18,7 +18,9 @@ from anyio.to_thread import run_sync
 from jinja2 import TemplateError
 
 from runtime.exceptions import InvalidRequestError
+from runtime.grammar import Grammar
 from runtime.sampling import SamplingParams
+from runtime.serve.constraints import grammar_spec
 from runtime.serve.logprobs import TokenText
 from runtime.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest
 from runtime.serve.tool_parser import ToolCallParser, detect_tool_parser
@@ -38,8 +40,11 @@ class RequestPlan:
     created: int
     """Unix seconds (the ``created`` field)."""
     model: str
-    prompt: str | list[int]
+    prompts: list[list[int]]
+    """Token ids of each prompt (one for chat; a batch on ``/v1/completions``)."""
     params: SamplingParams
+    n: int
+    """Choices per prompt; choice ``j`` of prompt ``i`` has ``index = i * n + j`` (OpenAI)."""
     cache_salt: str | None
     """The engine namespace derived from the API key and the client's ``cache_salt``."""
     stream: bool
@@ -50,16 +55,18 @@ class RequestPlan:
     """Request field blamed for an over-long prompt (``messages`` or ``prompt``)."""
     token_text: TokenText | None = None
     """Token id -> text, set when the request asked for logprobs."""
-    echo_text: str | None = None
-    """The prompt's text to return before the completion (``echo``), else None."""
+    echo_texts: list[str | None] | None = None
+    """Each prompt's text to return before its choices' completions (``echo``), else None."""
     is_output_dropped: bool = False
     """``max_tokens=0`` with ``echo``: one token is generated (the engine's minimum), not sent."""
+    grammar: Grammar | None = None
+    """The compiled constraint every choice decodes under (``response_format``, tools)."""
 
 
 def _new_plan(
     kind: Literal["chat", "completion"],
     req: ChatCompletionRequest | CompletionRequest,
-    prompt: str | list[int],
+    prompts: list[list[int]],
     params: SamplingParams,
     cache_salt: str | None,
     parser: ToolCallParser | None,
@@ -72,8 +79,9 @@ def _new_plan(
         id=f"{prefix}-{uuid.uuid4().hex}",
         created=int(time.time()),
         model=req.model,
-        prompt=prompt,
+        prompts=prompts,
         params=params,
+        n=req.n,
         cache_salt=cache_salt,
         stream=req.stream,
         include_usage=req.include_usage,
@@ -162,7 +170,27 @@ def _tool_parser(engine: ServingEngine, req: ChatCompletionRequest) -> ToolCallP
         )
     if not names or req.tool_choice == "none":
         return None
+    return _template_parser(engine)
+
+
+def _template_parser(engine: ServingEngine) -> ToolCallParser | None:
     return detect_tool_parser(getattr(engine.tokenizer, "chat_template", None))
+
+
+async def _chat_grammar(engine: ServingEngine, req: ChatCompletionRequest) -> Grammar | None:
+    """Compile (worker thread) the grammar of ``response_format`` / ``tool_choice``, if any.
+
+    Raises:
+        ApiError: 400 when it cannot be enforced or its schema is invalid.
+    """
+    spec = grammar_spec(req, has_tool_format=_template_parser(engine) is not None)
+    if spec is None:
+        return None
+    try:
+        return await run_sync(engine.compile_grammar, spec)
+    except InvalidRequestError as exc:
+        param = "response_format" if req.response_format is not None else "tools"
+        raise ApiError(400, str(exc), param=param, code="invalid_value") from exc
 
 
 async def chat_plan(
@@ -175,13 +203,15 @@ async def chat_plan(
     """Render the chat through the template and plan it.
 
     NOTE: tools stay in the prompt even with ``tool_choice="none"`` (masking, not removing,
-    keeps the prefix cacheable); "required" and named choices are not enforced by decoding.
+    keeps the prefix cacheable); the tool-call grammar forbids calls there, and enforces
+    "required", named choices and ``parallel_tool_calls=false`` during decoding.
 
     Raises:
         ApiError: 400 for messages the template rejects, prompt + ``max_tokens`` past the
             context, or bad tools (an over-long prompt is the engine's to refuse).
     """
     parser = _tool_parser(engine, req)
+    grammar = await _chat_grammar(engine, req)
     messages = [message.to_template() for message in req.messages]
     render = partial(engine.render_chat, messages, tools=req.tools_for_template())
     try:
@@ -197,7 +227,8 @@ async def chat_plan(
         prompt_len=len(ids),
         default_max_tokens=default_max_tokens,
     )
-    return _new_plan("chat", req, ids, params, cache_salt, parser, engine)
+    plan = _new_plan("chat", req, [ids], params, cache_salt, parser, engine)
+    return replace(plan, grammar=grammar)
 
 
 async def completion_plan(
@@ -207,28 +238,39 @@ async def completion_plan(
     *,
     default_max_tokens: int,
 ) -> RequestPlan:
-    """Plan a completion; a text prompt is tokenized here (worker thread) and measured like chat.
+    """Plan a completion of one prompt or a batch; text prompts are tokenized here (worker
+    thread) and measured like chat. Every prompt of a batch shares the sampling parameters.
 
     Raises:
-        ApiError: 400 for a batch prompt, or prompt + ``max_tokens`` past the context (an empty,
-            out-of-vocabulary or over-long prompt is refused by the engine when the call opens).
+        ApiError: 400 for prompt + ``max_tokens`` past the context (an empty, out-of-vocabulary
+            or over-long prompt is refused by the engine when the call opens).
     """
-    prompt = req.prompt_value()
-    ids = await run_sync(engine.tokenize, prompt) if isinstance(prompt, str) else prompt
+    values = req.prompt_values()
+    prompts = [
+        await run_sync(engine.tokenize, value) if isinstance(value, str) else value
+        for value in values
+    ]
+    longest = max(len(ids) for ids in prompts)
     params = sampling_params(
         engine,
         req,
         max_tokens=req.max_tokens or (1 if req.max_tokens == 0 else None),
-        prompt_len=len(ids),
+        prompt_len=longest,
         default_max_tokens=default_max_tokens,
     )
-    plan = _new_plan("completion", req, ids, params, cache_salt, None, engine)
+    plan = _new_plan("completion", req, prompts, params, cache_salt, None, engine)
     if not req.echo:
         return plan
-    if isinstance(prompt, str):
-        text: str | None = prompt
-    elif all(0 <= t < engine.vocab_size for t in ids):
-        text = await run_sync(partial(engine.tokenizer.decode, ids))
-    else:
-        text = None  # NOTE: the engine refuses these ids when the call opens (400)
-    return replace(plan, is_output_dropped=req.max_tokens == 0, echo_text=text)
+    texts = [
+        await _echo_text(engine, value, ids) for value, ids in zip(values, prompts, strict=True)
+    ]
+    return replace(plan, is_output_dropped=req.max_tokens == 0, echo_texts=texts)
+
+
+async def _echo_text(engine: ServingEngine, value: str | list[int], ids: list[int]) -> str | None:
+    """The text ``echo`` returns for one prompt (None for ids the engine will refuse)."""
+    if isinstance(value, str):
+        return value
+    if all(0 <= t < engine.vocab_size for t in ids):
+        return str(await run_sync(partial(engine.tokenizer.decode, ids)))
+    return None  # NOTE: the engine refuses these ids when the call opens (400)

@@ -1,8 +1,10 @@
 """Response bodies: the final JSON of a request and its SSE chunk stream (chat and completions).
 
 Builds ``chat.completion`` / ``text_completion`` objects and ``data: {...}`` events in the shape
-the official ``openai`` client parses, splitting tool calls out of the text. It knows the plan
-and the engine call it reads from; it never validates input or decides admission.
+the official ``openai`` client parses, one ``choices`` entry per choice (``index`` = prompt * n
++ choice, as OpenAI orders them), splitting tool calls out of the text. Usage counts each
+prompt once and sums the completions. It knows the plan and the engine call it reads from; it
+never validates input or decides admission.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from runtime.outputs import Completion, StreamDelta, TokenLogprob, Usage
+from runtime.outputs import Completion, TokenLogprob, Usage
 from runtime.serve.engine_call import EngineCall
 from runtime.serve.logprobs import CompletionLogprobs, chat_logprobs
 from runtime.serve.metrics import Outcome
@@ -20,7 +22,7 @@ from runtime.serve.protocol import error_body, tool_call_dicts, usage_dict
 from runtime.serve.request_plan import RequestPlan
 from runtime.serve.tool_parser import ParsedToolCall
 
-__all__ = ["ChoiceStream", "final_json"]
+__all__ = ["ChoiceStream", "final_json", "total_usage"]
 
 _log = logging.getLogger(__name__)
 DONE = "data: [DONE]\n\n"
@@ -36,10 +38,12 @@ def _head(plan: RequestPlan, *, chunk: bool) -> dict[str, Any]:
     return {"id": plan.id, "object": kind, "created": plan.created, "model": plan.model}
 
 
+Pending = list[tuple[TokenLogprob | None, int]]
+"""``(logprob, token id)`` of tokens whose logprobs are still to be sent."""
+
+
 def _logprobs(
-    plan: RequestPlan,
-    pending: list[tuple[TokenLogprob | None, int]],
-    offsets: CompletionLogprobs | None,
+    plan: RequestPlan, pending: Pending, offsets: CompletionLogprobs | None
 ) -> dict[str, Any] | None:
     """The ``logprobs`` of a choice (or chunk) for ``(entry, token id)`` pairs; None when not
     requested. An entry is None only for the first prompt token under ``echo``."""
@@ -51,7 +55,7 @@ def _logprobs(
     return offsets.build([e for e, _ in pending], [t for _, t in pending])
 
 
-def _output(plan: RequestPlan, completion: Completion) -> list[tuple[TokenLogprob | None, int]]:
+def _output(plan: RequestPlan, completion: Completion) -> Pending:
     """``(logprob, id)`` of the generated tokens the response shows."""
     if plan.is_output_dropped:
         return []
@@ -61,27 +65,60 @@ def _output(plan: RequestPlan, completion: Completion) -> list[tuple[TokenLogpro
     return list(zip(entries, completion.token_ids, strict=True))
 
 
-def _echoed(plan: RequestPlan, prompt_logprobs: list[TokenLogprob | None] | None) -> list[Any]:
-    """``(logprob, id)`` of the echoed prompt tokens (empty without prompt logprobs)."""
-    if prompt_logprobs is None or not isinstance(plan.prompt, list):
+def _echoed(
+    plan: RequestPlan, index: int, prompt_logprobs: list[TokenLogprob | None] | None
+) -> Pending:
+    """``(logprob, id)`` of choice ``index``'s echoed prompt (empty without prompt logprobs)."""
+    if prompt_logprobs is None:
         return []
-    return list(zip(prompt_logprobs, plan.prompt, strict=True))
+    return list(zip(prompt_logprobs, plan.prompts[index // plan.n], strict=True))
 
 
-def _usage(plan: RequestPlan, completion: Completion) -> dict[str, Any]:
-    usage = completion.usage
-    if plan.is_output_dropped:
-        usage = Usage(usage.prompt_tokens, usage.cached_tokens, 0)
-    return usage_dict(usage)
+def _echo_text(plan: RequestPlan, index: int) -> str:
+    return "" if plan.echo_texts is None else plan.echo_texts[index // plan.n] or ""
 
 
-def final_json(plan: RequestPlan, completion: Completion) -> tuple[dict[str, Any], Outcome]:
-    """The non-streaming response body for a finished request, and its ``finish_reason``."""
+def total_usage(completions: list[Completion], n: int, *, is_output_dropped: bool = False) -> Usage:
+    """Usage of a whole response: each prompt's tokens once (its first choice), outputs summed.
+
+    Args:
+        completions: every choice in ``index`` order (``n`` consecutive choices per prompt).
+        n: choices per prompt.
+        is_output_dropped: ``max_tokens=0`` with ``echo``: the one generated token is not sent
+            and not counted.
+    """
+    firsts = completions[::n]
+    return Usage(
+        prompt_tokens=sum(c.usage.prompt_tokens for c in firsts),
+        cached_tokens=sum(c.usage.cached_tokens for c in firsts),
+        completion_tokens=0
+        if is_output_dropped
+        else sum(c.usage.completion_tokens for c in completions),
+    )
+
+
+def _usage(plan: RequestPlan, completions: list[Completion]) -> dict[str, Any]:
+    return usage_dict(total_usage(completions, plan.n, is_output_dropped=plan.is_output_dropped))
+
+
+def _outcome(finishes: list[Outcome]) -> Outcome:
+    """One request's outcome from its choices' finish reasons: tool calls if any made one."""
+    return "tool_calls" if "tool_calls" in finishes else finishes[0]
+
+
+def final_json(plan: RequestPlan, completions: list[Completion]) -> tuple[dict[str, Any], Outcome]:
+    """The non-streaming response body (choices in ``index`` order) and the request's outcome."""
     body = _head(plan, chunk=False)
+    body["choices"] = [_final_choice(plan, i, c) for i, c in enumerate(completions)]
+    body["usage"] = _usage(plan, completions)
+    return body, _outcome([choice["finish_reason"] for choice in body["choices"]])
+
+
+def _final_choice(plan: RequestPlan, index: int, completion: Completion) -> dict[str, Any]:
     finish: Outcome = completion.finish_reason
     if plan.kind == "completion":
         text = "" if plan.is_output_dropped else completion.text
-        choice: dict[str, Any] = {"index": 0, "text": (plan.echo_text or "") + text}
+        choice: dict[str, Any] = {"index": index, "text": _echo_text(plan, index) + text}
     else:
         content, calls = completion.text, list[ParsedToolCall]()
         if plan.parser is not None:
@@ -89,119 +126,144 @@ def final_json(plan: RequestPlan, completion: Completion) -> tuple[dict[str, Any
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if calls:
             finish = "tool_calls"
-            message["tool_calls"] = tool_call_dicts(calls, plan.id)
+            message["tool_calls"] = tool_call_dicts(calls, f"{plan.id}_{index}")
             for call in message["tool_calls"]:
                 del call["index"]
         else:
             message["content"] = content
-        choice = {"index": 0, "message": message, "logprobs": None}
-    pending = _echoed(plan, completion.prompt_logprobs) + _output(plan, completion)
+        choice = {"index": index, "message": message, "logprobs": None}
+    pending = _echoed(plan, index, completion.prompt_logprobs) + _output(plan, completion)
     choice["logprobs"] = _logprobs(plan, pending, None)
     choice["finish_reason"] = finish
-    body["choices"] = [choice]
-    body["usage"] = _usage(plan, completion)
-    return body, finish
+    return choice
+
+
+class _ChoiceText:
+    """One streamed choice: text sent and held back (tool call), logprobs not yet sent."""
+
+    def __init__(self, plan: RequestPlan) -> None:
+        self.text = ""
+        self.sent = 0
+        self.logprobs: Pending = []
+        """Logprobs of tokens not yet sent; the choice's next chunk of any kind carries them."""
+        self.is_started = False
+        """True once the choice's first delta arrived (and its echo, if any, went out)."""
+        self.offsets = None if plan.token_text is None else CompletionLogprobs(plan.token_text)
 
 
 class ChoiceStream:
-    """SSE events of one streaming request, starting from its first engine delta.
+    """SSE events of one streaming request (every choice), starting from its first engine delta.
 
-    With a tool parser, text is streamed only up to a possible ``<tool_call>`` tag; the rest is
-    held and parsed when the request finishes (calls are then sent whole, one chunk).
-    ``outcome`` is this stream's own result once ``events`` ended: the finish reason sent, or
-    "error"; None while unfinished or when the client left first.
+    With a tool parser, a choice's text is streamed only up to a possible ``<tool_call>`` tag;
+    the rest is held and parsed when that choice finishes (calls are then sent whole, one chunk).
+    ``outcome`` is the stream's own result once ``events`` ended: "tool_calls" if a choice made
+    one, else the first choice's finish reason, or "error"; None while unfinished or when the
+    client left first.
     """
 
-    def __init__(self, plan: RequestPlan, call: EngineCall, first: StreamDelta | None) -> None:
+    def __init__(self, plan: RequestPlan, call: EngineCall, first: Any) -> None:
         self._plan = plan
         self._call = call
         self._first = first
-        self._text = ""
-        self._sent = 0
-        self._logprobs: list[tuple[TokenLogprob | None, int]] = []
-        """``(logprob, id)`` of tokens not yet sent; the next chunk of any kind carries them."""
-        self._offsets = CompletionLogprobs(plan.token_text) if plan.token_text is not None else None
+        self._choices = [_ChoiceText(plan) for _ in range(call.num_choices)]
+        self._finishes: list[Outcome] = []
         self.outcome: Outcome | None = None
 
     def _chunk(
-        self, *, text: str | None = None, extra: dict[str, Any] | None = None, finish: str | None
+        self,
+        index: int,
+        *,
+        text: str | None = None,
+        extra: dict[str, Any] | None = None,
+        finish: str | None,
     ) -> str:
         body = _head(self._plan, chunk=True)
         if self._plan.kind == "chat":
             delta: dict[str, Any] = dict(extra or {})
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
+            choice: dict[str, Any] = {"index": index, "delta": delta}
         else:
-            choice = {"index": 0, "text": text or ""}
+            choice = {"index": index, "text": text or ""}
         choice["logprobs"] = None
-        if self._logprobs:
-            choice["logprobs"] = _logprobs(self._plan, self._logprobs, self._offsets)
-            self._logprobs = []
+        state = self._choices[index]
+        if state.logprobs:
+            choice["logprobs"] = _logprobs(self._plan, state.logprobs, state.offsets)
+            state.logprobs = []
         choice["finish_reason"] = finish
         body["choices"] = [choice]
         if self._plan.include_usage:
             body["usage"] = None
         return _event(body)
 
-    def _feed(self, text: str) -> str:
-        """Add new text; return the part that can be sent as content now."""
-        self._text += text
+    def _feed(self, index: int, text: str) -> str:
+        """Add new text to choice ``index``; return the part that can be sent as content now."""
+        state = self._choices[index]
+        state.text += text
         parser = self._plan.parser
-        safe = len(self._text) if parser is None else parser.safe_prefix_len(self._text)
-        out = self._text[self._sent : max(safe, self._sent)]
-        self._sent += len(out)
+        safe = len(state.text) if parser is None else parser.safe_prefix_len(state.text)
+        out = state.text[state.sent : max(safe, state.sent)]
+        state.sent += len(out)
         return out
 
-    def _finish(self, completion: Completion) -> tuple[list[str], Outcome]:
-        """Events after the last delta (held text, tool calls, finish, usage) and the finish."""
+    def _finish(self, index: int, completion: Completion) -> list[str]:
+        """Events after a choice's last delta: held text, tool calls and its finish chunk."""
         events: list[str] = []
-        rest = self._text[self._sent :]
+        state = self._choices[index]
+        rest = state.text[state.sent :]
         finish: Outcome = completion.finish_reason
         if self._plan.parser is not None and rest:
             rest, calls = self._plan.parser.parse(rest)
             if calls:
                 finish = "tool_calls"
                 if rest:
-                    events.append(self._chunk(text=rest, finish=None))
+                    events.append(self._chunk(index, text=rest, finish=None))
                 rest = ""
-                extra = {"tool_calls": tool_call_dicts(calls, self._plan.id)}
-                events.append(self._chunk(extra=extra, finish=None))
+                extra = {"tool_calls": tool_call_dicts(calls, f"{self._plan.id}_{index}")}
+                events.append(self._chunk(index, extra=extra, finish=None))
         if rest:
-            events.append(self._chunk(text=rest, finish=None))
-        events.append(self._chunk(text=None if self._plan.kind == "chat" else "", finish=finish))
-        if self._plan.include_usage:
-            usage = _head(self._plan, chunk=True)
-            usage["choices"] = []
-            usage["usage"] = _usage(self._plan, completion)
-            events.append(_event(usage))
-        return events, finish
+            events.append(self._chunk(index, text=rest, finish=None))
+        end_text = None if self._plan.kind == "chat" else ""
+        events.append(self._chunk(index, text=end_text, finish=finish))
+        self._finishes.append(finish)
+        return events
+
+    def _usage_event(self) -> str:
+        usage = _head(self._plan, chunk=True)
+        usage["choices"] = []
+        done = [c for c in self._call.completions if c is not None]
+        usage["usage"] = _usage(self._plan, done)
+        return _event(usage)
 
     async def events(self) -> AsyncIterator[str]:
         """Yield ``data: ...`` events, ending with ``data: [DONE]``."""
         if self._plan.kind == "chat":
-            yield self._chunk(text="", extra={"role": "assistant"}, finish=None)
-        if self._plan.echo_text is not None:
-            first = self._first
-            self._logprobs = _echoed(self._plan, first.prompt_logprobs if first else None)
-            yield self._chunk(text=self._plan.echo_text, finish=None)
+            for index in range(len(self._choices)):
+                yield self._chunk(index, text="", extra={"role": "assistant"}, finish=None)
         try:
-            delta = self._first
-            while delta is not None:
+            item = self._first
+            while item is not None:
+                index, delta = item
+                state = self._choices[index]
+                if not state.is_started:
+                    state.is_started = True
+                    if self._plan.echo_texts is not None:
+                        state.logprobs = _echoed(self._plan, index, delta.prompt_logprobs)
+                        yield self._chunk(index, text=_echo_text(self._plan, index), finish=None)
                 if not self._plan.is_output_dropped:
-                    self._logprobs.extend(zip(delta.logprobs, delta.token_ids, strict=False))
-                out = "" if self._plan.is_output_dropped else self._feed(delta.text)
+                    state.logprobs.extend(zip(delta.logprobs, delta.token_ids, strict=False))
+                out = "" if self._plan.is_output_dropped else self._feed(index, delta.text)
                 if out:
-                    yield self._chunk(text=out, finish=None)
+                    yield self._chunk(index, text=out, finish=None)
                 if delta.completion is not None:
-                    break
-                delta = await self._call.next()
-            if self._call.completion is None:
+                    for event in self._finish(index, delta.completion):
+                        yield event
+                item = await self._call.next()
+            if any(c is None for c in self._call.completions):
                 raise RuntimeError("engine stream ended without a completion")
-            events, finish = self._finish(self._call.completion)
-            for event in events:
-                yield event
-            self.outcome = finish
+            if self._plan.include_usage:
+                yield self._usage_event()
+            self.outcome = _outcome(self._finishes)
         except Exception as exc:  # the engine failed mid-stream: tell the client, keep serving
             _log.exception("stream %s failed", self._plan.id)
             self.outcome = "error"

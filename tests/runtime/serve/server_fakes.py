@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from runtime.exceptions import EngineBusyError, InvalidRequestError, PromptTooLongError
+from runtime.grammar import Grammar, GrammarSpec
 from runtime.outputs import CacheStats, Completion, FinishReason, Metrics, StreamDelta, Usage
 from runtime.sampling import SamplingParams
 from runtime.scheduler import SchedulerStats
@@ -71,6 +72,7 @@ class ScriptedEngine:
         self.seen: list[tuple[str | None, list[int]]] = []
         self.salts: list[str | None] = []
         self.params: list[SamplingParams] = []
+        self.grammars: list[Grammar | None] = []
         self.num_open = 0
         self.num_closed_early = 0
         self._lock = threading.Lock()
@@ -120,6 +122,23 @@ class ScriptedEngine:
         self.salts.append(cache_salt)
         self.params.append(params)
         return self._run(ids, params, cache_salt)
+
+    def stream_choices(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        n: int = 1,
+        cache_salt: str | None = None,
+        grammar: Grammar | None = None,
+    ) -> list[Iterator[StreamDelta]]:
+        """``n`` scripted streams of one prompt (a grammar is recorded; the script ignores it)."""
+        self.grammars.append(grammar)
+        return [self.stream(prompt, params, cache_salt=cache_salt) for _ in range(n)]
+
+    def compile_grammar(self, spec: GrammarSpec) -> Grammar:
+        """A placeholder holding ``spec`` (never matched: the fake does not decode)."""
+        return Grammar(spec, vocab_size=0)
 
     def _cached_len(self, ids: list[int], salt: str | None) -> int:
         best = 0

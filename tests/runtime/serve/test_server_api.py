@@ -255,7 +255,8 @@ def test_same_cache_salt_under_two_keys_never_shares_the_prefix() -> None:
         (chat_body(messages=[{"role": "robot", "content": "x"}]), 400, None),
         (chat_body(messages=[{"role": "user", "content": "y" * 500}]), 400, "messages"),
         (chat_body(messages=[{"role": "user", "content": "RAISE"}]), 400, "messages"),
-        (chat_body(n=2), 400, "n"),
+        (chat_body(n=129), 400, "n"),
+        (chat_body(n=0), 400, "n"),
         (chat_body(tools=[{"type": "function"}]), 400, "tools[0].function"),
         (chat_body(tools=[{"type": "fn", "function": {"name": "a"}}]), 400, "tools[0].type"),
         (chat_body(tools=[{"type": "function", "function": {"name": "bad name"}}]), 400, None),
@@ -301,10 +302,19 @@ def test_same_cache_salt_under_two_keys_never_shares_the_prefix() -> None:
         (chat_body(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
         (chat_body(stop=5), 400, "stop"),
         (chat_body(stop=["ok", 5]), 400, "stop[1]"),
-        (chat_body(response_format={"type": "json_object"}), 400, "response_format.type"),
-        (chat_body(response_format={"type": "json_schema"}), 400, "response_format.type"),
-        ({"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
-        ({"model": MODEL, "prompt": [[1, 2], [3]]}, 400, "prompt"),
+        (chat_body(response_format={"type": "xml"}), 400, "response_format.type"),
+        (chat_body(response_format={"type": "json_schema"}), 400, "response_format"),
+        (chat_body(parallel_tool_calls="no"), 400, "parallel_tool_calls"),
+        (
+            chat_body(
+                response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}
+            ),
+            400,
+            "response_format.json_schema.schema",
+        ),
+        ({"model": MODEL, "prompt": ["a", ""]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [[1, 2], []]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": ["a"] * 257}, 400, "prompt"),
         ({"model": MODEL, "prompt": []}, 400, "prompt"),
         ({"model": MODEL, "prompt": ""}, 400, "prompt"),
         ({"model": MODEL, "prompt": "hi", "max_tokens": "3"}, 400, "max_tokens"),
@@ -368,14 +378,10 @@ def test_error_params_and_messages_name_fields_not_pydantic_internals() -> None:
     bad = chat_body(tools=TOOLS, tool_choice={"type": "function", "function": "get_weather"})
     error = assert_openai_error(client.post("/v1/chat/completions", json=bad), 400)
     assert "NamedToolChoice" not in error["message"] and "FunctionName" not in error["message"]
-    bad = chat_body(response_format={"type": "json_object"})
+    bad = chat_body(response_format={"type": "json_schema"})
     error = assert_openai_error(client.post("/v1/chat/completions", json=bad), 400)
-    assert "'json_object' is not supported" in error["message"]
+    assert "json_schema is required with type 'json_schema'" in error["message"]
     assert "Value error" not in error["message"]
-    error = assert_openai_error(
-        client.post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b"]}), 400, "prompt"
-    )
-    assert "batch prompts (2 prompts in one request) are not supported" in error["message"]
 
 
 def test_template_errors_are_said_once() -> None:
