@@ -20,6 +20,7 @@ from agentcache.cache.base import (
     UncacheableResultWarning,
 )
 from agentcache.cache.disk import DiskStore
+from agentcache.cache.embedding import EmbeddingCache
 from agentcache.cache.keys import index_fingerprint, normalize_query
 from agentcache.cache.memory import MemoryStore
 from agentcache.cache.retrieval import RetrievalCache
@@ -38,6 +39,7 @@ __all__ = [
     "CacheStore",
     "CacheWarning",
     "DiskStore",
+    "EmbeddingCache",
     "MemoryStore",
     "RedisStore",
     "RetrievalCache",

