@@ -4,9 +4,8 @@ Every row of the table between ``<!-- compat-table:start -->`` and ``<!-- compat
 is a ``Row`` here, and ``test_readme_table_matches_the_rows`` keeps the two identical. A
 "supported" row checks that the parameter is honoured (on a random-weight byte-level Llama: any
 text is a valid prompt, greedy outputs are exact); a "refused" row checks for a 400 naming the
-parameter; a "not served" endpoint is a 404. A row still "ignored" on main checks what it should
-do (honoured, or refused naming the parameter) as a strict xfail, so the day it is fixed the run
-fails until the row is flipped.
+parameter; a "not served" endpoint is a 404. A row marked "ignored" (none today: keep it that way)
+runs its check as a strict xfail, so the day it is fixed the run fails until the row is flipped.
 """
 
 from __future__ import annotations
@@ -92,16 +91,6 @@ def refused(call: Callable[[], Any], param: str) -> None:
     with pytest.raises(BadRequestError) as caught:
         call()
     assert caught.value.param == param or param in caught.value.message, caught.value.message
-
-
-def honoured_or_refused(check: Callable[[], None], call: Callable[[], Any], param: str) -> None:
-    """For rows still ignored on main: the parameter must be honoured or refused naming it."""
-    try:
-        call()
-    except BadRequestError as exc:
-        assert exc.param == param or param in exc.message, exc.message
-        return
-    check()
 
 
 def text_of(out: Any) -> str:
