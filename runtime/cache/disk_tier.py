@@ -87,6 +87,9 @@ class DiskTier:
 
     Thread-safe. ``put`` never blocks for IO; ``load`` reads synchronously unless the block was
     prefetched. Files are evicted least recently used (by write or load) to stay in budget.
+    One process per directory: the start-up scan deletes temp files and the byte accounting is
+    per process, so two live engines must not share a directory (sequential restarts may).
+    Memory: at most ``max_pending + max_staged`` block copies are held besides the pool.
 
     Args:
         path: directory (created if missing); leftover temp files are removed on start.
