@@ -33,6 +33,7 @@ _BENCHES: dict[str, tuple[str, str]] = {
     ),
     "trace": ("runtime.bench.trace:trace_main", "agent-style trace: hit rate, TTFT vs cache off"),
     "load": ("runtime.bench.load:main", "concurrent streaming clients against a loopback server"),
+    "stall": ("runtime.bench.stall:main", "streams' inter-token latency while long prompts arrive"),
     "prompt": ("agentcache.prompt.bench:main", "prompt build time with many tools and documents"),
     "cache": ("agentcache.cache.bench:main", "tool/retrieval result cache hit and miss latency"),
     "proxy": ("agentcache.proxy.bench:main", "a careless app's hit rate direct vs via the proxy"),

@@ -7,6 +7,7 @@ row's own position and reads all rows at once. It knows nothing about tokens, th
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -129,7 +130,8 @@ class BatchKV:
         ``0 * v`` into every later request.
         """
         last = self.num_rows - 1
-        dead_len = self.rows[index].length
+        # NOTE: + 1 covers an idle decode row's scratch write just past its length.
+        dead_len = min(self.rows[index].length + 1, self.buffer.shape[4])
         live_len = 0
         if index != last:
             moved = self.rows[last]
@@ -138,23 +140,30 @@ class BatchKV:
             self.buffer[:, :, index, :, :live_len].copy_(self.buffer[:, :, last, :, :live_len])
             moved.buffer = self.buffer[:, :, index]
             self.rows[index], self._reserved[index] = moved, self._reserved[last]
+            self.buffer[:, :, last, :, live_len : live_len + 1].zero_()  # its scratch position
         if dead_len > live_len:
             self.buffer[:, :, index, :, live_len:dead_len].zero_()
         self.rows.pop()
         self._reserved.pop()
 
-    def begin_step(self, positions: torch.Tensor) -> None:
-        """Prepare a decode step: row ``i`` writes its new K/V at ``positions[i]`` (``[n]``)."""
+    def begin_step(self, positions: torch.Tensor, kv_len: int | None = None) -> None:
+        """Prepare a decode step: row ``i`` writes its new K/V at ``positions[i]`` (``[n]``).
+
+        Args:
+            kv_len: keys ``[0, kv_len)`` are read (default: through the furthest position); an
+                idle row's scratch write may lie past it.
+        """
         n = int(positions.shape[0])
         assert n == self.num_rows, "a decode step covers every live row"
         self._step_rows = torch.arange(n, device=self.buffer.device)
         self._step_pos = positions.to(self.buffer.device)
-        self.step_kv_len = int(positions.max().item()) + 1
+        self.step_kv_len = int(positions.max().item()) + 1 if kv_len is None else kv_len
 
-    def end_step(self) -> None:
-        """Commit the decode step: every row grew by one position."""
-        for kv in self.rows:
-            kv.advance(1)
+    def end_step(self, idle: Collection[int] = ()) -> None:
+        """Commit the decode step: every row but the ``idle`` ones grew by one position."""
+        for i, kv in enumerate(self.rows):
+            if i not in idle:
+                kv.advance(1)
 
     def write_step(
         self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor

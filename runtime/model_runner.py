@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeAlias
 
@@ -238,23 +239,31 @@ class ModelRunner:
         return out
 
     @torch.no_grad()
-    def decode(self, token_ids: list[int], batch: BatchKV) -> torch.Tensor:
+    def decode(self, token_ids: Sequence[int | None], batch: BatchKV) -> torch.Tensor:
         """One decode step of every live row: row ``i`` feeds ``token_ids[i]`` at its length.
+
+        ``None`` marks an idle row (a request still prefilled in chunks): it is fed a placeholder
+        at its length, a scratch position its next prefill chunk overwrites, its KV is not
+        committed and its logits row is meaningless. Keys are read up to the longest non-idle row.
 
         Returns:
             ``[n, vocab]`` logits, one row per live row of ``batch``.
         """
         n = len(token_ids)
-        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device).unsqueeze(1)  # [n, 1]
-        positions = torch.tensor([kv.length for kv in batch.rows], device=self.device)  # [n]
+        fed = [0 if t is None else t for t in token_ids]
+        ids = torch.tensor(fed, dtype=torch.long, device=self.device).unsqueeze(1)  # [n, 1]
+        lengths = [kv.length for kv in batch.rows]
+        positions = torch.tensor(lengths, device=self.device)  # [n]
         for kv in batch.rows:
             kv.reserve(kv.length + 1)
-        batch.begin_step(positions)
+        idle = [i for i, t in enumerate(token_ids) if t is None]
+        kv_len = max(p for p, t in zip(lengths, token_ids, strict=True) if t is not None) + 1
+        batch.begin_step(positions, kv_len)
         if self.compact is not None:
             cols = torch.arange(batch.step_kv_len, device=self.device)  # [kv_len]
             allowed = (cols.unsqueeze(0) <= positions.unsqueeze(1)).view(n, 1, 1, -1)
             step = self.compact.forward(ids, positions.unsqueeze(1), batch.write_step, allowed)
-            batch.end_step()
+            batch.end_step(idle)
             return step[:, -1]
         mask = None
         if self.mask_plan is not None:
@@ -269,7 +278,7 @@ class ModelRunner:
             use_cache=True,
             logits_to_keep=1,
         )
-        batch.end_step()
+        batch.end_step(idle)
         logits: torch.Tensor = out.logits[:, -1]
         return logits
 

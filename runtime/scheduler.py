@@ -61,10 +61,21 @@ class SchedulerConfig:
     max_wait_s: float = 2.0
     """A head of queue older than this (seconds) is admitted next: no starvation."""
     max_prefill_tokens: int = 8192
-    """Prompt tokens prefilled per loop iteration (at least one request) between decode steps."""
+    """Prompt tokens prefilled per loop iteration while no request is decoding (idle engine)."""
+    prefill_chunk_tokens: int = 512
+    """Most prompt tokens one prefill forward runs, and the prefill budget of a loop iteration
+    while requests are decoding: a longer prompt is prefilled in chunks with one decode step of
+    the running requests between them, so an arriving long prompt does not stall every stream
+    (smaller: steadier inter-token latency, slower admission of long prompts)."""
 
     def __post_init__(self) -> None:
-        counts = (self.max_batch_size, self.lookahead, self.fifo_threshold, self.max_prefill_tokens)
+        counts = (
+            self.max_batch_size,
+            self.lookahead,
+            self.fifo_threshold,
+            self.max_prefill_tokens,
+            self.prefill_chunk_tokens,
+        )
         if min(counts) < 1 or self.max_waiting < 0 or self.batch_kv_bytes < 1:
             raise ValueError(f"scheduler limits must be positive, got {self!r}")
         if not self.max_wait_s > 0:
@@ -118,6 +129,8 @@ class Scheduler:
         self._lock = lock
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._prefilling: Request | None = None
+        """The request whose prompt is being prefilled in chunks (its row idles in decode steps)."""
         self._is_closed = False
 
     # --- called from consumer threads ------------------------------------------------------
@@ -242,7 +255,9 @@ class Scheduler:
 
     def _iterate(self) -> None:
         for req in [r for r in self.running if r.is_cancelled]:
-            self._release(req, keep=True)
+            if req is not self._prefilling or _is_all_cancelled(req):
+                # NOTE: a head mid-prefill with live forks finishes its prefill for them.
+                self._release(req, keep=True)
         self._admit()
         if self.running:
             self._decode_step()
@@ -251,13 +266,22 @@ class Scheduler:
             self.prefix_cache.check_integrity()
 
     def _admit(self) -> None:
-        budget = self.config.max_prefill_tokens
-        while budget > 0 and len(self.running) < self.max_batch_size:
-            req = self._pick()
+        """Prefill up to this iteration's budget: the request mid-prefill first, then new ones."""
+        chunk = self.config.prefill_chunk_tokens
+        is_decoding = any(not _is_prefilling(r) for r in self.running)
+        budget = chunk if is_decoding else self.config.max_prefill_tokens
+        while budget > 0:
+            req = self._prefilling
             if req is None:
-                return
-            self._prefill(req)
-            budget -= len(req.prompt_ids) - req.cached_len
+                if len(self.running) >= self.max_batch_size:
+                    return
+                req = self._pick()
+                if req is None:
+                    return
+            elif _is_all_cancelled(req):
+                self._release(req, keep=True)  # NOTE: stores only the positions computed
+                continue
+            budget -= self._prefill(req, min(budget, chunk))
 
     def _pick(self) -> Request | None:
         """Pop the next request (with its forks) to admit, or None (empty, or it does not fit)."""
@@ -294,26 +318,41 @@ class Scheduler:
                 best, best_len = i, hit
         return best
 
-    def _prefill(self, req: Request) -> None:
-        """Prefill ``req`` once; its forks (``n > 1``) copy the prompt KV and sample their own."""
-        group = [req, *self._live_forks(req)]
-        kv = [self._add_row(member) for member in group][0]
+    def _prefill(self, req: Request, max_tokens: int) -> int:
+        """Run the next chunk (at most ``max_tokens``) of ``req``'s prompt; the first chunk admits
+        it (rows for it and its forks, prefix-cache match), the last forks ``n > 1`` choices
+        (they copy the prompt KV) and samples every choice's first token.
+
+        Returns:
+            Prompt tokens run (at least 1, so the caller's budget always shrinks).
+        """
+        num_run = 1
+        if req.status is RequestStatus.WAITING and not self._start(req):
+            return num_run
+        self._prefilling = req
+        group = [req, *(f for f in req.forks if f.status is RequestStatus.RUNNING)]
         try:
-            hit = self.prefix_cache.match(
-                req.namespace, req.prompt_ids, kv, use_cache=req.use_prefix_cache
-            )
-            req.cached_len, req.node = hit.cached_len, hit.node
+            assert req.kv is not None, "a running request has a KV row"
+            kv = req.kv
             if req.params.prompt_logprobs is None:
-                logits = self.runner.forward(req.prompt_ids[req.cached_len :], kv)
+                chunk = req.prompt_ids[kv.length : kv.length + max_tokens]
+                num_run = max(1, len(chunk))
+                logits = self.runner.forward(chunk, kv)
+                if _is_prefilling(req):
+                    return num_run  # NOTE: decode steps run before its next chunk.
             else:
+                # NOTE: a scored prompt (prompt logprobs) runs whole, in its own logits chunks.
+                num_run = len(req.prompt_ids)
                 logits = self._prefill_scored(req)
             self._fork(req, group[1:])
             # NOTE: one logits row seen by every choice (the sampler edits its own copy).
             tokens = self._sample(group, logits.unsqueeze(0).expand(len(group), -1))
         except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving
+            self._prefilling = None
             for member in group:
                 self._fail(member, exc)
-            return
+            return num_run
+        self._prefilling = None
         t_first = time.perf_counter()
         for member, token in zip(group, tokens, strict=True):
             member.t_first = t_first
@@ -322,6 +361,26 @@ class Scheduler:
             # NOTE: stored after the first token went out (not part of TTFT), and before the
             # next admission, so a waiting request that shares this prompt hits it.
             req.node = self.prefix_cache.insert(req.namespace, req.prompt_ids, kv, req.node)
+        return num_run
+
+    def _start(self, req: Request) -> bool:
+        """Admit ``req`` and its live forks (rows, running) and match its cached prefix.
+
+        Returns:
+            False when the match failed (the group has failed).
+        """
+        group = [req, *self._live_forks(req)]
+        kv = [self._add_row(member) for member in group][0]
+        try:
+            hit = self.prefix_cache.match(
+                req.namespace, req.prompt_ids, kv, use_cache=req.use_prefix_cache
+            )
+        except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving
+            for member in group:
+                self._fail(member, exc)
+            return False
+        req.cached_len, req.node = hit.cached_len, hit.node
+        return True
 
     def _add_row(self, req: Request) -> RequestKVCache:
         """Give an admitted request its batch row and make it running."""
@@ -369,9 +428,16 @@ class Scheduler:
         return logits[-1]
 
     def _decode_step(self) -> None:
-        reqs = list(self.running)
+        # NOTE: a row mid-prefill is idle in this step (fed nothing, its KV not committed).
+        rows = [i for i, r in enumerate(self.running) if not _is_prefilling(r)]
+        reqs = [self.running[i] for i in rows]
+        if not reqs:
+            return
         try:
-            logits = self.runner.decode([r.output_ids[-1] for r in reqs], self.batch)
+            tokens = [None if _is_prefilling(r) else r.output_ids[-1] for r in self.running]
+            logits = self.runner.decode(tokens, self.batch)
+            if len(rows) < len(tokens):
+                logits = logits[rows]
             picks = self._sample(reqs, logits)
         except Exception as exc:  # noqa: BLE001 - the batch's forward failed: no row is sound
             for req in reqs:
@@ -417,6 +483,8 @@ class Scheduler:
         """Store the request's blocks (when ``keep``), unpin its node and free its row."""
         if req.status is RequestStatus.RELEASED:
             return
+        if self._prefilling is req:
+            self._prefilling = None
         if req.status is RequestStatus.RUNNING:
             if keep and req.kv is not None:
                 req.node = self.prefix_cache.insert(req.namespace, req.all_ids, req.kv, req.node)
@@ -434,3 +502,8 @@ class Scheduler:
 def _is_all_cancelled(req: Request) -> bool:
     """A waiting request leaves the queue once it and every fork riding with it are cancelled."""
     return req.is_cancelled and all(fork.is_cancelled for fork in req.forks)
+
+
+def _is_prefilling(req: Request) -> bool:
+    """A running request whose KV does not cover its prompt yet (chunked prefill under way)."""
+    return req.kv is not None and req.kv.length < len(req.prompt_ids)
