@@ -79,6 +79,8 @@ class BatchKV:
         self.rows: list[RequestKVCache] = []
         self._reserved: list[int] = []
         self.num_grows = 0
+        self.num_shrinks = 0
+        """Times the buffer was released because every row left after a burst of several."""
         self.step_kv_len = 0
         self._step_rows = torch.zeros(0, dtype=torch.long)
         self._step_pos = torch.zeros(0, dtype=torch.long)
@@ -145,6 +147,16 @@ class BatchKV:
             self.buffer[:, :, index, :, live_len:dead_len].zero_()
         self.rows.pop()
         self._reserved.pop()
+        if not self.rows and self.buffer.shape[2] > 1:
+            # NOTE: idle after a burst: hand the rows back (the buffer only grows while requests
+            # run, so a concurrency peak would otherwise hold its bytes for good). A one-row
+            # buffer stays, so one-by-one use does not reallocate per request.
+            self._shrink()
+
+    def _shrink(self) -> None:
+        l_, two, _, h, _, d = self.buffer.shape
+        self.buffer = self.buffer.new_zeros((l_, two, 0, h, 0, d))
+        self.num_shrinks += 1
 
     def begin_step(self, positions: torch.Tensor, kv_len: int | None = None) -> None:
         """Prepare a decode step: row ``i`` writes its new K/V at ``positions[i]`` (``[n]``).

@@ -15,6 +15,8 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
+import resource
 import statistics
 import sys
 import threading
@@ -197,6 +199,18 @@ class _PeakBatch:
             self._thread.join()
 
 
+def _rss_mb() -> tuple[float, float | None]:
+    """``(peak, now)`` resident memory of this process in MB (peak: ``ru_maxrss``; now: Linux
+    ``/proc/self/statm``, None elsewhere). The in-process server lives here; clients do not."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    try:
+        with open("/proc/self/statm") as f:
+            now = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return peak, None
+    return peak, now
+
+
 def _wait_unpinned(engine: Any, timeout_s: float = 30.0) -> int | None:
     """Pinned (in-use) blocks once the server is idle; None when the engine does not say."""
     if not hasattr(engine, "scheduler_stats"):
@@ -246,6 +260,7 @@ def _run_levels(
         seq = _report("one by one", 1, *phase(url, bodies, 1, args.timeout_s))
         pinned = _wait_unpinned(engine) if engine is not None else None
         ratio = conc.tokens_per_s / seq.tokens_per_s if seq.tokens_per_s else 0.0
+        peak_rss, rss = _rss_mb() if engine is not None else (None, None)
         levels.append(
             {
                 "concurrent": asdict(conc),
@@ -253,6 +268,8 @@ def _run_levels(
                 "throughput_ratio": round(ratio, 3),
                 "peak_batch": peak.peak if engine is not None else None,
                 "pinned_blocks_after": pinned,
+                "peak_rss_mb": peak_rss,
+                "rss_after_mb": rss,
             }
         )
         _print_level(levels[-1])
@@ -278,6 +295,12 @@ def _print_level(level: dict[str, Any]) -> None:
         f"peak batch: {'n/a' if level['peak_batch'] is None else level['peak_batch']}  "
         f"pinned blocks after: {shown}"
     )
+    if level["peak_rss_mb"] is not None:
+        rss = level["rss_after_mb"]
+        print(
+            f"{'':>14}  server process RSS: peak {level['peak_rss_mb']:.0f} MB, "
+            f"after this level {'n/a' if rss is None else f'{rss:.0f}'} MB"
+        )
 
 
 HF_DROPPED = (
@@ -291,7 +314,8 @@ HF_DROPPED = (
 LOAD_HELP = """\
 Concurrent streaming clients (default 16 and 64) with a shared system prompt against the
 OpenAI-compatible server on 127.0.0.1 (started in-process, or --url), then the same requests one by
-one: throughput ratio, TTFT p50/p99, prefix cache hit rate, errors and pinned blocks afterwards.
+one: throughput ratio, TTFT p50/p99, prefix cache hit rate, errors, pinned blocks afterwards and
+the in-process server's peak and after-level RSS.
 --hf also times transformers' generate_batch on an 8-request shared-prefix workload."""
 
 
