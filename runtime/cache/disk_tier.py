@@ -351,8 +351,11 @@ class DiskTier:
         block = self._decode(key, data)
         if block is None:
             with self._lock:
-                self.stats.num_corrupt += 1
-                self._remove_locked(key)
+                # NOTE: the prefetch reader and a match can read one bad file at once; the one
+                # that still finds it indexed counts and removes it, so each file counts once.
+                if key in self._index:
+                    self.stats.num_corrupt += 1
+                    self._remove_locked(key)
         return block
 
     def _decode(self, key: str, data: bytes) -> torch.Tensor | None:
