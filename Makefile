@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'
-	$(BIN)/python -m pip install -q -e '.[local,embed,redis,dev]'
+	$(BIN)/python -m pip install -q -e '.[local,embed,redis,plot,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
