@@ -132,6 +132,8 @@ class Scheduler:
         self._prefilling: Request | None = None
         """The request whose prompt is being prefilled in chunks (its row idles in decode steps)."""
         self._is_closed = False
+        self._is_paused = False
+        """Set by ``pause``: the loop thread runs no iteration (``step`` runs them instead)."""
 
     # --- called from consumer threads ------------------------------------------------------
 
@@ -222,6 +224,40 @@ class Scheduler:
                 self._fail(req, closed)
             self.waiting.clear()
 
+    def pause(self) -> None:
+        """Hold the loop thread between iterations until ``resume``; ``step`` runs one by hand.
+
+        A seam for tests and debugging: it returns once no iteration is under way (it takes the
+        engine lock), so what the caller reads afterwards stays put until it calls ``step`` or
+        ``resume``. Requests are still queued and cancelled while paused, but a running request
+        is only released by an iteration: ``cancel(wait=True)`` (``RequestStream.close``) of one
+        blocks until then, so cancel with ``wait=False`` and ``step``. Costs one flag check per
+        iteration when unused. ``close`` works while paused.
+        """
+        with self._lock, self._cv:
+            self._is_paused = True
+
+    def resume(self) -> None:
+        """Let the loop thread run again after ``pause`` (no-op when not paused)."""
+        with self._cv:
+            self._is_paused = False
+            self._cv.notify()
+
+    def step(self) -> None:
+        """Run one loop iteration on the calling thread while paused: release cancelled
+        requests, admit and prefill up to the iteration's budget, one decode step.
+
+        Raises:
+            RuntimeEngineError: the scheduler is not paused (the loop thread would race this
+                call), or it is closed.
+        """
+        with self._lock:
+            if self._is_closed or not self._is_paused:
+                raise RuntimeEngineError(
+                    "Scheduler.step runs only while paused and open; call pause() first"
+                )
+            self._iterate()
+
     def stats(self) -> SchedulerStats:
         """Counts now (call with the engine lock held for a consistent pinned count)."""
         with self._cv:
@@ -246,12 +282,17 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not (self._is_closed or self.waiting or self.running):
+                while not self._is_closed and (
+                    self._is_paused or not (self.waiting or self.running)
+                ):
                     self._cv.wait()
                 if self._is_closed:
                     return
             with self._lock:
-                self._iterate()
+                # NOTE: re-read under the lock: ``pause`` sets the flag holding it, so no
+                # iteration starts after ``pause`` returned.
+                if not self._is_paused:
+                    self._iterate()
 
     def _iterate(self) -> None:
         for req in [r for r in self.running if r.is_cancelled]:

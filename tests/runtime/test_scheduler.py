@@ -143,24 +143,54 @@ def test_kv_budget_is_never_exceeded(model_path: Path) -> None:
 def test_cancel_between_steps_releases_pins(model_path: Path) -> None:
     engine = make_engine(model_path)
     engine.generate(SHARED, SamplingParams(ignore_eos=True, max_tokens=1))
+    scheduler = engine.scheduler
+    # NOTE: the loop is paused and stepped by hand, so no request can finish 200 tokens
+    # between two checks however fast the model runs.
+    scheduler.pause()
     streams = [
         engine.stream(SHARED + [i + 3], SamplingParams(ignore_eos=True, max_tokens=200))
         for i in range(3)
     ]
     for stream in streams:
-        next(stream)
-    # NOTE: no "pinned > 0 while running" check: on a quiet machine the compact forward can finish
-    # 200 tokens before this line runs; what the test proves is the state after the closes.
-    assert engine.scheduler_stats().num_running + engine.scheduler_stats().num_waiting <= 3
-    streams[1].close()
-    assert engine.scheduler_stats().num_running + engine.scheduler_stats().num_waiting <= 2
+        assert stream.poll() is None  # submitted; the paused loop admits nothing
+    assert engine.scheduler_stats()[:3] == (0, 3, 0)
+    scheduler.step()  # admits and prefills all three (one block's worth each), decodes once
+    assert all(stream.poll() is not None for stream in streams)
+    # Each pins the node of SHARED's 6 cached blocks (block_size 4); the 25th token is in no block.
+    assert engine.scheduler_stats()[:3] == (3, 0, len(SHARED) // 4)
+    cancelled = streams[1].request
+    scheduler.cancel(cancelled, wait=False)
+    assert not cancelled.released.is_set()  # a running request is released by the loop
+    assert engine.scheduler_stats()[:3] == (3, 0, len(SHARED) // 4)
+    scheduler.step()
+    assert cancelled.released.is_set() and cancelled.kv is None
+    # The other two still run and still pin the shared blocks.
+    assert engine.scheduler_stats()[:3] == (2, 0, len(SHARED) // 4)
     for stream in (streams[0], streams[2]):
-        stream.close()
-    stats = engine.scheduler_stats()
-    assert stats.num_blocks_pinned == 0 and stats.num_running == stats.num_waiting == 0
+        scheduler.cancel(stream.request, wait=False)
+    scheduler.step()
+    assert engine.scheduler_stats()[:3] == (0, 0, 0)
     assert engine.cache_stats().num_blocks_pinned == 0
+    for stream in streams:
+        stream.close()  # already released: returns at once
+    scheduler.resume()
     engine.check_integrity()
     engine.close()
+
+
+def test_step_runs_only_while_paused(model_path: Path) -> None:
+    engine = make_engine(model_path)
+    with pytest.raises(RuntimeEngineError, match="pause"):
+        engine.scheduler.step()
+    engine.scheduler.pause()
+    engine.scheduler.step()  # an idle iteration: nothing to do
+    engine.scheduler.resume()
+    engine.scheduler.resume()  # no-op
+    assert len(engine.generate(SHARED, SamplingParams(ignore_eos=True, max_tokens=3)).token_ids)
+    engine.scheduler.pause()
+    engine.close()  # closes while paused
+    with pytest.raises(RuntimeEngineError, match="pause"):
+        engine.scheduler.step()
 
 
 def test_full_queue_is_busy(model_path: Path) -> None:
@@ -198,16 +228,27 @@ def test_a_queued_request_cancelled_leaves_at_once_and_is_never_prefilled(
     model_path: Path,
 ) -> None:
     engine = make_engine(model_path, max_batch_size=1)
+    scheduler = engine.scheduler
+    scheduler.pause()  # NOTE: stepped by hand: the holder cannot finish before the checks
     holder = engine.stream(SHARED, SamplingParams(ignore_eos=True, max_tokens=250))
-    next(holder)
+    assert holder.poll() is None
+    scheduler.step()  # the holder is admitted, prefilled and decoded once
+    assert holder.poll() is not None
+    queried = engine.cache_stats().queried_tokens
     queued = engine.stream(SHARED + [5], SamplingParams(ignore_eos=True, max_tokens=5))
-    assert queued.poll() is None and engine.scheduler_stats().num_waiting == 1
-    queued.close()  # NOTE: returns without waiting for the holder's 250 tokens
-    stats = engine.scheduler_stats()
-    # NOTE: the holder may already have finished its 250 tokens on a fast machine (running 0).
-    assert stats.num_waiting == 0 and stats.num_running <= 1
+    assert queued.poll() is None
+    assert engine.scheduler_stats()[:2] == (1, 1)  # the one row is the holder's: it waits
+    queued.close()  # NOTE: returns at once, the loop paused (it pinned nothing)
+    assert engine.scheduler_stats()[:2] == (1, 0)
     req = queued.request
     assert req.released.is_set() and req.output_ids == [] and req.kv is None
+    scheduler.step()
+    scheduler.step()
+    # Never admitted: no prefix-cache match, no first token; the holder kept its row.
+    assert engine.cache_stats().queried_tokens == queried
+    assert req.t_first == 0.0 and req.output_ids == [] and req.kv is None
+    assert engine.scheduler_stats()[:2] == (1, 0)
+    scheduler.resume()
     holder.close()
     engine.check_integrity()
     engine.close()
