@@ -195,12 +195,18 @@ def wait_for(stream: IO[str], text: str, timeout_s: float = 120.0) -> str:
 
 
 def interrupt(process: subprocess.Popen[str]) -> tuple[int, str]:
+    # NOTE: stdin stays open until the child has exited: communicate() closes it at once, and a
+    # loaded child could read that EOF (Ctrl-D, exit 0) before handling the SIGINT (seen 1 in 1).
+    stdin, process.stdin = process.stdin, None
     process.send_signal(signal.SIGINT)
     try:
         _, stderr = process.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
         raise
+    finally:
+        if stdin is not None:
+            stdin.close()
     return process.returncode, stderr
 
 
