@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import time
+from multiprocessing.synchronize import Barrier as BarrierType
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,13 @@ def test_damaged_value_file_is_dropped_not_returned(tmp_path: Path) -> None:
     store.check_integrity()
 
 
-def _hammer(directory: str, worker: int, seconds: float, queue: mp.Queue[tuple[int, int]]) -> None:
+_ROUNDS = 4
+"""Passes each hammering process makes over the 50 inputs."""
+
+
+def _hammer(
+    directory: str, worker: int, start: BarrierType, queue: mp.Queue[tuple[int, int, int]]
+) -> None:
     store = DiskStore(directory)
     cache = ToolCache(store)
     runs = 0
@@ -86,32 +93,34 @@ def _hammer(directory: str, worker: int, seconds: float, queue: mp.Queue[tuple[i
         return {"n": n, "square": n * n, "pad": worker * 0}
 
     tool = cache.wrap(square, name="square", version="1")
-    deadline = time.monotonic() + seconds
+    # NOTE: a fixed number of calls, started together: a wall-clock budget made the count depend
+    # on the machine's load (a starved process covered fewer than the 50 inputs).
+    start.wait(timeout=120)
     calls = 0
-    while time.monotonic() < deadline:
+    for calls in range(1, _ROUNDS * 50 + 1):
         n = calls % 50
         assert tool(n) == {"n": n, "square": n * n, "pad": 0}
         if calls % 97 == 0:
             store.set(f"raw-{worker}-{calls}", os.urandom(40_000))  # some value files too
-        calls += 1
-    queue.put((calls, runs))
+    queue.put((worker, calls, runs))
 
 
 def test_two_processes_share_one_directory(tmp_path: Path) -> None:
     ctx = mp.get_context("spawn")
-    queue: mp.Queue[tuple[int, int]] = ctx.Queue()
-    procs = [ctx.Process(target=_hammer, args=(str(tmp_path), w, 2.0, queue)) for w in range(2)]
+    queue: mp.Queue[tuple[int, int, int]] = ctx.Queue()
+    start = ctx.Barrier(2)
+    procs = [ctx.Process(target=_hammer, args=(str(tmp_path), w, start, queue)) for w in range(2)]
     for proc in procs:
         proc.start()
-    results = [queue.get(timeout=60) for _ in procs]
+    results = sorted(queue.get(timeout=120) for _ in procs)
     for proc in procs:
         proc.join(timeout=30)
         assert proc.exitcode == 0
-    total_calls = sum(calls for calls, _ in results)
-    total_runs = sum(runs for _, runs in results)
-    assert total_calls > 100
-    # Each of the 50 inputs ran at least once and at most once per process.
-    assert 50 <= total_runs <= 100
+    assert [calls for _, calls, _ in results] == [_ROUNDS * 50] * 2
+    # Each of the 50 inputs ran at least once, and at most once per process: a process always
+    # finds what it stored itself (the other's equal write may replace it).
+    runs = [num_runs for _, _, num_runs in results]
+    assert all(num_runs <= 50 for num_runs in runs) and 50 <= sum(runs) <= 100
     store = DiskStore(tmp_path)
     store.check_integrity()
     tool = ToolCache(store).wrap(lambda n: None, name="square", version="1")

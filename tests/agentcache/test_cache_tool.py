@@ -433,20 +433,30 @@ async def test_failing_leader_lets_waiters_retry(store: CacheStore) -> None:
 
 async def test_cancelled_waiter_does_not_cancel_the_runner(store: CacheStore) -> None:
     cache, counter = ToolCache(store), Counter()
+    # NOTE: the runner ends when the test says so, never on a clock: with a timed runner a loop
+    # stalled ~0.1 s under load let it finish first, and the waiter got 42 instead of cancelled.
+    release = asyncio.Event()
 
     @cache.cached()
     async def slow() -> int:
         counter.record()
-        await asyncio.sleep(0.1)
+        await release.wait()
         return 42
 
     leader = asyncio.create_task(slow())
-    await asyncio.sleep(0.01)
-    waiter = asyncio.create_task(slow())
-    await asyncio.sleep(0.01)
+    while not counter.calls:
+        await asyncio.sleep(0)  # one loop turn at a time until the leader runs the tool
+    waiter, bystander = asyncio.create_task(slow()), asyncio.create_task(slow())
+    # One loop turn runs both waiters' first steps (ready callbacks run in FIFO order): each
+    # misses, finds the leader's flight and waits on it.
+    await asyncio.sleep(0)
+    assert not (waiter.done() or bystander.done() or leader.done())
     waiter.cancel()
-    assert await leader == 42
     with pytest.raises(asyncio.CancelledError):
         await waiter
+    assert not leader.done()  # the runner goes on
+    release.set()
+    assert await leader == 42
+    assert await bystander == 42  # the flight it shares with the cancelled waiter still lands
     assert await slow() == 42
     assert len(counter.calls) == 1
