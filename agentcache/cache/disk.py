@@ -21,7 +21,7 @@ from typing import NamedTuple, TypeVar
 
 import diskcache
 
-from agentcache.cache._envelope import pack, unpack
+from agentcache.cache._envelope import open_envelope, pack, unpack
 from agentcache.cache.base import (
     CacheRecoveryWarning,
     CacheStats,
@@ -101,7 +101,7 @@ class DiskStore:
     def get(self, key: str) -> bytes | None:
         """See ``CacheStore.get``. A hit does not change eviction order (least-recently-stored)."""
         raw = self._call(lambda cache: cache.get(key, default=None), None)
-        value = None if raw is None else self._unpack(key, raw)
+        value = None if raw is None else self._open(key, raw)
         with self._lock:
             if value is None:
                 self._misses += 1
@@ -239,17 +239,8 @@ class DiskStore:
                 if child.is_dir() and _VALUE_DIR.match(child.name):
                     shutil.rmtree(child, ignore_errors=True)
 
-    def _unpack(self, key: str, raw: object) -> bytes | None:
-        verified = unpack(key, raw)
-        if verified is None:
-            self.delete(key)
-            _warn_recovered(f"cache entry {key[:16]}… failed its checksum; dropped it")
-            return None
-        payload, expire_at = verified
-        if expire_at and expire_at <= self._clock():
-            self.delete(key)
-            return None
-        return payload
+    def _open(self, key: str, raw: object) -> bytes | None:
+        return open_envelope(key, raw, clock=self._clock, drop=self.delete)
 
 
 def _close_quietly(cache: diskcache.Cache) -> None:

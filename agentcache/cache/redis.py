@@ -20,10 +20,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from agentcache.cache._envelope import HEADER_SIZE, pack, unpack
+from agentcache.cache._envelope import HEADER_SIZE, open_envelope, pack, unpack
 from agentcache.cache._lock import LeaseScripts, RedisLease
 from agentcache.cache.base import (
-    CacheRecoveryWarning,
     CacheStats,
     CacheWarning,
     Clock,
@@ -127,7 +126,7 @@ class RedisStore:
     def get(self, key: str) -> bytes | None:
         """See ``CacheStore.get``. One round trip; answers a miss while Redis is unreachable."""
         raw = self.guarded(lambda c: c.get(self._scripts.value_key(key)), None)
-        value = self._unpack(key, raw) if isinstance(raw, bytes) else None
+        value = self._open(key, raw) if isinstance(raw, bytes) else None
         with self._lock:
             if value is None:
                 self._misses += 1
@@ -213,7 +212,7 @@ class RedisStore:
             if found is None:  # Redis unreachable: compute without a lease
                 return FlightClaim(None, None)
             if isinstance(found, bytes):
-                data = self._unpack(key, found)
+                data = self._open(key, found)
                 if data is not None:
                     return FlightClaim(data, None)
                 continue  # a damaged or expired entry was dropped: claim again
@@ -262,21 +261,8 @@ class RedisStore:
         px = 0 if ttl_s is None else max(1, math.ceil(ttl_s * 1000))
         return pack(key, expire_at, value), px
 
-    def _unpack(self, key: str, raw: bytes) -> bytes | None:
-        verified = unpack(key, raw)
-        if verified is None:
-            self.delete(key)
-            warnings.warn(
-                f"cache entry {key[:16]}… failed its checksum; dropped it",
-                CacheRecoveryWarning,
-                stacklevel=3,
-            )
-            return None
-        payload, expire_at = verified
-        if expire_at and expire_at <= self._clock():
-            self.delete(key)
-            return None
-        return payload
+    def _open(self, key: str, raw: bytes) -> bytes | None:
+        return open_envelope(key, raw, clock=self._clock, drop=self.delete)
 
     def _glob(self) -> str:
         return _glob_escape(self.namespace) + ":"
