@@ -119,7 +119,7 @@ class CompactLlama:
             mlp.down_proj.weight.detach(),
         )  # fmt: skip
 
-    def _attention(
+    def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
         """SDPA with grouped KV heads; 16-bit inputs are attended in fp32.
@@ -133,6 +133,37 @@ class CompactLlama:
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.float()
         return _sdpa(q.float(), k.float(), v.float(), mask, self.scale).to(q.dtype)
+
+    def rope(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)``, each ``[B, 1, q, D]``, for hidden states ``h`` at ``positions``."""
+        cos, sin = self.rotary(h, positions)  # [B, q, D] each
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def qkv(
+        self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s rotated queries ``[B, H, q, D]``, keys and values ``[B, H_kv, q, D]``."""
+        layer, (b, q, _) = self.layers[i], h.shape
+        d = self.head_dim
+        nq, nkv = self.num_heads * d, self.num_kv_heads * d
+        x = F.rms_norm(h, (h.shape[-1],), layer.ln1, self.eps)
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [B, q, nq + 2 nkv]
+        qs = qkv[..., :nq].view(b, q, self.num_heads, d).transpose(1, 2)  # [B, H, q, D]
+        ks = qkv[..., nq : nq + nkv].view(b, q, self.num_kv_heads, d).transpose(1, 2)
+        vs = qkv[..., nq + nkv :].view(b, q, self.num_kv_heads, d).transpose(1, 2)
+        return _rope(qs, cos, sin), _rope(ks, cos, sin), vs
+
+    def finish(self, i: int, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Layer ``i``'s output projection and MLP over ``attn`` (``[B, H, q, D]``): new ``h``."""
+        layer, (b, q, _) = self.layers[i], h.shape
+        h = h + F.linear(attn.transpose(1, 2).reshape(b, q, -1), layer.o, layer.o_bias)
+        x = F.rms_norm(h, (h.shape[-1],), layer.ln2, self.eps)
+        gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+        return h + F.linear(F.silu(gate) * up, layer.down)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: ``[B, q, hidden]`` -> ``[B, q, vocab]``."""
+        return F.linear(F.rms_norm(h, (h.shape[-1],), self.norm, self.eps), self.lm_head)
 
     @torch.no_grad()
     def forward(
@@ -156,30 +187,13 @@ class CompactLlama:
         Returns:
             ``[B, logits_to_keep, vocab]`` logits.
         """
-        b, q = ids.shape
         h = F.embedding(ids, self.embed)  # [B, q, hidden]
-        cos, sin = self.rotary(h, positions)  # [B, q, D] each
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, q, D]
-        nq, nkv, d = (
-            self.num_heads * self.head_dim,
-            self.num_kv_heads * self.head_dim,
-            self.head_dim,
-        )
-        for i, layer in enumerate(self.layers):
-            x = F.rms_norm(h, (h.shape[-1],), layer.ln1, self.eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [B, q, nq + 2 nkv]
-            qs = qkv[..., :nq].view(b, q, self.num_heads, d).transpose(1, 2)  # [B, H, q, D]
-            ks = qkv[..., nq : nq + nkv].view(b, q, self.num_kv_heads, d).transpose(1, 2)
-            vs = qkv[..., nq + nkv :].view(b, q, self.num_kv_heads, d).transpose(1, 2)
-            qs, ks = _rope(qs, cos, sin), _rope(ks, cos, sin)
+        cos, sin = self.rope(h, positions)
+        for i in range(len(self.layers)):
+            qs, ks, vs = self.qkv(i, h, cos, sin)
             keys, values = write_kv(i, ks, vs)  # [B, H_kv, kv_len, D]
-            attn = self._attention(qs, keys, values, mask)  # [B, H, q, D]
-            h = h + F.linear(attn.transpose(1, 2).reshape(b, q, nq), layer.o, layer.o_bias)
-            x = F.rms_norm(h, (h.shape[-1],), layer.ln2, self.eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down)
-        h = F.rms_norm(h[:, -logits_to_keep:], (h.shape[-1],), self.norm, self.eps)
-        return F.linear(h, self.lm_head)
+            h = self.finish(i, h, self.attend(qs, keys, values, mask))
+        return self.logits(h[:, -logits_to_keep:])
 
 
 def _sdpa(

@@ -17,9 +17,11 @@ from typing import Any
 import torch
 
 from runtime._detokenizer import Detokenizer
+from runtime.cache.chunk_store import ChunkStore
 from runtime.cache.disk_tier import DiskTier
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.prefix_cache import PrefixCache, namespace_of
+from runtime.chunk_reuse import ChunkAssembler, ChunkReuse, chunk_reuse_blocker
 from runtime.exceptions import InvalidRequestError, PromptTooLongError
 from runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
 from runtime.model_runner import (
@@ -36,12 +38,20 @@ from runtime.sampler import LogitsProcessor
 from runtime.sampling import SEED_MAX, SEED_MIN, SamplingParams
 from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 
-__all__ = ["DEFAULT_KV_CACHE_BYTES", "DEFAULT_KV_DISK_BYTES", "Engine", "Prompt"]
+__all__ = [
+    "DEFAULT_CHUNK_CACHE_BYTES",
+    "DEFAULT_KV_CACHE_BYTES",
+    "DEFAULT_KV_DISK_BYTES",
+    "Engine",
+    "Prompt",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 """Prefix cache budget when none is given: 1 GiB of KV blocks."""
+DEFAULT_CHUNK_CACHE_BYTES = 256 << 20
+"""Chunk store budget when none is given: 256 MiB (pages are touched only as chunks arrive)."""
 DEFAULT_KV_DISK_BYTES = 8 << 30
 """Disk tier budget when ``kv_disk_dir`` is given without ``kv_disk_bytes``: 8 GiB of files."""
 
@@ -71,6 +81,7 @@ class Engine:
         forward: ForwardPath = "auto",
         kv_disk_dir: str | os.PathLike[str] | None = None,
         kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
+        chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
     ) -> None:
         """Wrap an already loaded model; prefer ``from_pretrained``.
 
@@ -80,10 +91,11 @@ class Engine:
             ModelLoadError: when the model exposes no usable per-layer KV cache.
             OSError: ``kv_disk_dir`` cannot be created or read.
         """
-        if block_size < 1 or kv_cache_bytes < 0 or kv_disk_bytes < 0:
+        if block_size < 1 or min(kv_cache_bytes, kv_disk_bytes, chunk_cache_bytes) < 0:
             raise ValueError(
-                f"need block_size >= 1, kv_cache_bytes >= 0 and kv_disk_bytes >= 0, got "
-                f"{block_size!r}, {kv_cache_bytes!r}, {kv_disk_bytes!r}"
+                f"need block_size >= 1 and kv_cache_bytes, kv_disk_bytes, chunk_cache_bytes "
+                f">= 0, got {block_size!r}, {kv_cache_bytes!r}, {kv_disk_bytes!r}, "
+                f"{chunk_cache_bytes!r}"
             )
         self.tokenizer = tokenizer
         self.model_id = model_id
@@ -106,12 +118,15 @@ class Engine:
             self.prefix_cache.disk = self._make_disk_tier(kv_disk_dir, kv_disk_bytes)
         if self.runner.batch_blocker is not None:
             logger.warning("batch size 1 for %r: %s", model_id, self.runner.batch_blocker)
+        self.chunk_store = ChunkStore(self._make_pool(chunk_cache_bytes, block_size))
+        """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunk_reuse``)."""
         self.scheduler = Scheduler(
             self.runner,
             self.prefix_cache,
             self._lock,
             scheduler or SchedulerConfig(),
             debug_integrity=debug_integrity,
+            chunks=ChunkAssembler(self.runner, self.chunk_store),
         )
         self.grammars = GrammarCompiler(
             tokenizer, vocab_size=self.vocab_size, stop_ids=self.eos_ids
@@ -135,6 +150,7 @@ class Engine:
         forward: ForwardPath = "auto",
         kv_disk_dir: str | os.PathLike[str] | None = None,
         kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
+        chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
     ) -> Engine:
         """Load a model and its tokenizer (local path, bundled name, or hub id).
 
@@ -154,6 +170,8 @@ class Engine:
                 revision, dtype, tenant salt and a weights fingerprint, so another model or
                 dtype never reuses them.
             kv_disk_bytes: byte budget of ``kv_disk_dir`` (block files, headers included).
+            chunk_cache_bytes: byte budget of the chunk store (document chunks' KV, used only
+                by requests with ``chunk_reuse``).
 
         Raises:
             ModelLoadError: the model or tokenizer cannot be loaded.
@@ -172,6 +190,7 @@ class Engine:
             forward=forward,
             kv_disk_dir=kv_disk_dir,
             kv_disk_bytes=kv_disk_bytes,
+            chunk_cache_bytes=chunk_cache_bytes,
         )
 
     @property
@@ -208,15 +227,22 @@ class Engine:
         return list(self.tokenizer.encode(text, add_special_tokens=True)) if text else []
 
     def generate(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, cache_salt: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        cache_salt: str | None = None,
+        chunk_reuse: ChunkReuse | None = None,
     ) -> Completion:
-        """Generate a completion (blocking).
+        """Generate a completion (blocking); ``chunk_reuse`` as in ``make_request``.
 
         Raises:
-            InvalidRequestError: empty prompt, bad token ids, unknown stop ids.
+            InvalidRequestError: empty prompt, bad token ids, unknown stop ids, bad chunk spans.
             PromptTooLongError: the prompt leaves no room in the context.
         """
-        return _last_completion(self.stream(prompt, params, cache_salt=cache_salt))
+        return _last_completion(
+            self.stream(prompt, params, cache_salt=cache_salt, chunk_reuse=chunk_reuse)
+        )
 
     def stream(
         self,
@@ -225,6 +251,7 @@ class Engine:
         *,
         cache_salt: str | None = None,
         logits_processors: Sequence[LogitsProcessor] = (),
+        chunk_reuse: ChunkReuse | None = None,
     ) -> RequestStream:
         """Generate incrementally; the last delta carries ``finish_reason`` and the Completion.
 
@@ -240,7 +267,11 @@ class Engine:
             SamplingError: (from ``next``) this request's logits could not be sampled.
         """
         req = self.make_request(
-            prompt, params, cache_salt=cache_salt, logits_processors=logits_processors
+            prompt,
+            params,
+            cache_salt=cache_salt,
+            logits_processors=logits_processors,
+            chunk_reuse=chunk_reuse,
         )
         return self.run(req)
 
@@ -316,6 +347,7 @@ class Engine:
         """Assert the pool and tree agree: free + evictable + in-use == total blocks."""
         with self._lock:
             self.prefix_cache.check_integrity()
+            self.chunk_store.check_integrity()
             self.scheduler.check_integrity()
 
     def make_request(
@@ -329,6 +361,7 @@ class Engine:
         logits_processors: Sequence[LogitsProcessor] = (),
         n: int = 1,
         grammar: Grammar | None = None,
+        chunk_reuse: ChunkReuse | None = None,
     ) -> Request:
         """Validate and tokenize a prompt into a waiting Request (nothing is pinned yet).
 
@@ -351,6 +384,8 @@ class Engine:
             raise InvalidRequestError(f"n must be an int >= 1, got {n!r}")
         ids = self._prompt_ids(prompt)
         self._check(ids, params)
+        if chunk_reuse is not None:
+            self._check_chunks(chunk_reuse, ids, params)
         namespace = namespace_of(self.model_id, self.revision, self._dtype_name, cache_salt)
         choices = [
             Request(
@@ -369,6 +404,7 @@ class Engine:
                 logits_log=[] if record_logits else None,
                 logits_processors=_processors(logits_processors, grammar),
                 is_fork=i > 0,
+                chunk_plan=chunk_reuse,
             )
             for i in range(n)
         ]
@@ -444,17 +480,30 @@ class Engine:
                 "shorten it so at least one token can be generated"
             )
 
-    def _make_prefix_cache(self, budget: int, block_size: int, enabled: bool) -> PrefixCache:
+    def _check_chunks(self, plan: ChunkReuse, ids: list[int], params: SamplingParams) -> None:
+        plan.check(len(ids))
+        why = chunk_reuse_blocker(self.runner, plan.mode)
+        if why is not None:
+            raise InvalidRequestError(
+                f"chunk reuse ({plan.mode!r}) is not available for model {self.model_id!r}: {why}"
+            )
+        if params.prompt_logprobs is not None:
+            raise InvalidRequestError("prompt_logprobs cannot be combined with chunk reuse")
+
+    def _make_pool(self, budget: int, block_size: int) -> KVPool:
         shape = self.runner.kv_shape
-        pool = KVPool(
+        return KVPool(
             num_layers=shape.num_layers,
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
             block_size=block_size,
-            budget_bytes=budget if enabled else 0,
+            budget_bytes=budget,
             dtype=self.runner.dtype,
             device=self.runner.device,
         )
+
+    def _make_prefix_cache(self, budget: int, block_size: int, enabled: bool) -> PrefixCache:
+        pool = self._make_pool(budget if enabled else 0, block_size)
         reason = None if enabled else "prefix_cache=False (force-miss)"
         blocker = reuse_blocker(self.runner.model.config)
         if enabled and blocker is not None:

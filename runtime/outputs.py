@@ -13,6 +13,7 @@ from runtime.cache.disk_tier import DiskTierStats
 
 __all__ = [
     "CacheStats",
+    "ChunkReuseUsage",
     "Completion",
     "DiskTierStats",
     "FinishReason",
@@ -36,6 +37,24 @@ class TokenLogprob(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkReuseUsage:
+    """Document chunks of one request whose KV came from the chunk store (``runtime.chunk_reuse``).
+
+    Counted apart from the prefix cache's ``cached_tokens``; every span token is in exactly one
+    of ``reused_tokens``, ``recomputed_tokens`` and ``missed_tokens``.
+    """
+
+    mode: Literal["exact", "blend"]
+    """``"exact"``: block-attention answer; ``"blend"``: an approximation of the causal one."""
+    reused_tokens: int
+    """Span tokens whose stored KV (re-rotated) was used as is."""
+    recomputed_tokens: int
+    """Blend only: span tokens loaded, then recomputed in layers 1..L-1 (0 in exact mode)."""
+    missed_tokens: int
+    """Span tokens of chunks not in the store: computed alone at position 0, then stored."""
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     """Token counts of one request."""
 
@@ -45,6 +64,8 @@ class Usage:
     """Prompt tokens whose KV came from the prefix cache, either tier (not recomputed)."""
     completion_tokens: int
     """Tokens generated, including a final stop token id if one was sampled."""
+    chunk_reuse: ChunkReuseUsage | None = None
+    """Set only for a request that asked for chunk reuse (never on by itself)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +77,8 @@ class Metrics:
     decode_tokens_per_s: float
     """Generated tokens after the first, divided by the time spent producing them (0.0 if none)."""
     prefill_tokens_computed: int
-    """Prompt tokens that went through the model (``prompt_tokens - cached_tokens``)."""
+    """Prompt tokens that went through the model (``prompt_tokens - cached_tokens``, less the
+    chunk store's ``reused_tokens`` under chunk reuse)."""
 
 
 @dataclass(frozen=True, slots=True)

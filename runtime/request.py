@@ -12,15 +12,27 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from runtime._detokenizer import Detokenizer
 from runtime.cache.radix_cache import Namespace, TreeNode
 from runtime.kv_cache import RequestKVCache
-from runtime.outputs import Completion, FinishReason, Metrics, StreamDelta, TokenLogprob, Usage
+from runtime.outputs import (
+    ChunkReuseUsage,
+    Completion,
+    FinishReason,
+    Metrics,
+    StreamDelta,
+    TokenLogprob,
+    Usage,
+)
 from runtime.sampler import LogitsProcessor, TokenCounts
 from runtime.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.chunk_reuse import ChunkReuse
 
 __all__ = ["Request", "RequestStatus"]
 
@@ -85,6 +97,10 @@ class Request:
     after its one prefill (they never wait in the queue themselves)."""
     is_fork: bool = False
     """True for a choice that copied another's prompt KV (its prefill computed nothing)."""
+    chunk_plan: ChunkReuse | None = None
+    """The document spans whose KV comes from the chunk store (None: plain prefix caching)."""
+    chunk_usage: ChunkReuseUsage | None = None
+    """What the chunk store served, set at prefill when ``chunk_plan`` is set."""
 
     def post(self, item: StreamDelta | BaseException) -> None:
         """Hand a delta (or the error that ends the stream) to the consumer and wake it."""
@@ -121,19 +137,30 @@ class Request:
             token_ids=list(self.output_ids),
             text=self.detokenizer.text,
             finish_reason=self.finish_reason or "length",
-            usage=Usage(len(self.prompt_ids), self.cached_len, n_out),
+            usage=Usage(len(self.prompt_ids), self.cached_len, n_out, self.chunk_usage),
             metrics=Metrics(
                 ttft_s=self.t_first - self.t_start,
                 decode_tokens_per_s=(n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0,
-                prefill_tokens_computed=0
-                if self.is_fork
-                else len(self.prompt_ids) - self.cached_len,
+                prefill_tokens_computed=0 if self.is_fork else self._num_computed(),
             ),
             logprobs=None if self.output_logprobs is None else list(self.output_logprobs),
             prompt_logprobs=self.prompt_logprobs,
         )
 
+    def _num_computed(self) -> int:
+        reused = 0 if self.chunk_usage is None else self.chunk_usage.reused_tokens
+        return len(self.prompt_ids) - self.cached_len - reused
+
     @property
     def all_ids(self) -> list[int]:
         """Prompt followed by generated ids."""
         return self.prompt_ids + self.output_ids
+
+    @property
+    def cacheable_ids(self) -> list[int]:
+        """Ids whose KV in this request's row is the plain causal KV (what the prefix cache may
+        match and store): all of them, or only the head before the first chunk under chunk reuse
+        (the chunks' KV, and everything after them, depends on the chunk mode)."""
+        if self.chunk_plan is None:
+            return self.all_ids
+        return self.prompt_ids[: self.chunk_plan.head_len]

@@ -21,6 +21,7 @@ import torch
 
 from runtime.batch_kv import BatchKV
 from runtime.cache.prefix_cache import PrefixCache
+from runtime.chunk_reuse import ChunkAssembler
 from runtime.exceptions import (
     EngineBusyError,
     InvalidRequestError,
@@ -108,8 +109,11 @@ class Scheduler:
         config: SchedulerConfig,
         *,
         debug_integrity: bool = False,
+        chunks: ChunkAssembler | None = None,
     ) -> None:
         self.runner = runner
+        self.chunks = chunks
+        """Assembles requests that ask for chunk reuse (None: such requests fail)."""
         self.prefix_cache = prefix_cache
         self.config = config
         self.max_batch_size = config.max_batch_size if runner.can_batch else 1
@@ -353,7 +357,7 @@ class Scheduler:
         best, best_len = 0, -1
         for i, req in enumerate(itertools.islice(self.waiting, self.config.lookahead)):
             hit = self.prefix_cache.peek(
-                req.namespace, req.prompt_ids, use_cache=req.use_prefix_cache
+                req.namespace, req.cacheable_ids, use_cache=req.use_prefix_cache
             )
             if hit > best_len:
                 best, best_len = i, hit
@@ -375,7 +379,11 @@ class Scheduler:
         try:
             assert req.kv is not None, "a running request has a KV row"
             kv = req.kv
-            if req.params.prompt_logprobs is None:
+            if req.chunk_plan is not None:
+                # NOTE: chunk reuse assembles the whole prompt in one iteration.
+                num_run = len(req.prompt_ids) - req.cached_len
+                logits = self._prefill_chunks(req)
+            elif req.params.prompt_logprobs is None:
                 chunk = req.prompt_ids[kv.length : kv.length + max_tokens]
                 num_run = max(1, len(chunk))
                 logits = self.runner.forward(chunk, kv)
@@ -401,7 +409,7 @@ class Scheduler:
         if req.status is RequestStatus.RUNNING:
             # NOTE: stored after the first token went out (not part of TTFT), and before the
             # next admission, so a waiting request that shares this prompt hits it.
-            req.node = self.prefix_cache.insert(req.namespace, req.prompt_ids, kv, req.node)
+            req.node = self.prefix_cache.insert(req.namespace, req.cacheable_ids, kv, req.node)
         return num_run
 
     def _start(self, req: Request) -> bool:
@@ -414,7 +422,7 @@ class Scheduler:
         kv = [self._add_row(member) for member in group][0]
         try:
             hit = self.prefix_cache.match(
-                req.namespace, req.prompt_ids, kv, use_cache=req.use_prefix_cache
+                req.namespace, req.cacheable_ids, kv, use_cache=req.use_prefix_cache
             )
         except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving
             for member in group:
@@ -451,7 +459,18 @@ class Scheduler:
             fork.kv.length = length
             fork.cached_len = req.cached_len
             fork.prompt_logprobs = req.prompt_logprobs
+            fork.chunk_usage = req.chunk_usage
             fork.node = self.prefix_cache.acquire(req.node)
+
+    def _prefill_chunks(self, req: Request) -> torch.Tensor:
+        """Prefill from the chunk store (``runtime.chunk_reuse``); the last ``[vocab]`` logits."""
+        assert req.chunk_plan is not None and req.kv is not None, "a chunk request with a row"
+        if self.chunks is None:
+            raise RuntimeEngineError("this scheduler has no chunk store")
+        logits, req.chunk_usage = self.chunks.prefill(
+            req.namespace, req.prompt_ids, req.chunk_plan, req.kv
+        )
+        return logits
 
     def _prefill_scored(self, req: Request) -> torch.Tensor:
         """Prefill computing every prompt position's logits (in chunks, to bound their memory),
@@ -528,7 +547,9 @@ class Scheduler:
             self._prefilling = None
         if req.status is RequestStatus.RUNNING:
             if keep and req.kv is not None:
-                req.node = self.prefix_cache.insert(req.namespace, req.all_ids, req.kv, req.node)
+                req.node = self.prefix_cache.insert(
+                    req.namespace, req.cacheable_ids, req.kv, req.node
+                )
             index = self.running.index(req)
             last = self.running.pop()
             if index < len(self.running):

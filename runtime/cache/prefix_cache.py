@@ -105,7 +105,7 @@ class PrefixCache:
         blocks found there are loaded into the pool and the tree (evicting others to make room).
         """
         self.queried_tokens += len(tokens)
-        if not (use_cache and self.is_enabled):
+        if not (use_cache and self.is_enabled and tokens):
             return PrefixHit(0, None)
         found = self.radix.match(namespace, tokens)
         self.radix.lock(found.node)

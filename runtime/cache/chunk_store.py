@@ -1,0 +1,192 @@
+"""Chunk KV store: the KV of document chunks computed on their own, for reuse in any order.
+
+A chunk's KV is computed alone at positions ``[0, n)`` (after nothing: no head, no BOS), so it
+depends only on the chunk's token ids and the model; the caller re-rotates its keys to wherever
+the chunk lands in a prompt (``runtime.chunk_rotation``). Entries are keyed by (namespace, sha256
+of the token ids), stored in whole blocks of their own ``KVPool`` under a byte budget, and evicted
+by ``runtime.cache.eviction`` (the prefix cache's policies; an entry's "branches" are the
+requests that used it, so with ``"shared"`` often-used chunks outlive one-off ones). It knows
+token ids and tensors, never models, positions, requests or threads (the engine's lock guards it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NewType
+
+import torch
+
+from runtime.cache.eviction import EvictionHeap, EvictionPolicy
+from runtime.cache.kv_pool import KVPool
+from runtime.cache.radix_cache import Namespace
+
+__all__ = ["ChunkKey", "ChunkStore", "chunk_key"]
+
+ChunkKey = NewType("ChunkKey", bytes)
+"""sha256 over (version tag, namespace, token ids as little-endian int64)."""
+
+_KEY_VERSION = b"agentcache-chunk-v1\0"
+
+
+def chunk_key(namespace: Namespace, tokens: Sequence[int]) -> ChunkKey:
+    """The store key of a chunk: fixed and reproducible (sha256, version-tagged)."""
+    ids = array("q", tokens)
+    assert ids.itemsize == 8, "chunk keys need 8-byte int64 arrays"
+    digest = hashlib.sha256(_KEY_VERSION + namespace.encode() + b"\0" + ids.tobytes())
+    return ChunkKey(digest.digest())
+
+
+class _Root:
+    """The one parent of every entry: entries are leaves of a flat 'tree' for ``EvictionHeap``."""
+
+    children: dict[Any, Any] = {}
+
+
+_ROOT = _Root()
+_NO_CHILDREN: dict[Any, Any] = {}
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    """One stored chunk: ``num_tokens`` positions of KV in ``block_ids`` (token order)."""
+
+    key: ChunkKey
+    num_tokens: int
+    block_ids: list[int]
+    num_branches: int = 1
+    """Requests that used this chunk (the ``"shared"`` eviction policy's sharing count)."""
+    last_access: int = 0
+    priority: int = 0
+    heap_seq: int = -1
+    ref_count: int = 0
+    """Always 0: an entry is copied out under the engine lock, never held across calls."""
+
+    @property
+    def parent(self) -> _Root:
+        return _ROOT
+
+    @property
+    def children(self) -> dict[Any, Any]:
+        return _NO_CHILDREN
+
+
+class ChunkStore:
+    """Chunk KV under a byte budget: ``get`` copies an entry out, ``put`` stores one.
+
+    Args:
+        pool: Block storage of this store alone (its ``budget_bytes`` is the store's budget).
+        policy: Eviction policy name (``runtime.cache.eviction.EVICTION_POLICIES``).
+    """
+
+    def __init__(self, pool: KVPool, *, policy: EvictionPolicy = "shared") -> None:
+        self.pool = pool
+        self._entries: dict[ChunkKey, _Entry] = {}
+        self._heap: EvictionHeap[_Entry] = EvictionHeap(policy)
+        self._tick = 0
+        self.num_hits = 0
+        self.num_misses = 0
+        self.num_evictions = 0
+        """Entries evicted to make room."""
+
+    @property
+    def num_entries(self) -> int:
+        """Chunks stored now."""
+        return len(self._entries)
+
+    @property
+    def bytes_used(self) -> int:
+        """Bytes of the blocks holding stored chunks."""
+        return (self.pool.num_blocks - self.pool.num_free) * self.pool.block_bytes
+
+    def get(self, namespace: Namespace, tokens: Sequence[int]) -> torch.Tensor | None:
+        """A copy of a stored chunk's KV, or None (a miss).
+
+        Returns:
+            ``[L, 2, H_kv, len(tokens), D]`` KV computed at positions ``[0, len(tokens))``.
+
+        Side effects: counts a hit or miss; a hit bumps the entry's eviction rank.
+        """
+        entry = self._entries.get(chunk_key(namespace, tokens))
+        if entry is None:
+            self.num_misses += 1
+            return None
+        self.num_hits += 1
+        entry.num_branches += 1
+        self._touch(entry)
+        padded = len(entry.block_ids) * self.pool.block_size
+        l_, two, h, _, d = self.pool.block_shape
+        out = torch.empty((l_, two, h, padded, d), dtype=self.pool.data.dtype,
+                          device=self.pool.data.device)  # fmt: skip
+        self.pool.read_into(entry.block_ids, out)
+        return out[:, :, :, : entry.num_tokens]
+
+    def put(self, namespace: Namespace, tokens: Sequence[int], kv: torch.Tensor) -> bool:
+        """Store a chunk's KV (computed alone at positions ``[0, n)``), evicting others as needed.
+
+        Args:
+            tokens: The chunk's token ids (``n`` of them).
+            kv: ``[L, 2, H_kv, n, D]`` KV of those tokens.
+
+        Returns:
+            True when stored (or already there); False when it cannot fit the whole budget.
+        """
+        assert kv.shape[3] == len(tokens) > 0, "one KV position per chunk token"
+        key = chunk_key(namespace, tokens)
+        if key in self._entries:
+            return True
+        bs = self.pool.block_size
+        num_blocks = -(-len(tokens) // bs)
+        if num_blocks > self.pool.num_blocks:
+            return False
+        while not self.pool.can_allocate(num_blocks):
+            self._evict_one()
+        block_ids = self.pool.allocate(num_blocks)
+        assert block_ids is not None, "allocate after making room"
+        pad = num_blocks * bs - len(tokens)
+        if pad:
+            zeros = kv.new_zeros((*kv.shape[:3], pad, kv.shape[4]))
+            kv = torch.cat((kv, zeros), dim=3)
+        self.pool.write_from(block_ids, kv)
+        entry = _Entry(key, len(tokens), block_ids)
+        self._entries[key] = entry
+        self._touch(entry)
+        return True
+
+    def flush(self) -> int:
+        """Drop every entry; returns how many were dropped."""
+        num = len(self._entries)
+        for entry in self._entries.values():
+            self.pool.free(entry.block_ids)
+            entry.heap_seq = -1
+        self._entries.clear()
+        self._heap.compact(0)
+        return num
+
+    def check_integrity(self) -> None:
+        """Assert free + stored blocks == total, blocks owned once, one live heap entry each."""
+        self.pool.check_integrity()
+        owned = [bid for e in self._entries.values() for bid in e.block_ids]
+        assert len(owned) == len(set(owned)), "a block belongs to two chunks"
+        assert self.pool.num_free + len(owned) == self.pool.num_blocks, (
+            f"free {self.pool.num_free} + stored {len(owned)} != total {self.pool.num_blocks}"
+        )
+        bs = self.pool.block_size
+        for entry in self._entries.values():
+            assert len(entry.block_ids) == -(-entry.num_tokens // bs), "entry block count"
+        assert self._heap.num_live() == len(self._entries), "eviction heap drifted"
+
+    def _touch(self, entry: _Entry) -> None:
+        self._tick += 1
+        self._heap.touch(entry, self._tick)
+        self._heap.update(entry)
+        self._heap.compact(len(self._entries))
+
+    def _evict_one(self) -> None:
+        entry = self._heap.pop()
+        assert entry is not None, "a full pool with nothing evictable"
+        del self._entries[entry.key]
+        self.pool.free(entry.block_ids)
+        self.num_evictions += 1

@@ -1,0 +1,315 @@
+"""Chunk reuse beyond the prefix: assemble a prompt's document chunks from stored per-chunk KV.
+
+A request marks token spans of its prompt as document chunks. Each chunk's KV is read from the
+``ChunkStore`` (computed alone at positions ``[0, n)`` and stored on a miss), its keys re-rotated
+to the chunk's place (``chunk_rotation.rerotate``), then:
+
+- ``"exact"``: the answer of a prefill under the block attention mask (``block_attention_mask``):
+  a token inside a span attends only to earlier tokens of its own span; every other token (the
+  head before the first span, separators between spans, the question after the last) attends to
+  every earlier token. Reused chunk KV equals that prefill's KV up to float rounding, for any
+  RoPE model. NOTE: chunks do not attend to the head: under RoPE the head-to-chunk scores depend
+  on where the chunk lands, so a head-attending chunk's KV could not be moved exactly. Models
+  trained with block attention (Block-Attention, 2024) answer well this way; others answer worse.
+- ``"blend"`` (approximate, CacheBlend's selection, EuroSys 2025): the target is the ordinary
+  causal prefill. Layer 0 runs for every token after the head; layer 1's K/V of every token are
+  compared with the stored ones and the span tokens that deviate most (a ``recompute_fraction``
+  of them), plus every non-span token after the head, run through layers 1..L-1; the other
+  positions keep their stored KV. At fraction 1 it is the causal prefill. Needs the compact
+  forward (it runs layer by layer).
+
+It knows the model runner, the chunk store and a request's KV buffer, never the scheduler,
+sampling or HTTP.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias, get_args
+
+import torch
+import torch.nn.functional as F
+
+from runtime.cache.chunk_store import ChunkStore
+from runtime.cache.radix_cache import Namespace
+from runtime.chunk_rotation import rerotate, rotation_blocker
+from runtime.compact_llama import CompactLlama
+from runtime.exceptions import InvalidRequestError
+from runtime.kv_cache import RequestKVCache
+from runtime.model_runner import ModelRunner
+from runtime.outputs import ChunkReuseUsage
+
+__all__ = [
+    "CHUNK_MODES",
+    "ChunkAssembler",
+    "ChunkMode",
+    "ChunkReuse",
+    "block_attention_mask",
+    "chunk_reuse_blocker",
+    "masked_prefill_logits",
+]
+
+ChunkMode: TypeAlias = Literal["exact", "blend"]
+CHUNK_MODES: tuple[str, ...] = get_args(ChunkMode)
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkReuse:
+    """A request's document chunks and how to reuse their KV (opt-in; see the module docstring).
+
+    Raises:
+        InvalidRequestError: on construction, for an unknown mode, a fraction outside [0, 1] or
+            spans that are empty, unsorted or overlapping (``check`` tests them on a prompt).
+    """
+
+    spans: tuple[Span, ...]
+    """``(start, end)`` token index pairs of the prompt, end exclusive, sorted, disjoint."""
+    mode: ChunkMode = "exact"
+    """``"exact"`` (block attention mask) or ``"blend"`` (approximate causal prefill)."""
+    recompute_fraction: float = 0.15
+    """Blend only: the share of span tokens recomputed (CacheBlend's default is about 15%)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in CHUNK_MODES:
+            raise InvalidRequestError(f"chunk mode {self.mode!r} is unknown; valid: {CHUNK_MODES}")
+        fraction = self.recompute_fraction
+        if isinstance(fraction, bool) or not 0.0 <= fraction <= 1.0:
+            raise InvalidRequestError(f"recompute_fraction must be in [0, 1], got {fraction!r}")
+        if not self.spans:
+            raise InvalidRequestError("chunk reuse needs at least one span")
+        prev_end = 0
+        for i, span in enumerate(self.spans):
+            if len(span) != 2 or not all(type(x) is int for x in span):
+                raise InvalidRequestError(f"spans[{i}] must be [start, end] integers, got {span!r}")
+            start, end = span
+            if start < prev_end or end <= start:
+                raise InvalidRequestError(
+                    f"spans[{i}]={list(span)!r}: spans must be non-empty ([start, end) with "
+                    f"end > start), sorted and disjoint (the previous ends at {prev_end})"
+                )
+            prev_end = end
+
+    def check(self, prompt_len: int) -> None:
+        """Raise InvalidRequestError unless every span ends before the last prompt token.
+
+        NOTE: the last prompt token is always computed (it gives the first logits), so it may
+        not be inside a chunk.
+        """
+        end = self.spans[-1][1]
+        if end > prompt_len - 1:
+            raise InvalidRequestError(
+                f"spans end at token {end} but the prompt has {prompt_len} tokens; the last "
+                "span must end before the last prompt token (the question follows the chunks)"
+            )
+
+    @property
+    def head_len(self) -> int:
+        """Tokens before the first span: exact causal KV, served by the prefix cache."""
+        return self.spans[0][0]
+
+
+def chunk_reuse_blocker(runner: ModelRunner, mode: ChunkMode) -> str | None:
+    """Why ``runner``'s model cannot reuse chunk KV in ``mode``, or None when it can."""
+    why = rotation_blocker(runner.model)
+    if why is not None:
+        return why
+    config = runner.model.config.get_text_config(decoder=True)
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    window = getattr(config, "sliding_window", None)
+    is_windowed = window is not None and (
+        config.model_type == "mistral" or getattr(config, "use_sliding_window", False)
+    )
+    if kinds != {"full_attention"} or is_windowed:
+        return f"layer types {sorted(kinds)} / sliding_window={window}: the block mask is full"
+    if mode == "blend" and runner.compact is None:
+        return f"blend mode runs layer by layer on the compact forward ({runner.path_reason})"
+    return None
+
+
+def block_attention_mask(length: int, spans: Sequence[Span]) -> torch.Tensor:
+    """``[length, length]`` bool mask of exact mode (True = row may attend to column).
+
+    Causal; a token inside a span sees only earlier tokens of its own span; any other token
+    sees every earlier token.
+    """
+    owner = torch.full((length,), -1, dtype=torch.long)  # span index of each token, -1 = none
+    for i, (start, end) in enumerate(spans):
+        owner[start:end] = i
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    free = (owner < 0).unsqueeze(1)  # [length, 1]
+    same = owner.unsqueeze(1) == owner.unsqueeze(0)  # [length, length]
+    return causal & (free | same)
+
+
+@torch.no_grad()
+def masked_prefill_logits(model: Any, ids: Sequence[int], spans: Sequence[Span]) -> torch.Tensor:
+    """Reference: ``[n, vocab]`` logits of one transformers forward under the block mask.
+
+    The model's own forward with a 4D boolean mask, no cache, positions ``0..n-1``.
+    """
+    mask = block_attention_mask(len(ids), spans)
+    device = next(model.parameters()).device
+    out = model(
+        input_ids=torch.tensor([list(ids)], device=device),
+        attention_mask=mask.view(1, 1, len(ids), len(ids)).to(device),
+        position_ids=torch.arange(len(ids), device=device).unsqueeze(0),
+    )
+    logits: torch.Tensor = out.logits[0].float()
+    return logits
+
+
+class ChunkAssembler:
+    """Fills a request's KV buffer from stored chunks and returns the last prompt logits."""
+
+    def __init__(self, runner: ModelRunner, store: ChunkStore) -> None:
+        self.runner = runner
+        self.store = store
+
+    @torch.no_grad()
+    def prefill(
+        self, namespace: Namespace, ids: list[int], plan: ChunkReuse, kv: RequestKVCache
+    ) -> tuple[torch.Tensor, ChunkReuseUsage]:
+        """Prefill ``ids`` into ``kv`` (which holds a cached head ``[0, kv.length)``).
+
+        Returns:
+            ``[vocab]`` logits of the last prompt position and the request's chunk usage.
+        """
+        assert kv.length <= plan.head_len, "only the head comes from the prefix cache"
+        if kv.length < plan.head_len:
+            self.runner.forward(ids[kv.length : plan.head_len], kv)
+        kv.reserve(len(ids))
+        if plan.mode == "exact":
+            logits, num_missed = self._exact(namespace, ids, plan.spans, kv)
+            num_recomputed = 0
+        else:
+            num_missed = self._place_all(namespace, ids, plan.spans, kv)
+            logits, num_recomputed = self._blend(ids, plan, kv)
+        num_span = sum(end - start for start, end in plan.spans)
+        usage = ChunkReuseUsage(
+            mode=plan.mode,
+            reused_tokens=num_span - num_missed - num_recomputed,
+            recomputed_tokens=num_recomputed,
+            missed_tokens=num_missed,
+        )
+        return logits, usage
+
+    def _exact(
+        self, namespace: Namespace, ids: list[int], spans: Sequence[Span], kv: RequestKVCache
+    ) -> tuple[torch.Tensor, int]:
+        """Stored chunks in place, the tokens between and after them computed causally."""
+        num_missed = 0
+        for start, end in spans:
+            if kv.length < start:
+                self.runner.forward(ids[kv.length : start], kv)  # NOTE: separators see all
+            num_missed += self._place(namespace, ids, start, end, kv)
+            kv.length = end
+        return self.runner.forward(ids[kv.length :], kv), num_missed
+
+    def _place_all(
+        self, namespace: Namespace, ids: list[int], spans: Sequence[Span], kv: RequestKVCache
+    ) -> int:
+        return sum(self._place(namespace, ids, start, end, kv) for start, end in spans)
+
+    def _place(self, namespace: Namespace, ids: list[int], start: int, end: int,
+               kv: RequestKVCache) -> int:  # fmt: skip
+        """Write chunk ``ids[start:end]``'s stored KV at ``[start, end)``; 1 miss -> its length."""
+        tokens = ids[start:end]
+        stored = self.store.get(namespace, tokens)
+        missed = 0
+        if stored is None:
+            stored, missed = self._compute_alone(namespace, tokens), len(tokens)
+        span = kv.span(start, end)  # [L, 2, H_kv, n, D]
+        span[:, 1].copy_(stored[:, 1])
+        span[:, 0].copy_(rerotate(self.runner.model, stored[:, 0], start))
+        return missed
+
+    def _compute_alone(self, namespace: Namespace, tokens: list[int]) -> torch.Tensor:
+        """KV ``[L, 2, H_kv, n, D]`` of ``tokens`` run alone at ``[0, n)``; stored if it fits."""
+        scratch = self.runner.new_cache(len(tokens))
+        self.runner.forward(tokens, scratch)
+        kv = scratch.span(0, len(tokens))
+        self.store.put(namespace, tokens, kv)
+        return kv
+
+    def _blend(
+        self, ids: list[int], plan: ChunkReuse, kv: RequestKVCache
+    ) -> tuple[torch.Tensor, int]:
+        """CacheBlend over ``[head_len, n)``; returns last logits and span tokens recomputed."""
+        compact = self.runner.compact
+        assert compact is not None, "blend needs the compact forward (chunk_reuse_blocker)"
+        start, n = plan.head_len, len(ids)
+        device = self.runner.device
+        in_span = torch.zeros(n - start, dtype=torch.bool, device=device)  # [q0]
+        for s, e in plan.spans:
+            in_span[s - start : e - start] = True
+        num_pick = math.ceil(plan.recompute_fraction * int(in_span.sum()))
+        blend = _Blend(compact, kv.span(0, n), start, device)
+        h = blend.first_layer(ids)
+        rows = blend.select(h, in_span, num_pick)
+        logits = blend.rest(h, rows)
+        kv.length = n
+        return logits, int(in_span[rows].sum())
+
+
+class _Blend:
+    """One blended prefill over a request's KV ``[L, 2, H_kv, n, D]`` from position ``start``."""
+
+    def __init__(self, model: CompactLlama, kv: torch.Tensor, start: int, device: Any) -> None:
+        self.model, self.kv, self.start = model, kv, start
+        n = kv.shape[3]
+        self.positions = torch.arange(start, n, device=device)  # [q0]
+        self.cols = torch.arange(n, device=device)  # [n]
+        self.cos = self.sin = torch.empty(0)
+        self.first_qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        """Layer 1's Q/K/V of the selected rows (computed once, by ``select``)."""
+
+    def _mask(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[1, 1, r, n]`` causal mask of the queries at ``positions[rows]``."""
+        allowed = self.cols.unsqueeze(0) <= self.positions[rows].unsqueeze(1)  # [r, n]
+        return allowed.view(1, 1, len(rows), -1)
+
+    def _layer(self, i: int, h: torch.Tensor, rows: torch.Tensor, qkv: Any) -> torch.Tensor:
+        """Layer ``i`` for the query ``rows`` (``h`` is theirs): write their K/V, attend all."""
+        qs, ks, vs = qkv
+        at = self.positions[rows]
+        self.kv[i, 0].index_copy_(1, at, ks[0])
+        self.kv[i, 1].index_copy_(1, at, vs[0])
+        keys, values = self.kv[i, 0].unsqueeze(0), self.kv[i, 1].unsqueeze(0)
+        return self.model.finish(i, h, self.model.attend(qs, keys, values, self._mask(rows)))
+
+    def first_layer(self, ids: list[int]) -> torch.Tensor:
+        """Layer 0 for every token from ``start``: ``[1, q0, hidden]`` hidden states."""
+        tail = torch.tensor([ids[self.start :]], device=self.positions.device)  # [1, q0]
+        h = F.embedding(tail, self.model.embed)
+        self.cos, self.sin = self.model.rope(h, self.positions.unsqueeze(0))
+        every = torch.arange(len(self.positions), device=h.device)
+        return self._layer(0, h, every, self.model.qkv(0, h, self.cos, self.sin))
+
+    def select(self, h: torch.Tensor, in_span: torch.Tensor, num_pick: int) -> torch.Tensor:
+        """Rows to recompute: non-span rows and the ``num_pick`` span rows whose layer-1 K/V
+        deviate most (squared L2 over heads and dims) from the stored ones."""
+        if len(self.model.layers) < 2:  # NOTE: nothing to blend: layer 0 ran for every row
+            return torch.arange(len(in_span), device=h.device)
+        qs, ks, vs = self.model.qkv(1, h, self.cos, self.sin)  # [1, H_kv, q0, D]
+        stored = self.kv[1, :, :, self.start :]  # [2, H_kv, q0, D]
+        dev = ((ks[0] - stored[0]) ** 2).sum((0, 2)) + ((vs[0] - stored[1]) ** 2).sum((0, 2))
+        dev = dev.float().masked_fill(~in_span, -1.0)
+        picked = torch.topk(dev, num_pick).indices if num_pick else dev.new_zeros(0).long()
+        keep = ~in_span
+        keep[picked] = True
+        rows = keep.nonzero().squeeze(1)
+        self.first_qkv = (qs[:, :, rows], ks[:, :, rows], vs[:, :, rows])
+        return rows
+
+    def rest(self, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Layers 1..L-1 for ``rows``; ``[vocab]`` logits of the last row (the last token)."""
+        h = h[:, rows]
+        cos, sin = self.cos[:, :, rows], self.sin[:, :, rows]
+        for i in range(1, len(self.model.layers)):
+            qkv = self.first_qkv if i == 1 and self.first_qkv else self.model.qkv(i, h, cos, sin)
+            h = self._layer(i, h, rows, qkv)
+        return self.model.logits(h[:, -1:])[0, -1]
