@@ -12,7 +12,7 @@ to the chunk's place (``chunk_rotation.rerotate``), then:
   on where the chunk lands, so a head-attending chunk's KV could not be moved exactly. Models
   trained with block attention (Block-Attention, 2024) answer well this way; others answer worse.
 - ``"blend"`` (approximate, CacheBlend's selection, EuroSys 2025): the target is the ordinary
-  causal prefill. Layer 0 runs for every token after the head; layer 1's K/V of every token are
+  causal prefill. Layer 0 runs for every token after the cached head; layer 1's K/V are
   compared with the stored ones and the span tokens that deviate most (a ``recompute_fraction``
   of them), plus every non-span token after the head, run through layers 1..L-1; the other
   positions keep their stored KV. At fraction 1 it is the causal prefill. Needs the compact
@@ -30,12 +30,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, get_args
 
 import torch
-import torch.nn.functional as F
 
 from runtime.cache.chunk_store import ChunkStore
 from runtime.cache.radix_cache import Namespace
 from runtime.chunk_rotation import rerotate, rotation_blocker
-from runtime.compact_llama import CompactLlama
+from runtime.chunk_rows import RowForward
 from runtime.exceptions import InvalidRequestError
 from runtime.kv_cache import RequestKVCache
 from runtime.model_runner import ModelRunner
@@ -179,15 +178,25 @@ class ChunkAssembler:
             ``[vocab]`` logits of the last prompt position and the request's chunk usage.
         """
         assert kv.length <= plan.head_len, "only the head comes from the prefix cache"
-        if kv.length < plan.head_len:
+        compact = self.runner.compact
+        if compact is None and kv.length < plan.head_len:
             self.runner.forward(ids[kv.length : plan.head_len], kv)
+        start = kv.length  # NOTE: the compact path runs the rest of the head with the question
         kv.reserve(len(ids))
-        if plan.mode == "exact":
-            logits, num_missed = self._exact(namespace, ids, plan.spans, kv)
-            num_recomputed = 0
+        num_missed = sum(self._place(namespace, ids, s, e, kv) for s, e in plan.spans)
+        in_span = self._span_rows(plan.spans, start, len(ids))
+        num_recomputed = 0
+        if compact is None:  # NOTE: exact only (chunk_reuse_blocker)
+            logits = self._exact_stepwise(ids, plan.spans, kv)
+        elif plan.mode == "exact":
+            fwd = RowForward(compact, kv.span(0, len(ids)), ids, start)
+            logits = fwd.run((~in_span).nonzero().squeeze(1))
         else:
-            num_missed = self._place_all(namespace, ids, plan.spans, kv)
-            logits, num_recomputed = self._blend(ids, plan, kv)
+            num_pick = math.ceil(plan.recompute_fraction * int(in_span.sum()))
+            fwd = RowForward(compact, kv.span(0, len(ids)), ids, start)
+            logits, rows = fwd.blend(in_span, num_pick)
+            num_recomputed = int(in_span[rows].sum())
+        kv.length = len(ids)
         num_span = sum(end - start for start, end in plan.spans)
         usage = ChunkReuseUsage(
             mode=plan.mode,
@@ -197,22 +206,24 @@ class ChunkAssembler:
         )
         return logits, usage
 
-    def _exact(
-        self, namespace: Namespace, ids: list[int], spans: Sequence[Span], kv: RequestKVCache
-    ) -> tuple[torch.Tensor, int]:
-        """Stored chunks in place, the tokens between and after them computed causally."""
-        num_missed = 0
-        for start, end in spans:
-            if kv.length < start:
-                self.runner.forward(ids[kv.length : start], kv)  # NOTE: separators see all
-            num_missed += self._place(namespace, ids, start, end, kv)
+    def _exact_stepwise(
+        self, ids: list[int], spans: Sequence[Span], kv: RequestKVCache
+    ) -> torch.Tensor:
+        """Exact mode on any forward: the tokens between and after the placed chunks run
+        causally over everything before them, one run of tokens at a time."""
+        logits = torch.empty(0)
+        for (_, end), (start, _) in zip(spans, [*spans[1:], (len(ids), 0)], strict=True):
             kv.length = end
-        return self.runner.forward(ids[kv.length :], kv), num_missed
+            if end < start:
+                logits = self.runner.forward(ids[end:start], kv)  # NOTE: separators see all
+        return logits  # NOTE: the last run ends at the last prompt token (ChunkReuse.check)
 
-    def _place_all(
-        self, namespace: Namespace, ids: list[int], spans: Sequence[Span], kv: RequestKVCache
-    ) -> int:
-        return sum(self._place(namespace, ids, start, end, kv) for start, end in spans)
+    def _span_rows(self, spans: Sequence[Span], start: int, n: int) -> torch.Tensor:
+        """``[n - start]`` bool: which positions from ``start`` on lie inside a span."""
+        in_span = torch.zeros(n - start, dtype=torch.bool, device=self.runner.device)
+        for s, e in spans:
+            in_span[s - start : e - start] = True
+        return in_span
 
     def _place(self, namespace: Namespace, ids: list[int], start: int, end: int,
                kv: RequestKVCache) -> int:  # fmt: skip
@@ -234,82 +245,3 @@ class ChunkAssembler:
         kv = scratch.span(0, len(tokens))
         self.store.put(namespace, tokens, kv)
         return kv
-
-    def _blend(
-        self, ids: list[int], plan: ChunkReuse, kv: RequestKVCache
-    ) -> tuple[torch.Tensor, int]:
-        """CacheBlend over ``[head_len, n)``; returns last logits and span tokens recomputed."""
-        compact = self.runner.compact
-        assert compact is not None, "blend needs the compact forward (chunk_reuse_blocker)"
-        start, n = plan.head_len, len(ids)
-        device = self.runner.device
-        in_span = torch.zeros(n - start, dtype=torch.bool, device=device)  # [q0]
-        for s, e in plan.spans:
-            in_span[s - start : e - start] = True
-        num_pick = math.ceil(plan.recompute_fraction * int(in_span.sum()))
-        blend = _Blend(compact, kv.span(0, n), start, device)
-        h = blend.first_layer(ids)
-        rows = blend.select(h, in_span, num_pick)
-        logits = blend.rest(h, rows)
-        kv.length = n
-        return logits, int(in_span[rows].sum())
-
-
-class _Blend:
-    """One blended prefill over a request's KV ``[L, 2, H_kv, n, D]`` from position ``start``."""
-
-    def __init__(self, model: CompactLlama, kv: torch.Tensor, start: int, device: Any) -> None:
-        self.model, self.kv, self.start = model, kv, start
-        n = kv.shape[3]
-        self.positions = torch.arange(start, n, device=device)  # [q0]
-        self.cols = torch.arange(n, device=device)  # [n]
-        self.cos = self.sin = torch.empty(0)
-        self.first_qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        """Layer 1's Q/K/V of the selected rows (computed once, by ``select``)."""
-
-    def _mask(self, rows: torch.Tensor) -> torch.Tensor:
-        """``[1, 1, r, n]`` causal mask of the queries at ``positions[rows]``."""
-        allowed = self.cols.unsqueeze(0) <= self.positions[rows].unsqueeze(1)  # [r, n]
-        return allowed.view(1, 1, len(rows), -1)
-
-    def _layer(self, i: int, h: torch.Tensor, rows: torch.Tensor, qkv: Any) -> torch.Tensor:
-        """Layer ``i`` for the query ``rows`` (``h`` is theirs): write their K/V, attend all."""
-        qs, ks, vs = qkv
-        at = self.positions[rows]
-        self.kv[i, 0].index_copy_(1, at, ks[0])
-        self.kv[i, 1].index_copy_(1, at, vs[0])
-        keys, values = self.kv[i, 0].unsqueeze(0), self.kv[i, 1].unsqueeze(0)
-        return self.model.finish(i, h, self.model.attend(qs, keys, values, self._mask(rows)))
-
-    def first_layer(self, ids: list[int]) -> torch.Tensor:
-        """Layer 0 for every token from ``start``: ``[1, q0, hidden]`` hidden states."""
-        tail = torch.tensor([ids[self.start :]], device=self.positions.device)  # [1, q0]
-        h = F.embedding(tail, self.model.embed)
-        self.cos, self.sin = self.model.rope(h, self.positions.unsqueeze(0))
-        every = torch.arange(len(self.positions), device=h.device)
-        return self._layer(0, h, every, self.model.qkv(0, h, self.cos, self.sin))
-
-    def select(self, h: torch.Tensor, in_span: torch.Tensor, num_pick: int) -> torch.Tensor:
-        """Rows to recompute: non-span rows and the ``num_pick`` span rows whose layer-1 K/V
-        deviate most (squared L2 over heads and dims) from the stored ones."""
-        if len(self.model.layers) < 2:  # NOTE: nothing to blend: layer 0 ran for every row
-            return torch.arange(len(in_span), device=h.device)
-        qs, ks, vs = self.model.qkv(1, h, self.cos, self.sin)  # [1, H_kv, q0, D]
-        stored = self.kv[1, :, :, self.start :]  # [2, H_kv, q0, D]
-        dev = ((ks[0] - stored[0]) ** 2).sum((0, 2)) + ((vs[0] - stored[1]) ** 2).sum((0, 2))
-        dev = dev.float().masked_fill(~in_span, -1.0)
-        picked = torch.topk(dev, num_pick).indices if num_pick else dev.new_zeros(0).long()
-        keep = ~in_span
-        keep[picked] = True
-        rows = keep.nonzero().squeeze(1)
-        self.first_qkv = (qs[:, :, rows], ks[:, :, rows], vs[:, :, rows])
-        return rows
-
-    def rest(self, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Layers 1..L-1 for ``rows``; ``[vocab]`` logits of the last row (the last token)."""
-        h = h[:, rows]
-        cos, sin = self.cos[:, :, rows], self.sin[:, :, rows]
-        for i in range(1, len(self.model.layers)):
-            qkv = self.first_qkv if i == 1 and self.first_qkv else self.model.qkv(i, h, cos, sin)
-            h = self._layer(i, h, rows, qkv)
-        return self.model.logits(h[:, -1:])[0, -1]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runtime.bench import load as loadtest
-from runtime.bench import prefix, trace
+from runtime.bench import prefix, rag, trace
 
 
 @pytest.mark.parametrize(
@@ -20,6 +20,8 @@ from runtime.bench import prefix, trace
         (trace.trace_main, ["--layers", "x"]),
         (loadtest.main, ["--concurrency", "16", "0"]),
         (loadtest.main, ["--rounds", "0"]),
+        (rag.main, ["--requests", "0"]),
+        (rag.main, ["--doc-len", "x"]),
     ],
 )
 def test_non_positive_counts_are_usage_errors(
@@ -34,7 +36,7 @@ def test_non_positive_counts_are_usage_errors(
 
 
 def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
-    for main in (prefix.prefix_main, trace.trace_main, loadtest.main):
+    for main in (prefix.prefix_main, trace.trace_main, loadtest.main, rag.main):
         with pytest.raises(SystemExit):
             main(["--help"])
         out = capsys.readouterr().out
@@ -82,3 +84,19 @@ def test_noise_warnings_name_a_flipping_ratio_and_a_hit_below_its_floor() -> Non
     assert "hit / other flips between runs (0.80x to 1.30x)" in warnings[1]
     assert "hit varies 3.0x between runs" in warnings[2]
     assert noise_warnings([floor], [Spread("r", "x", (1.2, 1.3))]) == []
+
+
+@pytest.mark.slow
+def test_rag_prints_ttft_per_mode_and_quality(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--layers", "1", "--num-docs", "4", "--doc-len", "24", "--requests", "2"]
+    argv += ["--quality-prompts", "1", "--gen-tokens", "3", "--fractions", "0", "100", "--json"]
+    assert rag.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "TTFT, exact" in out and "prefix only / blend" in out and "top-1 agreement" in out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["spread"]["TTFT, no cache"]["n"] == 2
+    assert report["no_cache_reused_tokens_mean"] == 0
+    assert report["exact_reused_tokens_mean"] >= 4 * 24  # every document from the store
+    # 100% recompute is the causal prefill: same greedy tokens.
+    assert report["blend_100pct_top1"] == 1.0 and report["blend_100pct_kl"] < 1e-6
+    assert report["exact_vs_masked_max_logit_diff"] < 1e-4
