@@ -119,14 +119,25 @@ def save_tiny_model(arch: str, path: Path, *, seed: int = 0) -> Path:
     return path
 
 
+def save_small_llama(path: Path, *, seed: int, **config: Any) -> None:
+    """Save random weights (``seed``) of a 2-layer Llama, hidden 64, 4 query / 2 KV heads, tied
+    embeddings; ``config`` gives the rest (vocab size, context, special ids) to ``LlamaConfig``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    heads = {"num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True}
+    torch.manual_seed(seed)
+    LlamaForCausalLM(LlamaConfig(**shape, **heads, **config)).save_pretrained(path)
+
+
 # --- a BPE Llama trained on stdlib docstrings (SDK tests) -----------------------------------
 
 
 def build_tiny_llama(folder: Path, *, vocab_size: int = 1024, seed: int = 0) -> Path:
     """Write config, random weights and a BPE tokenizer of a 2-layer Llama into ``folder``."""
-    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     from agentcache.rag.stdlib import stdlib_sources
 
@@ -148,21 +159,15 @@ def build_tiny_llama(folder: Path, *, vocab_size: int = 1024, seed: int = 0) -> 
         chat_template=CHATML_TEMPLATE,
     )
     tokenizer.save_pretrained(folder)
-    torch.manual_seed(seed)
-    config = LlamaConfig(
+    save_small_llama(
+        folder,
+        seed=seed,
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=8192,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         bos_token_id=None,
-        tie_word_embeddings=True,
     )
-    LlamaForCausalLM(config).save_pretrained(folder)
     return folder
 
 
@@ -189,23 +194,14 @@ def make_byte_tokenizer() -> Any:
 
 def save_byte_llama(path: Path, *, seed: int = 0) -> Path:
     """A random-weight 2-layer Llama (context 1024) with ``make_byte_tokenizer``, saved."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     tokenizer = make_byte_tokenizer()
-    config = LlamaConfig(
+    save_small_llama(
+        path,
+        seed=seed,
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=1024,
         eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
     )
-    torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

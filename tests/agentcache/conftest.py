@@ -13,14 +13,19 @@ from agentcache.cache._redis_server import LocalRedisServer, redis_server_binary
 NO_REDIS = "redis-server is not installed here (.ci/run installs it, so CI never skips)"
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[LocalRedisServer]:
-    """One redis-server for the whole session (no persistence, loopback only)."""
+def _running_redis() -> Iterator[LocalRedisServer]:
+    """A started redis-server, stopped when the fixture ends (skips where none is installed)."""
     if redis_server_binary() is None:
         pytest.skip(NO_REDIS)
     server = LocalRedisServer()
     with server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[LocalRedisServer]:
+    """One redis-server for the whole session (no persistence, loopback only)."""
+    yield from _running_redis()
 
 
 @pytest.fixture
@@ -35,11 +40,7 @@ def redis_url(redis_server: LocalRedisServer) -> Iterator[str]:
 @pytest.fixture
 def private_redis() -> Iterator[LocalRedisServer]:
     """A redis-server of this test alone, which the test may stop and start again."""
-    if redis_server_binary() is None:
-        pytest.skip(NO_REDIS)
-    server = LocalRedisServer()
-    with server:
-        yield server
+    yield from _running_redis()
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 
 from runtime import EngineBusyError, RuntimeEngineError, SamplingParams
 from runtime.engine import Engine
+from runtime.outputs import Completion
 from runtime.request import Request
 from runtime.scheduler import SchedulerConfig
 from tests.conftest import VOCAB_SIZE
@@ -34,13 +35,18 @@ def make_engine(model_path: Path, **limits: int | float) -> Engine:
     return eng
 
 
-def drain(req: Request) -> list[int]:
+def completion_of(req: Request) -> Completion:
+    """Read ``req``'s outbox (as the loop posts it) to its completion; raise a posted error."""
     while True:
         item = req.outbox.get(timeout=60)
         if isinstance(item, BaseException):
             raise item
         if item.completion is not None:
-            return item.completion.token_ids
+            return item.completion
+
+
+def drain(req: Request) -> list[int]:
+    return completion_of(req).token_ids
 
 
 def admitted_order(engine: Engine, prompts: list[list[int]]) -> list[int]:
@@ -82,15 +88,6 @@ def test_old_head_of_queue_is_not_starved(model_path: Path) -> None:
     order = admitted_order(engine, [[9] * 12, SHARED + [13], [10] * 12])
     assert order == [0, 1, 2]  # every head is "old" at once: pure arrival order
     engine.close()
-
-
-def completion_of(req: Request) -> Any:
-    while True:
-        item = req.outbox.get(timeout=60)
-        if isinstance(item, BaseException):
-            raise item
-        if item.completion is not None:
-            return item.completion
 
 
 @pytest.mark.parametrize("max_batch_size", [64, 1])

@@ -7,15 +7,9 @@ each prompt once (one prefill per prompt) while summing the completions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-from openai import OpenAI
-
-from runtime.engine import Engine
-from runtime.serve.app import create_app
-from runtime.serve.server_thread import ServerThread
+from tests.runtime.serve.conftest import Served
 
 MESSAGES: list[Any] = [
     {"role": "system", "content": "You answer questions about the Python standard library."},
@@ -23,16 +17,8 @@ MESSAGES: list[Any] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[Engine, OpenAI]]:
-    engine = Engine.from_pretrained("tiny", kv_cache_bytes=8 << 20)
-    with ServerThread(create_app(engine)) as url:
-        yield engine, OpenAI(base_url=f"{url}/v1", api_key="test", max_retries=0)
-    engine.close()
-
-
-def test_chat_n_choices_share_the_prompt_in_usage(served: tuple[Engine, OpenAI]) -> None:
-    engine, client = served
+def test_chat_n_choices_share_the_prompt_in_usage(tiny_served: Served) -> None:
+    engine, client = tiny_served
     single = client.chat.completions.create(
         model=engine.model_id, messages=MESSAGES, max_tokens=6, temperature=1.0, seed=11
     )
@@ -48,8 +34,8 @@ def test_chat_n_choices_share_the_prompt_in_usage(served: tuple[Engine, OpenAI])
     assert engine.scheduler_stats().num_blocks_pinned == 0
 
 
-def test_chat_n_choices_stream_with_their_index(served: tuple[Engine, OpenAI]) -> None:
-    engine, client = served
+def test_chat_n_choices_stream_with_their_index(tiny_served: Served) -> None:
+    engine, client = tiny_served
     stream = client.chat.completions.create(
         model=engine.model_id,
         messages=MESSAGES,
@@ -80,8 +66,8 @@ def test_chat_n_choices_stream_with_their_index(served: tuple[Engine, OpenAI]) -
     assert usage.completion_tokens == whole.usage.completion_tokens == 10
 
 
-def test_batched_completion_prompts_times_n_in_openai_order(served: tuple[Engine, OpenAI]) -> None:
-    engine, client = served
+def test_batched_completion_prompts_times_n_in_openai_order(tiny_served: Served) -> None:
+    engine, client = tiny_served
     prompts = ["The json module", "A list is"]
     batch = client.completions.create(
         model=engine.model_id, prompt=prompts, max_tokens=4, temperature=0, n=2
@@ -104,8 +90,8 @@ def test_batched_completion_prompts_times_n_in_openai_order(served: tuple[Engine
     assert [c.text for c in by_ids.choices] == [s.choices[0].text for s in singles]
 
 
-def test_batched_completion_prompts_stream_each_index(served: tuple[Engine, OpenAI]) -> None:
-    engine, client = served
+def test_batched_completion_prompts_stream_each_index(tiny_served: Served) -> None:
+    engine, client = tiny_served
     stream = client.completions.create(
         model=engine.model_id, prompt=["one", "two", "three"], max_tokens=3, stream=True
     )

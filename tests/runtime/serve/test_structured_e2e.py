@@ -10,15 +10,13 @@ prefix cache.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError
+from openai.types.chat import ChatCompletion
 
-from runtime.engine import Engine
-from runtime.serve.app import create_app
-from runtime.serve.server_thread import ServerThread
+from tests.runtime.serve.conftest import Served
 
 CITY = {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}
 TOOLS: list[Any] = [
@@ -58,12 +56,13 @@ SCHEMA = {
 }
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[Engine, OpenAI]]:
-    engine = Engine.from_pretrained("tiny", kv_cache_bytes=8 << 20)
-    with ServerThread(create_app(engine)) as url:
-        yield engine, OpenAI(base_url=f"{url}/v1", api_key="test", max_retries=0)
-    engine.close()
+def chat(served: Served, **options: Any) -> ChatCompletion:
+    """A (non-streamed) chat completion of ``MESSAGES``; ``options`` as the client takes them."""
+    engine, client = served
+    done: ChatCompletion = client.chat.completions.create(
+        model=engine.model_id, messages=MESSAGES, **options
+    )
+    return done
 
 
 def declared(name: str) -> dict[str, Any]:
@@ -81,17 +80,15 @@ def check_arguments(name: str, arguments: str) -> None:
 
 
 def test_json_schema_strict_answer_parses_and_follows_the_schema(
-    served: tuple[Engine, OpenAI],
+    tiny_served: Served,
 ) -> None:
-    engine, client = served
     fmt: Any = {
         "type": "json_schema",
         "json_schema": {"name": "w", "schema": SCHEMA, "strict": True},
     }
     for seed in (None, 1, 2):
-        done = client.chat.completions.create(
-            model=engine.model_id,
-            messages=MESSAGES,
+        done = chat(
+            tiny_served,
             max_tokens=40,
             temperature=0 if seed is None else 1.0,
             seed=seed,
@@ -102,11 +99,9 @@ def test_json_schema_strict_answer_parses_and_follows_the_schema(
         assert isinstance(value["sunny"], bool)
 
 
-def test_json_object_answer_is_a_json_object(served: tuple[Engine, OpenAI]) -> None:
-    engine, client = served
-    done = client.chat.completions.create(
-        model=engine.model_id,
-        messages=MESSAGES,
+def test_json_object_answer_is_a_json_object(tiny_served: Served) -> None:
+    done = chat(
+        tiny_served,
         max_tokens=120,
         temperature=0,
         response_format={"type": "json_object"},
@@ -116,13 +111,11 @@ def test_json_object_answer_is_a_json_object(served: tuple[Engine, OpenAI]) -> N
 
 
 def test_tool_choice_required_returns_valid_calls_to_declared_tools(
-    served: tuple[Engine, OpenAI],
+    tiny_served: Served,
 ) -> None:
-    engine, client = served
     for parallel in (True, False):
-        done = client.chat.completions.create(
-            model=engine.model_id,
-            messages=MESSAGES,
+        done = chat(
+            tiny_served,
             max_tokens=120,
             temperature=0,
             tools=TOOLS,
@@ -138,8 +131,8 @@ def test_tool_choice_required_returns_valid_calls_to_declared_tools(
             check_arguments(call.function.name, call.function.arguments)
 
 
-def test_named_tool_choice_calls_that_tool(served: tuple[Engine, OpenAI]) -> None:
-    engine, client = served
+def test_named_tool_choice_calls_that_tool(tiny_served: Served) -> None:
+    engine, client = tiny_served
     stream = client.chat.completions.create(
         model=engine.model_id,
         messages=MESSAGES,
@@ -160,12 +153,10 @@ def test_named_tool_choice_calls_that_tool(served: tuple[Engine, OpenAI]) -> Non
     check_arguments("get_time", calls[0].function.arguments or "")
 
 
-def test_tool_choice_none_never_returns_tool_call_markup(served: tuple[Engine, OpenAI]) -> None:
-    engine, client = served
+def test_tool_choice_none_never_returns_tool_call_markup(tiny_served: Served) -> None:
     for seed in range(3):
-        done = client.chat.completions.create(
-            model=engine.model_id,
-            messages=MESSAGES,
+        done = chat(
+            tiny_served,
             max_tokens=60,
             temperature=1.0,
             seed=seed,
@@ -176,11 +167,8 @@ def test_tool_choice_none_never_returns_tool_call_markup(served: tuple[Engine, O
         assert not message.tool_calls and "<tool_call>" not in (message.content or "")
 
 
-def test_tool_choice_auto_calls_only_declared_tools(served: tuple[Engine, OpenAI]) -> None:
-    engine, client = served
-    done = client.chat.completions.create(
-        model=engine.model_id, messages=MESSAGES, max_tokens=120, temperature=0, tools=TOOLS, n=2
-    )
+def test_tool_choice_auto_calls_only_declared_tools(tiny_served: Served) -> None:
+    done = chat(tiny_served, max_tokens=120, temperature=0, tools=TOOLS, n=2)
     for choice in done.choices:
         for call in choice.message.tool_calls or []:
             check_arguments(call.function.name, call.function.arguments)
@@ -189,13 +177,11 @@ def test_tool_choice_auto_calls_only_declared_tools(served: tuple[Engine, OpenAI
         )
 
 
-def test_constrained_requests_use_the_prefix_cache(served: tuple[Engine, OpenAI]) -> None:
-    engine, client = served
+def test_constrained_requests_use_the_prefix_cache(tiny_served: Served) -> None:
     fmt: Any = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}
     outs = [
-        client.chat.completions.create(
-            model=engine.model_id,
-            messages=MESSAGES,
+        chat(
+            tiny_served,
             max_tokens=40,
             temperature=0,
             response_format=fmt,
@@ -210,12 +196,10 @@ def test_constrained_requests_use_the_prefix_cache(served: tuple[Engine, OpenAI]
     assert outs[0].choices[0].message.content == outs[1].choices[0].message.content
 
 
-def test_unenforceable_combinations_are_refused(served: tuple[Engine, OpenAI]) -> None:
-    engine, client = served
+def test_unenforceable_combinations_are_refused(tiny_served: Served) -> None:
     with pytest.raises(BadRequestError) as info:
-        client.chat.completions.create(
-            model=engine.model_id,
-            messages=MESSAGES,
+        chat(
+            tiny_served,
             tools=TOOLS,
             tool_choice="required",
             response_format={"type": "json_object"},
@@ -223,6 +207,4 @@ def test_unenforceable_combinations_are_refused(served: tuple[Engine, OpenAI]) -
     assert info.value.body is not None and "response_format" in str(info.value.body)
     bad: Any = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": 5}}}
     with pytest.raises(BadRequestError):
-        client.chat.completions.create(
-            model=engine.model_id, messages=MESSAGES, response_format=bad
-        )
+        chat(tiny_served, response_format=bad)
