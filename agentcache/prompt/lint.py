@@ -3,7 +3,7 @@
 Each finding has a code, the segment and part it sits in, a byte offset into that part, a message
 and a fix hint. Findings never quote prompt content beyond the kind of value found. Rules:
 
-- AC101 volatile value (timestamp, date, UUID, request id, counter) in a stable segment;
+- AC101 volatile value (timestamp, date, clock time, UUID, request id, counter) in a stable segment;
 - AC102 JSON that is not canonical (unsorted keys, extra whitespace) in a stable segment;
 - AC103 tools not sorted by name; AC104 tools changed since the previous build;
 - AC105 documents in score order; AC106 stable prefix under the provider's cacheable minimum;
