@@ -56,8 +56,11 @@ class TokenPrefixReport:
         common_len: Number of leading ids the two share.
         len_a: Number of ids of A; ``len_b`` likewise.
         reason: ``ok``, ``boundary_merge`` (text is a prefix, ids are not), ``history_rewritten``
-            (the chat template re-renders earlier messages) or ``content_changed``.
-        message_index: First message whose rendering differs, when known.
+            (the chat template re-renders earlier messages; the ids counted are then whole-text
+            ids) or ``content_changed`` (a message or the tools differ).
+        message_index: Index in ``to_messages()``: the first message that differs
+            (``content_changed``) or the message the template rendered anew
+            (``history_rewritten``); ``None`` when no message is to blame (e.g. tools changed).
     """
 
     is_prefix: bool
@@ -92,10 +95,11 @@ def render_pieces(
     messages = prompt.to_messages()
     tools = prompt.tool_schemas() or None
     pieces: list[str] = []
+    ends: list[int] = []  # NOTE: ends[j] = length of the rendering of messages[: j + 1]
     previous = ""
     for k in range(1, len(messages) + 1):
         text = _render(tokenizer, messages[:k], tools, False)
-        _require_extends(previous, text, k - 1)
+        _require_extends(previous, text, ends, k - 1)
         delta = text[len(previous) :]
         if messages[k - 1]["role"] == "assistant" and k > 1:
             gen = _render(tokenizer, messages[: k - 1], tools, True)[len(previous) :]
@@ -104,21 +108,26 @@ def render_pieces(
                 delta = delta[len(gen) :]
         pieces.append(delta)
         previous = text
+        ends.append(len(text))
     if add_generation_prompt:
         full = _render(tokenizer, messages, tools, True)
-        _require_extends(previous, full, len(messages))
+        _require_extends(previous, full, ends, len(messages))
         pieces.append(full[len(previous) :])
     return [piece for piece in pieces if piece]
 
 
-def _require_extends(previous: str, text: str, index: int) -> None:
-    if not text.startswith(previous):
-        at = next((i for i, (x, y) in enumerate(zip(previous, text, strict=False)) if x != y), 0)
-        raise TemplateRewritesHistoryError(
-            f"the chat template re-renders earlier messages once message {index} follows "
-            f"(text differs at offset {at}); such templates cannot keep a token prefix",
-            message_index=index,
-        )
+def _require_extends(previous: str, text: str, ends: list[int], index: int) -> None:
+    """Raise unless ``text`` (``previous`` plus message ``index``) starts with ``previous``."""
+    if text.startswith(previous):
+        return
+    limit = min(len(previous), len(text))
+    at = next((i for i in range(limit) if previous[i] != text[i]), limit)
+    anew = next((j for j, end in enumerate(ends) if end > at), index)
+    raise TemplateRewritesHistoryError(
+        f"the chat template renders message {anew} anew once message {index} follows (text "
+        f"differs at offset {at}); such templates cannot keep a token prefix",
+        message_index=anew,
+    )
 
 
 def stable_token_ids(
@@ -148,6 +157,11 @@ def check_token_prefix(
 ) -> TokenPrefixReport:
     """Check that A's ids (with generation prompt) are a strict prefix of B's ids.
 
+    When the chat template renders an earlier message anew (so ``stable_token_ids`` cannot cut
+    either prompt), the report says ``history_rewritten`` with ``is_prefix=False``, counts
+    whole-text ids (``naive_token_ids``) for ``common_len`` and the lengths, and names the message
+    rendered anew.
+
     Args:
         tokenizer: HF tokenizer with a chat template.
         prompt_a: The earlier turn.
@@ -159,11 +173,13 @@ def check_token_prefix(
         ids_a = ids_for(tokenizer, prompt_a)
         ids_b = ids_for(tokenizer, prompt_b)
     except TemplateRewritesHistoryError as exc:
-        return TokenPrefixReport(False, 0, 0, 0, "history_rewritten", exc.message_index)
-    common = next(
-        (i for i, (x, y) in enumerate(zip(ids_a, ids_b, strict=False)) if x != y),
-        min(len(ids_a), len(ids_b)),
-    )
+        ids_a = naive_token_ids(tokenizer, prompt_a)
+        ids_b = naive_token_ids(tokenizer, prompt_b)
+        common = _common_len(ids_a, ids_b)
+        return TokenPrefixReport(
+            False, common, len(ids_a), len(ids_b), "history_rewritten", exc.message_index
+        )
+    common = _common_len(ids_a, ids_b)
     if common == len(ids_a) < len(ids_b):
         return TokenPrefixReport(True, common, len(ids_a), len(ids_b), "ok")
     text_a = _render(tokenizer, prompt_a.to_messages(), prompt_a.tool_schemas() or None, True)
@@ -173,8 +189,13 @@ def check_token_prefix(
     index = next((i for i, (x, y) in enumerate(zip(msgs_a, msgs_b, strict=False)) if x != y), None)
     if text_b.startswith(text_a):
         reason = "boundary_merge"
-    elif index is None:
+    elif index is None and prompt_a.tool_schemas() == prompt_b.tool_schemas():
         reason = "history_rewritten"
     else:
-        reason = "content_changed"
+        reason = "content_changed"  # NOTE: a message, or the tools (no message index), changed
     return TokenPrefixReport(False, common, len(ids_a), len(ids_b), reason, index)
+
+
+def _common_len(ids_a: list[int], ids_b: list[int]) -> int:
+    limit = min(len(ids_a), len(ids_b))
+    return next((i for i in range(limit) if ids_a[i] != ids_b[i]), limit)

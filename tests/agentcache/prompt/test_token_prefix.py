@@ -172,7 +172,8 @@ def test_template_that_strips_earlier_reasoning_is_reported() -> None:
     prompts = turns()
     with pytest.raises(TemplateRewritesHistoryError) as exc:
         stable_token_ids(tok, prompts[3])
-    assert prompts[3].to_messages()[exc.value.message_index - 1]["role"] == "assistant"
+    rewritten = prompts[3].to_messages()[exc.value.message_index]  # the message rendered anew
+    assert (rewritten["role"], str(rewritten["content"])[:7]) == ("assistant", "<think>")
     report = check_token_prefix(tok, prompts[2], prompts[3])
     assert (report.is_prefix, report.reason) == (False, "history_rewritten")
 
@@ -183,3 +184,80 @@ def test_changed_system_prompt_is_a_content_change() -> None:
     b = PromptBuilder(namespace="t").system("You are a poet.").tools([add]).user("Hi").build()
     report = check_token_prefix(tok, a, b)
     assert (report.is_prefix, report.reason, report.message_index) == (False, "content_changed", 0)
+
+
+def whole_text_ids(tok: Any, prompt: Prompt) -> list[int]:
+    messages, tools = prompt.to_messages(), prompt.tool_schemas()
+    kwargs = {"tools": tools, "tokenize": False, "add_generation_prompt": True}
+    text = tok.apply_chat_template(messages, **kwargs)
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+def test_a_rewriting_template_reports_the_true_common_prefix_and_the_rewritten_message() -> None:
+    # The template strips <think> from an assistant turn once it is no longer last, so neither
+    # prompt can be cut per message: the report counts whole-text ids instead of 0s.
+    tok = tokenizer(STRIPS_REASONING)
+    a = turns()[2]
+    msgs = a.to_messages()
+    k = len(msgs) - 1  # the last user message differs
+    b = PromptBuilder(namespace="t").system("You are a calculator.").tools([add])
+    b = b.documents([Document("rules", "Answer with one number.")]).history(list(a.history))
+    b_prompt = b.user("And times 5?").build()
+    assert b_prompt.to_messages()[:k] == msgs[:k] and b_prompt.to_messages()[k] != msgs[k]
+    ids_a, ids_b = whole_text_ids(tok, a), whole_text_ids(tok, b_prompt)
+    true_common = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b, strict=False)) if x != y)
+    report = check_token_prefix(tok, a, b_prompt)
+    assert (report.is_prefix, report.reason) == (False, "history_rewritten")
+    assert (report.common_len, report.len_a, report.len_b) == (
+        true_common,
+        len(ids_a),
+        len(ids_b),
+    )
+    assert true_common > 12
+    assert report.message_index is not None
+    assert str(msgs[report.message_index]["content"]).startswith("<think>")
+
+
+def test_changed_message_k_is_named_with_the_shared_token_prefix() -> None:
+    tok = tokenizer(CHATML)
+    a = turns()[3]
+    history = [dict(m) for m in a.history]
+    k = next(i for i, m in enumerate(history) if m["role"] == "tool")
+    history[k]["content"] = "6"
+    base = PromptBuilder(namespace="t").system("You are a calculator.").tools([add])
+    b = base.documents([Document("rules", "Answer with one number.")]).history(history)
+    b_prompt = b.user(a.user or "").build()
+    ids_a, ids_b = stable_token_ids(tok, a), stable_token_ids(tok, b_prompt)
+    true_common = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b, strict=False)) if x != y)
+    report = check_token_prefix(tok, a, b_prompt)
+    index = k + 1  # NOTE: to_messages() puts the system message first
+    assert a.to_messages()[index]["role"] == "tool"
+    assert (report.reason, report.message_index, report.common_len) == (
+        "content_changed",
+        index,
+        true_common,
+    )
+
+
+def test_changed_tools_are_a_content_change_not_a_history_rewrite() -> None:
+    tok = tokenizer(CHATML)
+    a = turns()[0]
+
+    def mul(a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: First factor.
+            b: Second factor.
+        """
+        return a * b
+
+    base = PromptBuilder(namespace="t").system("You are a calculator.").tools([add, mul])
+    b = base.documents([Document("rules", "Answer with one number.")]).user(a.user or "").build()
+    assert b.to_messages() == a.to_messages()
+    report = check_token_prefix(tok, a, b)
+    assert (report.is_prefix, report.reason, report.message_index) == (
+        False,
+        "content_changed",
+        None,
+    )
