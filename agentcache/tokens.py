@@ -23,6 +23,7 @@ __all__ = [
     "estimate_tokens",
     "tiktoken_encoding",
     "token_count",
+    "token_ids",
 ]
 
 BYTES_PER_TOKEN_ESTIMATE = 4
@@ -77,18 +78,32 @@ def tiktoken_encoding(model: str) -> Any | None:
         return None
 
 
-def _encode_len(tokenizer: Any, text: str) -> int:
+def _encode(tokenizer: Any, text: str) -> list[int]:
     try:
         import tiktoken
 
         if isinstance(tokenizer, tiktoken.Encoding):
-            return len(tokenizer.encode(text, disallowed_special=()))
+            return list(tokenizer.encode(text, disallowed_special=()))
     except ImportError:  # pragma: no cover - tiktoken is a core dependency
         pass
     try:
-        return len(tokenizer.encode(text, add_special_tokens=False))
+        return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
     except TypeError:
-        return len(tokenizer.encode(text))
+        return [int(i) for i in tokenizer.encode(text)]
+
+
+def token_ids(text: str, *, model: str = "", tokenizer: Any = None) -> list[int] | None:
+    """Token ids of ``text`` (no special tokens), or ``None`` when only an estimate is possible.
+
+    Args:
+        text: The text to encode.
+        model: Model name; OpenAI names select a tiktoken encoding.
+        tokenizer: An HF tokenizer or ``tiktoken.Encoding``; wins over ``model``.
+    """
+    if tokenizer is not None:
+        return _encode(tokenizer, text)
+    encoding = tiktoken_encoding(model) if model else None
+    return None if encoding is None else _encode(encoding, text)
 
 
 def token_count(text: str, *, model: str = "", tokenizer: Any = None) -> TokenCount:
@@ -99,12 +114,10 @@ def token_count(text: str, *, model: str = "", tokenizer: Any = None) -> TokenCo
         model: Model name; OpenAI names select a tiktoken encoding.
         tokenizer: An HF tokenizer or ``tiktoken.Encoding``; wins over ``model``.
     """
-    if tokenizer is not None:
-        return TokenCount(_encode_len(tokenizer, text), "tokenizer")
-    encoding = tiktoken_encoding(model) if model else None
-    if encoding is not None:
-        return TokenCount(_encode_len(encoding, text), "tiktoken")
-    return TokenCount(estimate_tokens(text), "estimate")
+    ids = token_ids(text, model=model, tokenizer=tokenizer)
+    if ids is None:
+        return TokenCount(estimate_tokens(text), "estimate")
+    return TokenCount(len(ids), "tokenizer" if tokenizer is not None else "tiktoken")
 
 
 def count_tokens(text: str, *, model: str = "", tokenizer: Any = None) -> int:

@@ -15,7 +15,7 @@ from agentcache.exceptions import CanonicalizationError
 from agentcache.prompt._patterns import describe_at
 from agentcache.prompt._view import Part, view_of
 from agentcache.prompt.builder import Prompt
-from agentcache.tokens import token_count
+from agentcache.tokens import token_count, token_ids
 
 __all__ = ["DiffResult", "diff"]
 
@@ -38,7 +38,9 @@ class DiffResult:
         segment: Segment kind of the first divergent part, or ``None``.
         part: Label of that part (``"tool 'search'"``), or ``None``.
         byte_offset: UTF-8 byte offset of the first differing byte in the joined parts of A.
-        token_offset: Tokens before that byte (``token_offset_is_estimate`` says how counted).
+        token_offset: Tokens A and B share before the divergence: the common token-id prefix
+            with a tokenizer (or tiktoken for an OpenAI model), else an estimate of the tokens
+            before ``byte_offset`` (``token_offset_is_estimate`` says which).
         reason: One sentence, no prompt content.
         excerpt_a: Text around the divergence in A, only with ``show_content``; ``excerpt_b``
             likewise.
@@ -84,7 +86,8 @@ def diff(
         b: Later prompt or request body.
         show_content: Include short excerpts of both sides around the divergence.
         model: Model for token counting (a body's own ``model`` wins).
-        tokenizer: Optional tokenizer for an exact token offset.
+        tokenizer: Optional tokenizer; ``token_offset`` is then exact: the number of leading
+            token ids A and B share (a token straddling a mid-word change is not shared).
 
     Raises:
         PromptError: a body is not a chat request body.
@@ -98,19 +101,20 @@ def diff(
         )
         return DiffResult("provider", None, None, None, None, False, reason)
     parts_a, parts_b = view_a.parts, view_b.parts
+    counter = _SharedTokens(parts_a, parts_b, view_b.model, tokenizer)
     prefix: list[str] = []
     for i, pa in enumerate(parts_a):
         if i >= len(parts_b):
             reason = f"B ends before {pa.label}: earlier content was dropped"
-            return _result("removed", pa, "", prefix, 0, reason, view_b.model, tokenizer)
+            return _result("removed", pa, "", prefix, 0, reason, counter)
         pb = parts_b[i]
         if pa.kind != pb.kind and not {pa.kind, pb.kind} <= _MESSAGE_KINDS:
             change, part, reason = _segment_change(pa, pb, parts_a, parts_b)
-            return _result(change, part, "", prefix, 0, reason, view_b.model, tokenizer)
+            return _result(change, part, "", prefix, 0, reason, counter)
         if pa.text != pb.text:
             at = _common_prefix(pa.text, pb.text)
             change, reason = _explain(pa, pb, parts_a, parts_b, at)
-            result = _result(change, pa, pa.text[:at], prefix, at, reason, view_b.model, tokenizer)
+            result = _result(change, pa, pa.text[:at], prefix, at, reason, counter)
             if show_content:
                 result = _with_excerpts(result, pa.text, pb.text, at)
             return result
@@ -122,6 +126,35 @@ def diff(
     return DiffResult("extension", None, None, None, None, False, reason)
 
 
+class _SharedTokens:
+    """Counts the tokens A and B share before a divergence.
+
+    With a tokenizer (or a tiktoken encoding for ``model``) the count is the common prefix of the
+    token ids of the two whole joined texts: the token that straddles a mid-word seam differs
+    between A and B, so it is not shared (encoding only A's text up to the seam would count it).
+    Without one, the labelled estimate of the text before the divergence.
+    """
+
+    def __init__(
+        self, parts_a: tuple[Part, ...], parts_b: tuple[Part, ...], model: str, tokenizer: Any
+    ) -> None:
+        self._texts = (
+            "".join(p.text + _SEP for p in parts_a),
+            "".join(p.text + _SEP for p in parts_b),
+        )
+        self._model = model
+        self._tokenizer = tokenizer
+
+    def before(self, text: str) -> tuple[int, bool]:
+        """Tokens shared before the divergence that ends ``text`` (A's joined text up to it)."""
+        ids_a = token_ids(self._texts[0], model=self._model, tokenizer=self._tokenizer)
+        if ids_a is None:
+            return token_count(text, model=self._model).value, True
+        ids_b = token_ids(self._texts[1], model=self._model, tokenizer=self._tokenizer) or []
+        limit = min(len(ids_a), len(ids_b))
+        return next((i for i in range(limit) if ids_a[i] != ids_b[i]), limit), False
+
+
 def _result(
     change: Change,
     part: Part,
@@ -129,13 +162,12 @@ def _result(
     prefix: list[str],
     at: int,
     reason: str,
-    model: str,
-    tokenizer: Any,
+    counter: _SharedTokens,
 ) -> DiffResult:
     text = "".join(p + _SEP for p in prefix) + partial
-    count = token_count(text, model=model, tokenizer=tokenizer)
+    count, is_estimate = counter.before(text)
     offset = len(text.encode("utf-8"))
-    return DiffResult(change, part.kind, part.label, offset, count.value, count.is_estimate, reason)
+    return DiffResult(change, part.kind, part.label, offset, count, is_estimate, reason)
 
 
 def _explain(

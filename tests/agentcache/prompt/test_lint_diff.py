@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +260,42 @@ def test_cli_diff_openai_vs_anthropic_names_no_part(
     assert main(["diff", a, b]) == 1
     out = capsys.readouterr().out
     assert "None" not in out and "different provider shapes" in out
+
+
+class WordTokenizer:
+    """One token per word with its leading spaces, one per other character: the token that
+    covers a mid-word seam is the whole word, as with BPE merges."""
+
+    def __init__(self) -> None:
+        self.vocab: dict[str, int] = {}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        pieces = re.findall(r"\s*\w+|\s+|.", text, flags=re.DOTALL)
+        return [self.vocab.setdefault(piece, len(self.vocab)) for piece in pieces]
+
+
+def test_diff_with_a_tokenizer_counts_only_shared_tokens_at_a_mid_word_seam() -> None:
+    tok = WordTokenizer()
+    text_a = "Answer in the register of a friendly librarian, briefly."
+    text_b = "Answer in the register of a friendly libertarian, briefly."
+    a = PromptBuilder().system(text_a).user("hi").build()
+    b = PromptBuilder().system(text_b).user("hi").build()
+    result = diff(a, b, tokenizer=tok)
+    seam = next(i for i, (x, y) in enumerate(zip(text_a, text_b, strict=False)) if x != y)
+    word_start = text_a.rindex(" ", 0, seam)
+    assert (result.change, result.segment, result.token_offset_is_estimate) == (
+        "changed",
+        "system",
+        False,
+    )
+    assert result.byte_offset == seam
+    assert result.token_offset == len(tok.encode(text_a[:word_start]))  # " librarian" differs
+    assert len(tok.encode(text_a[:seam])) == result.token_offset + 1  # the old count
+
+
+def test_diff_without_a_tokenizer_labels_the_count_an_estimate() -> None:
+    a = PromptBuilder().system("Be brief and kind.").user("hi").build()
+    b = PromptBuilder().system("Be brief and calm.").user("hi").build()
+    result = diff(a, b, model="local-model")
+    assert result.token_offset_is_estimate
+    assert result.token_offset == -(-len(b"Be brief and ") // 4)
