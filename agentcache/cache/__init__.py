@@ -16,6 +16,7 @@ from agentcache.cache.base import (
     CacheStats,
     CacheStore,
     CacheWarning,
+    NetworkFilesystemWarning,
     SharedFlightStore,
     UncacheableResultWarning,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "DiskStore",
     "EmbeddingCache",
     "MemoryStore",
+    "NetworkFilesystemWarning",
     "RedisStore",
     "RetrievalCache",
     "ScopeKind",

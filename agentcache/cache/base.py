@@ -19,6 +19,7 @@ __all__ = [
     "Clock",
     "FlightClaim",
     "FlightLease",
+    "NetworkFilesystemWarning",
     "SharedFlightStore",
     "UncacheableResultWarning",
 ]
@@ -40,6 +41,11 @@ class CacheRecoveryWarning(CacheWarning):
     The operation that noticed it is answered as a miss (reads) or skipped (writes); the caller
     still gets the tool's real result.
     """
+
+
+class NetworkFilesystemWarning(CacheWarning):
+    """A ``DiskStore`` folder is on a network filesystem (NFS, SMB, sshfs...), where SQLite's
+    file locking is unsafe (https://www.sqlite.org/howtocorrupt.html, section 2.1)."""
 
 
 class UncacheableResultWarning(CacheWarning):

@@ -2,8 +2,9 @@
 threads and processes that open the same directory.
 
 Each value is wrapped in the checksummed envelope of ``_envelope``, so a damaged entry is
-detected and dropped instead of returned. A vanished or corrupt directory is
-recreated with a ``CacheRecoveryWarning``. Knows nothing about what the bytes mean.
+detected and dropped instead of returned. A vanished directory is recreated and a damaged
+database moved aside for inspection (bounded), each with a ``CacheRecoveryWarning``; a folder on a
+network filesystem gets a ``NetworkFilesystemWarning``. Knows nothing about what the bytes mean.
 """
 
 from __future__ import annotations
@@ -16,17 +17,20 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 import diskcache
 
 from agentcache.cache._envelope import open_envelope, pack, unpack
+from agentcache.cache._fs import network_filesystem
 from agentcache.cache.base import (
     CacheRecoveryWarning,
     CacheStats,
     CacheWarning,
     Clock,
+    NetworkFilesystemWarning,
     validate_size_limit,
     validate_ttl,
 )
@@ -40,6 +44,11 @@ _DEFAULT_SIZE_LIMIT = 512 * 1024 * 1024
 _DB_NAME = "cache.db"  # NOTE: diskcache.core.DBNAME; the -wal/-shm files sit next to it.
 _VALUE_DIR = re.compile(r"^[0-9a-f]{2}$")  # diskcache's value-file folders (two hex digits)
 _TRANSIENT = ("locked", "busy")  # sqlite OperationalError texts that are contention, not damage
+_DAMAGED = f"{_DB_NAME}.damaged-"  # NOTE: + UTC stamp; its -wal/-shm keep SQLite's suffixes
+MAX_QUARANTINED = 3
+"""Damaged databases kept next to the cache for inspection; older ones are deleted."""
+_warned_network: set[str] = set()  # folders already warned about (once per process)
+_warned_lock = threading.Lock()
 
 
 class _Handle(NamedTuple):
@@ -56,12 +65,20 @@ class DiskStore:
 
     Args:
         directory: Cache folder; created if missing. Only files diskcache creates there
-            (``cache.db*`` and two-hex-digit value folders) are ever deleted.
+            (``cache.db*`` and two-hex-digit value folders) are ever deleted or moved. A
+            damaged database is renamed ``cache.db.damaged-<UTC stamp>`` (its ``-wal``/``-shm``
+            alongside, so SQLite opens it as it was) and the newest ``MAX_QUARANTINED`` such
+            copies are kept; value files (entries over 32 kB) of the damaged database are
+            deleted.
         size_limit_bytes: Budget for the on-disk size, SQLite pages included (default 512 MiB).
             diskcache culls at most 10 entries per write, so the size can briefly overshoot.
         clock: Time source for TTLs, seconds since the epoch (default ``time.time``).
         timeout_s: How long one SQLite operation waits for another process's lock (default 10 s);
             on timeout the read answers a miss / the write is skipped, with a ``CacheWarning``.
+        allow_network_fs: Do not warn when ``directory`` is on a network filesystem (NFS, SMB,
+            sshfs, Ceph...: see ``_fs.NETWORK_FS_TYPES``), where SQLite's locking is unsafe
+            and concurrent writers can corrupt the database. Linux only (read from
+            ``/proc/self/mountinfo``); the warning comes once per folder and process.
 
     Raises:
         ValueError: ``size_limit_bytes`` is not a positive int.
@@ -76,6 +93,7 @@ class DiskStore:
         size_limit_bytes: int = _DEFAULT_SIZE_LIMIT,
         clock: Clock = time.time,
         timeout_s: float = 10.0,
+        allow_network_fs: bool = False,
     ) -> None:
         validate_size_limit(size_limit_bytes)
         self.directory = Path(directory)
@@ -91,12 +109,14 @@ class DiskStore:
         self._lock = threading.Lock()  # guards reopening and the counters
         self._hits = 0
         self._misses = 0
+        if not allow_network_fs:
+            _warn_if_network(self.directory)
         try:
             self._handle = self._connect()
         except (sqlite3.DatabaseError, OSError) as exc:
-            self._wipe()
+            moved = self._quarantine()
             self._handle = self._connect_or_raise()
-            _warn_recovered(f"cache at {str(self.directory)!r} was unreadable ({exc}); recreated")
+            _warn_recovered(f"cache at {str(self.directory)!r} was unreadable ({exc}); {moved}")
 
     def get(self, key: str) -> bytes | None:
         """See ``CacheStore.get``. A hit does not change eviction order (least-recently-stored)."""
@@ -227,17 +247,46 @@ class DiskStore:
             if self._handle is not handle:
                 return  # another thread already recovered
             _close_quietly(handle.cache)
-            self._wipe()
+            replaced = self._file_id() not in (None, handle.file_id)
+            moved = "reopened another process's new one" if replaced else self._quarantine()
             self._handle = self._connect_or_raise()
-        _warn_recovered(f"cache at {str(self.directory)!r} was damaged ({exc}); recreated empty")
+        _warn_recovered(f"cache at {str(self.directory)!r} was damaged ({exc}); {moved}")
 
-    def _wipe(self) -> None:
+    def _quarantine(self) -> str:
+        """Move the damaged database aside, delete its value files, keep the newest copies.
+
+        Returns:
+            What happened, for the warning (names the copy).
+        """
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        target = self.directory / f"{_DAMAGED}{stamp}"
+        while target.exists():  # NOTE: same microsecond; a suffix keeps names in time order
+            target = target.with_name(f"{target.name}x")
+        moved = False
         for suffix in ("", "-wal", "-shm"):
-            (self.directory / f"{_DB_NAME}{suffix}").unlink(missing_ok=True)
+            source = self.directory / f"{_DB_NAME}{suffix}"
+            try:
+                source.rename(f"{target}{suffix}")
+                moved = moved or suffix == ""
+            except FileNotFoundError:
+                pass
+            except OSError:
+                source.unlink(missing_ok=True)  # NOTE: cannot rename (e.g. read-only): as before
         if self.directory.is_dir():
             for child in self.directory.iterdir():
                 if child.is_dir() and _VALUE_DIR.match(child.name):
                     shutil.rmtree(child, ignore_errors=True)
+        self._prune_quarantine()
+        if not moved:
+            return "recreated it empty"
+        return f"moved it to {str(target)!r} for inspection and recreated it empty"
+
+    def _prune_quarantine(self) -> None:
+        found = self.directory.glob(f"{_DAMAGED}*")
+        copies = sorted(p for p in found if not p.name.endswith(("-wal", "-shm")))
+        for old in copies[: max(0, len(copies) - MAX_QUARANTINED)]:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{old}{suffix}").unlink(missing_ok=True)
 
     def _open(self, key: str, raw: object) -> bytes | None:
         return open_envelope(key, raw, clock=self._clock, drop=self.delete)
@@ -252,3 +301,23 @@ def _close_quietly(cache: diskcache.Cache) -> None:
 
 def _warn_recovered(message: str) -> None:
     warnings.warn(message, CacheRecoveryWarning, stacklevel=4)
+
+
+def _warn_if_network(directory: Path) -> None:
+    """Warn once per folder and process when ``directory`` is on a network filesystem."""
+    fs_type = network_filesystem(directory)
+    if fs_type is None:
+        return
+    folder = str(directory.resolve())
+    with _warned_lock:
+        if folder in _warned_network:
+            return
+        _warned_network.add(folder)
+    warnings.warn(
+        f"cache directory {folder!r} is on a network filesystem ({fs_type}): SQLite's file "
+        "locking is unsafe there and concurrent writers can corrupt the cache; use a local "
+        "folder, or RedisStore to share across machines (DiskStore(..., allow_network_fs=True) "
+        "silences this)",
+        NetworkFilesystemWarning,
+        stacklevel=3,
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentcache.cache import CacheIntegrityError, CacheRecoveryWarning, DiskStore, ToolCache
+from agentcache.cache.disk import MAX_QUARANTINED
 
 
 def test_directory_deleted_while_in_use(tmp_path: Path) -> None:
@@ -54,11 +55,46 @@ def test_corrupt_database_at_open_is_recreated(tmp_path: Path) -> None:
     folder.mkdir()
     (folder / "cache.db").write_bytes(b"\x00garbage" * 500)
     (folder / "keep.txt").write_text("user file")
-    with pytest.warns(CacheRecoveryWarning, match="unreadable"):
+    with pytest.warns(CacheRecoveryWarning, match="unreadable") as record:
         store = DiskStore(folder)
     store.set("k", b"v")
     assert store.get("k") == b"v"
     assert (folder / "keep.txt").read_text() == "user file"  # only diskcache's files are removed
+    (copy,) = folder.glob("cache.db.damaged-*")
+    assert copy.read_bytes() == b"\x00garbage" * 500  # kept for inspection, byte for byte
+    assert str(copy) in str(record[0].message)
+
+
+def test_database_damaged_in_use_is_moved_aside_and_named(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    store = DiskStore(folder)
+    store.set("k", b"v")
+    store.close()
+    damaged = b"this is not a database" * 100
+    (folder / "cache.db").write_bytes(damaged)
+    for suffix in ("-wal", "-shm"):
+        (folder / f"cache.db{suffix}").unlink(missing_ok=True)
+    with pytest.warns(CacheRecoveryWarning, match="damaged") as record:
+        assert store.get("k") is None
+    (copy,) = (p for p in folder.glob("cache.db.damaged-*") if p.name[-4:] not in ("-wal", "-shm"))
+    assert copy.read_bytes() == damaged
+    assert f"moved it to {str(copy)!r}" in str(record[0].message)
+    store.set("k", b"v2")
+    assert store.get("k") == b"v2"
+    store.check_integrity()
+
+
+def test_at_most_three_damaged_copies_are_kept_the_newest(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    folder.mkdir()
+    for i in range(5):
+        (folder / "cache.db").write_bytes(f"damage number {i} ".encode() * 200)
+        with pytest.warns(CacheRecoveryWarning, match="unreadable"):
+            DiskStore(folder).close()
+    copies = sorted(folder.glob("cache.db.damaged-*"))
+    assert len(copies) == MAX_QUARANTINED == 3
+    kept = [c.read_bytes()[: len("damage number 2")] for c in copies]
+    assert kept == [b"damage number 2", b"damage number 3", b"damage number 4"]
 
 
 def test_damaged_value_file_is_dropped_not_returned(tmp_path: Path) -> None:
