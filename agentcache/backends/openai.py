@@ -28,6 +28,7 @@ from agentcache.backends.base import (
 )
 from agentcache.backends.hints import EngineHints
 from agentcache.exceptions import BackendError, BackendHTTPError, BackendUnavailableError
+from agentcache.prompt.render import order_openai_body
 from agentcache.usage import Usage
 
 __all__ = ["OpenAIBackend"]
@@ -132,7 +133,7 @@ class OpenAIBackend(RemoteBackend):
         body = as_prompt(prompt).to_openai(model=self._model, **params)
         body.update(self.engine_hints.body_fields())
         body.update(self._extra)
-        return body
+        return order_openai_body(body)  # NOTE: the merged fields go before tools and messages
 
     def stream(
         self, prompt: PromptInput, options: GenerationOptions | None = None

@@ -26,6 +26,7 @@ __all__ = [
     "check_anthropic_markers",
     "count_anthropic_markers",
     "openai_body",
+    "order_openai_body",
     "prompt_cache_key",
 ]
 
@@ -92,6 +93,9 @@ def openai_body(
 ) -> dict[str, Any]:
     """OpenAI Chat Completions body: ``model``, ``messages``, ``tools``, ``prompt_cache_key``.
 
+    Top-level fields come in stable-to-volatile order, ``messages`` last (see
+    ``order_openai_body``).
+
     Args:
         prompt: The built prompt.
         model: Model name.
@@ -109,7 +113,24 @@ def openai_body(
         body["tools"] = prompt.tool_schemas()
     body["prompt_cache_key"] = prompt_cache_key or _derived_cache_key(prompt)
     body.update(params)
-    return _sorted(body)
+    return order_openai_body(body)
+
+
+def order_openai_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Chat Completions body in stable-to-volatile order: ``model``, the other fields sorted,
+    ``tools``, then ``messages`` last; keys inside every object sorted.
+
+    Serialized in order (as httpx does), one turn's body minus its closing ``]}`` is then a byte
+    prefix of the next turn's, which byte-order-sensitive relays and caches need. Call it again
+    after adding fields to a rendered body.
+
+    Raises:
+        CanonicalizationError: a value is not JSON (e.g. a float NaN or a set).
+    """
+    out: dict[str, Any] = {"model": body["model"]} if "model" in body else {}
+    out.update(_sorted({k: v for k, v in body.items() if k not in ("model", "tools", "messages")}))
+    out.update((key, _sorted_value(body[key])) for key in ("tools", "messages") if key in body)
+    return out
 
 
 def _sorted(body: dict[str, Any]) -> dict[str, Any]:
