@@ -8,9 +8,10 @@ This module knows request shapes, not HTTP.
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple, Protocol
 
 from agentcache.canonical import JSONValue, canonical_json, stable_hash
 from agentcache.exceptions import PromptError
@@ -21,7 +22,9 @@ from agentcache.tokens import estimate_tokens
 
 __all__ = [
     "ANTHROPIC_PARAMS",
+    "MarkerSite",
     "anthropic_body",
+    "anthropic_marker_sites",
     "anthropic_messages",
     "check_anthropic_markers",
     "count_anthropic_markers",
@@ -235,14 +238,61 @@ def _sorted_value(value: Any) -> Any:
     return json.loads(canonical_json(value))
 
 
-def count_anthropic_markers(value: Any) -> int:
-    """Number of ``cache_control`` keys anywhere in ``value`` (a body or any part of one)."""
-    if isinstance(value, dict):
-        own = 1 if "cache_control" in value else 0
-        return own + sum(count_anthropic_markers(v) for v in value.values())
-    if isinstance(value, list):
-        return sum(count_anthropic_markers(v) for v in value)
-    return 0
+class MarkerSite(NamedTuple):
+    """One piece of a Messages body in prefix order: a block that may carry ``cache_control``,
+    or a plain string (a ``system`` or message ``content`` given as text, which cannot)."""
+
+    value: dict[str, Any] | str
+    tier: Tier
+    is_nested: bool
+
+
+def anthropic_marker_sites(body: Mapping[str, Any]) -> Iterator[MarkerSite]:
+    """Every place of a Messages body where Anthropic reads ``cache_control``, in prefix order.
+
+    The one walker of marker positions (counting, stripping, the proxy's trimming and planning
+    all use it): tool definitions, ``system`` blocks, message content blocks and the blocks
+    inside a ``tool_result``'s content, which come before their parent. Order tools -> system
+    -> messages, as Anthropic's prompt-caching docs give the cache prefix. A ``cache_control``
+    key anywhere else (a tool parameter of that name, a tool input) is data, not a marker.
+    """
+    for tool in _as_list(body.get("tools")):
+        if isinstance(tool, dict):
+            yield MarkerSite(tool, "tools", False)
+    system = body.get("system")
+    if isinstance(system, str):
+        yield MarkerSite(system, "system", False)
+    for block in _as_list(system):
+        yield from _block_sites(block, "system")
+    for message in _as_list(body.get("messages")):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            yield MarkerSite(content, "conversation", False)
+        for block in _as_list(content):
+            yield from _block_sites(block, "conversation")
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _block_sites(block: Any, tier: Tier) -> Iterator[MarkerSite]:
+    if not isinstance(block, dict):
+        return
+    if block.get("type") == "tool_result":
+        for child in _as_list(block.get("content")):
+            if isinstance(child, dict):
+                yield MarkerSite(child, tier, True)
+    yield MarkerSite(block, tier, False)
+
+
+def count_anthropic_markers(body: Mapping[str, Any]) -> int:
+    """Number of ``cache_control`` markers in a Messages body (see ``anthropic_marker_sites``)."""
+    return sum(
+        1
+        for site in anthropic_marker_sites(body)
+        if isinstance(site.value, dict) and "cache_control" in site.value
+    )
 
 
 def check_anthropic_markers(body: Mapping[str, Any]) -> None:
@@ -260,13 +310,11 @@ def check_anthropic_markers(body: Mapping[str, Any]) -> None:
         )
 
 
-def _without_markers(value: Any) -> Any:
-    """A copy of ``value`` with every ``cache_control`` key removed, at any depth."""
-    if isinstance(value, dict):
-        return {k: _without_markers(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [_without_markers(v) for v in value]
-    return value
+def _strip_markers(body: Mapping[str, Any]) -> None:
+    """Remove every ``cache_control`` marker of ``body``, in place."""
+    for site in anthropic_marker_sites(body):
+        if isinstance(site.value, dict):
+            site.value.pop("cache_control", None)
 
 
 def _count(value: list[dict[str, Any]], count_tokens: Callable[[str], int]) -> int:
@@ -296,6 +344,7 @@ def anthropic_messages(prompt: Prompt) -> tuple[list[dict[str, Any]], tuple[str 
             messages[-1]["content"].extend(blocks)  # NOTE: the API merges same-role turns anyway.
         elif blocks:
             messages.append({"role": role, "content": blocks})
+    _strip_markers({"messages": messages})  # NOTE: the planner's markers are the only ones
     anchor: tuple[str | int, ...] = ()
     if messages:
         anchor = ("messages", len(messages) - 1, "content", len(messages[-1]["content"]) - 1)
@@ -317,7 +366,7 @@ def _convert(message: Mapping[str, JSONValue], index: int) -> tuple[str, list[di
         block = {
             "type": "tool_result",
             "tool_use_id": message.get("tool_call_id"),
-            "content": _without_markers(content),
+            "content": copy.deepcopy(content),
         }
         return "user", [block]
     if role not in ("user", "assistant"):
@@ -328,7 +377,7 @@ def _convert(message: Mapping[str, JSONValue], index: int) -> tuple[str, list[di
     if isinstance(content, str) and content:
         blocks.append({"type": "text", "text": content})
     elif isinstance(content, list):
-        blocks.extend(_without_markers(part) for part in content if isinstance(part, dict))
+        blocks.extend(copy.deepcopy(part) for part in content if isinstance(part, dict))
     for call in message.get("tool_calls") or []:  # type: ignore[union-attr]
         blocks.append(_tool_use(call, index))
     return str(role), blocks

@@ -24,7 +24,7 @@ from agentcache.prompt.anthropic import (
     min_cacheable_tokens,
     plan_breakpoints,
 )
-from agentcache.prompt.render import count_anthropic_markers
+from agentcache.prompt.render import anthropic_marker_sites, count_anthropic_markers
 from agentcache.tokens import estimate_tokens
 
 __all__ = [
@@ -183,40 +183,19 @@ _NO_MARKER_TYPES = frozenset({"thinking", "redacted_thinking"})
 
 
 def _anthropic_blocks(body: dict[str, Any]) -> list[_Block]:
-    """Every object that can carry ``cache_control``, in the provider's prefix order.
-
-    Order: tools -> system -> messages (Anthropic's prompt-caching docs); blocks nested in a
-    ``tool_result``'s content come before their parent, which ends after them. Token counts are
-    estimates (``estimate_tokens``): the minimum-length rule is applied on them.
-    """
+    """Every object that can carry ``cache_control`` (``anthropic_marker_sites``), in prefix order,
+    with the estimated tokens up to and including it (``estimate_tokens``: the minimum-length rule
+    is applied on them). A ``tool_result`` whose content is blocks counts through its children."""
     out: list[_Block] = []
     total = 0
-
-    def add(block: Any, tier: Tier, is_nested: bool) -> None:
-        nonlocal total
-        if not isinstance(block, dict):
-            return
-        children = block.get("content") if block.get("type") == "tool_result" else None
-        if isinstance(children, list):
-            for child in children:
-                add(child, tier, True)
-        else:
+    for site in anthropic_marker_sites(body):
+        if isinstance(site.value, str):
+            total += estimate_tokens(site.value)
+            continue
+        block = site.value
+        if not (block.get("type") == "tool_result" and isinstance(block.get("content"), list)):
             total += estimate_tokens(json.dumps(block, ensure_ascii=False))
-        out.append(_Block(block, tier, total, is_nested))
-
-    for tool in body.get("tools") or []:
-        add(tool, "tools", False)
-    system = body.get("system")
-    if isinstance(system, str):
-        total += estimate_tokens(system)
-    for block in system if isinstance(system, list) else []:
-        add(block, "system", False)
-    for message in body.get("messages") or []:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            total += estimate_tokens(content)
-        for block in content if isinstance(content, list) else []:
-            add(block, "conversation", False)
+        out.append(_Block(block, site.tier, total, site.is_nested))
     return out
 
 

@@ -72,7 +72,7 @@ def test_no_body_ever_carries_more_than_four_markers(
         .build()
     )
     body = prompt.to_anthropic(model=model, count_tokens=(lambda _: 5000) if big else len)
-    assert count_anthropic_markers(body) <= MAX_BREAKPOINTS
+    assert json.dumps(body).count('"cache_control":') <= MAX_BREAKPOINTS  # on the wire text
     assert "cache_control" not in json.dumps([m["content"] for m in body["messages"][:-1]])
 
 
@@ -81,6 +81,30 @@ def test_a_hand_made_body_with_nested_markers_is_refused_before_sending() -> Non
     body = {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": nested}]}]}
     with pytest.raises(PromptError, match="5 cache_control markers"):
         check_anthropic_markers(body)
+
+
+def test_a_tool_parameter_named_cache_control_is_not_counted_as_a_marker() -> None:
+    def configure(cache_control: str) -> str:
+        """Set the caching mode.
+
+        Args:
+            cache_control: The mode.
+        """
+        return cache_control
+
+    prompt = (
+        PromptBuilder()
+        .system("S" * 40)
+        .tools([configure])
+        .documents([Document("d", "D" * 40)])
+        .history([{"role": "user", "content": [_part("earlier", True)]}])
+        .user("question")
+        .build()
+    )
+    body = prompt.to_anthropic(model="claude-sonnet-4-5", count_tokens=lambda _: 5000)
+    assert count_anthropic_markers(body) == MAX_BREAKPOINTS  # the planner's four, and no more
+    assert "cache_control" in body["tools"][0]["input_schema"]["properties"]
+    assert "cache_control" not in body["messages"][0]["content"][0]  # the history's is stripped
 
 
 def _turns(num_turns: int) -> list[bytes]:

@@ -9,11 +9,15 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentcache.prompt.render import count_anthropic_markers as count_cache_markers
 from agentcache.proxy import RewriteOptions, rewrite
 from agentcache.proxy.rewrite import stable_fingerprint
 
 LONG = "Answer from the documents; cite the source of every fact you give. " * 80  # ~1.3k tokens
+
+
+def count_cache_markers(body: dict[str, Any]) -> int:
+    """Markers counted on the wire text, independently of the walker under test."""
+    return json.dumps(body).count('"cache_control":')
 
 
 def openai_tool(name: str, *, reverse_keys: bool = False) -> dict[str, Any]:
@@ -181,3 +185,16 @@ def test_sse_usage_tap_reads_openai_and_anthropic_streams() -> None:
                     b'{"output_tokens":9,"cache_read_input_tokens":null}}\n\n')  # fmt: skip
     assert claude_tap.usage is not None
     assert claude_tap.usage.cached_tokens == 1500 and claude_tap.usage.completion_tokens == 9
+
+
+def test_a_tool_parameter_named_cache_control_is_data_not_a_marker() -> None:
+    body = anthropic_body()
+    body["tools"][0]["input_schema"] = {
+        "type": "object",
+        "properties": {"cache_control": {"type": "string"}},
+    }
+    out = rewrite(body, "anthropic").body
+    assert out["system"][-1]["cache_control"] == {"type": "ephemeral"}  # planned as usual
+    assert out["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+    (tool,) = (t for t in out["tools"] if t["name"] == body["tools"][0]["name"])
+    assert tool["input_schema"]["properties"]["cache_control"] == {"type": "string"}
