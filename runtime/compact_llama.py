@@ -11,18 +11,31 @@ kept. It knows tensors and KV layers, never requests, sampling or the prefix cac
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CompactLlama", "KVWrite", "compact_blocker"]
+__all__ = ["CompactLlama", "KVWrite", "Segment", "compact_blocker"]
 
 KVWrite = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """``(layer_idx, keys, values) -> (all_keys, all_values)``: store ``[B, H_kv, q, D]`` new K/V of a
 layer and return ``[B, H_kv, kv_len, D]`` views of everything attended to (a cache layer's
 ``update``)."""
+
+
+class Segment(NamedTuple):
+    """One sequence's run of tokens inside a packed forward (``CompactLlama.forward_packed``)."""
+
+    length: int
+    """Tokens of this sequence in the packed row."""
+    write_kv: KVWrite
+    """Stores its ``[1, H_kv, length, D]`` K/V per layer; returns all K/V it attends to."""
+    mask: torch.Tensor | None
+    """``[1, 1, length, kv_len]`` boolean mask (True = attend), None for one token."""
+
 
 _FAMILY = frozenset({"llama", "qwen2", "mistral"})
 
@@ -194,6 +207,40 @@ class CompactLlama:
             keys, values = write_kv(i, ks, vs)  # [B, H_kv, kv_len, D]
             h = self.finish(i, h, self.attend(qs, keys, values, mask))
         return self.logits(h[:, -logits_to_keep:])
+
+    @torch.no_grad()
+    def forward_packed(
+        self, ids: torch.Tensor, positions: torch.Tensor, segments: Sequence[Segment]
+    ) -> torch.Tensor:
+        """Several sequences' new tokens packed in one row: one set of projections for all.
+
+        Every projection and MLP runs once over all ``N`` tokens (larger matrix products, one
+        pass over the weights); attention runs per segment over that segment's own KV, so no
+        token sees another sequence.
+
+        Args:
+            ids: ``[1, N]`` token ids, the segments' tokens one after another.
+            positions: ``[1, N]`` their absolute positions in their own sequences (RoPE).
+            segments: In order, lengths summing to ``N``; each with its own KV write and
+                ``[1, 1, length, kv_len]`` mask (None for one token).
+
+        Returns:
+            ``[len(segments), vocab]`` logits of each segment's last token.
+        """
+        assert sum(s.length for s in segments) == ids.shape[1], "segments must cover ids"
+        h = F.embedding(ids, self.embed)  # [1, N, hidden]
+        cos, sin = self.rope(h, positions)
+        for i in range(len(self.layers)):
+            qs, ks, vs = self.qkv(i, h, cos, sin)
+            outs, start = [], 0
+            for seg in segments:
+                part = slice(start, start + seg.length)
+                keys, values = seg.write_kv(i, ks[:, :, part], vs[:, :, part])
+                outs.append(self.attend(qs[:, :, part], keys, values, seg.mask))
+                start += seg.length
+            h = self.finish(i, h, torch.cat(outs, dim=2))  # attention [1, H, N, D]
+        ends = list(itertools.accumulate(s.length for s in segments))
+        return self.logits(h[:, [end - 1 for end in ends]])[0]  # [G, vocab]
 
 
 def _sdpa(

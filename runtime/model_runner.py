@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from runtime.batch_kv import BatchKV
 from runtime.batch_mask import MaskPlan, mask_plan
-from runtime.compact_llama import CompactLlama, compact_blocker, prefill_mask
+from runtime.compact_llama import CompactLlama, Segment, compact_blocker, prefill_mask
 from runtime.exceptions import ModelLoadError
 from runtime.kv_cache import RequestKVCache
 
@@ -197,6 +197,14 @@ class ModelRunner:
         """Whether decode steps may run several rows at once."""
         return self.compact is not None or self.mask_plan is not None
 
+    @property
+    def can_pack_prefill(self) -> bool:
+        """Whether several requests' prefill chunks may run in one forward (``forward_packed``).
+
+        Only the compact forward packs them; the transformers path prefills one at a time.
+        """
+        return self.compact is not None
+
     def new_cache(self, capacity: int) -> RequestKVCache:
         """An empty ``RequestKVCache`` able to hold ``capacity`` positions before growing."""
         return RequestKVCache(
@@ -237,6 +245,38 @@ class ModelRunner:
         kv.advance(n)
         out: torch.Tensor = logits[0] if all_logits else logits[0, -1]
         return out
+
+    @torch.no_grad()
+    def forward_packed(self, chunks: Sequence[tuple[list[int], RequestKVCache]]) -> torch.Tensor:
+        """Prefill several requests' chunks in one forward; commit each one's KV.
+
+        Chunk ``i``'s tokens run at positions ``[kv_i.length, kv_i.length + n_i)`` of its own
+        KV and attend only to it, as ``forward`` would run it alone (same math; the larger
+        matrix products may round differently in the last bits).
+
+        Returns:
+            ``[len(chunks), vocab]`` float logits of each chunk's last position.
+
+        Raises:
+            ValueError: this runner has no compact forward (``can_pack_prefill`` is False).
+        """
+        if self.compact is None:
+            raise ValueError("packed prefill needs the compact forward (can_pack_prefill)")
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        segments = []
+        for token_ids, kv in chunks:
+            start, n = kv.length, len(token_ids)
+            kv.reserve(start + n)
+            ids += token_ids
+            positions.append(torch.arange(start, start + n))
+            segments.append(Segment(n, kv.write, prefill_mask(start, n, self.device)))
+        ids_t = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, N]
+        pos_t = torch.cat(positions).to(self.device).unsqueeze(0)  # [1, N]
+        logits = self.compact.forward_packed(ids_t, pos_t, segments)
+        for token_ids, kv in chunks:
+            kv.advance(len(token_ids))
+        return logits
 
     @torch.no_grad()
     def decode(self, token_ids: Sequence[int | None], batch: BatchKV) -> torch.Tensor:

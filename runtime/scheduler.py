@@ -9,11 +9,12 @@ It drives the prefix cache and the batch KV; it knows nothing about HTTP or chat
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -68,6 +69,10 @@ class SchedulerConfig:
     while requests are decoding: a longer prompt is prefilled in chunks with one decode step of
     the running requests between them, so an arriving long prompt does not stall every stream
     (smaller: steadier inter-token latency, slower admission of long prompts)."""
+    max_prefill_batch: int = 16
+    """Most requests whose prefill chunks run packed in one forward (at most
+    ``prefill_chunk_tokens`` tokens in all; compact forward only). Short prompts arriving
+    together then share one pass over the weights; 1 prefills each request alone."""
 
     def __post_init__(self) -> None:
         counts = (
@@ -76,6 +81,7 @@ class SchedulerConfig:
             self.fifo_threshold,
             self.max_prefill_tokens,
             self.prefill_chunk_tokens,
+            self.max_prefill_batch,
         )
         if min(counts) < 1 or self.max_waiting < 0 or self.batch_kv_bytes < 1:
             raise ValueError(f"scheduler limits must be positive, got {self!r}")
@@ -127,6 +133,9 @@ class Scheduler:
             budget_bytes=config.batch_kv_bytes,
         )
         self.debug_integrity = debug_integrity
+        self.max_prefill_batch = config.max_prefill_batch if runner.can_pack_prefill else 1
+        """Most requests prefilled in one forward now (1 on the transformers path; a benchmark
+        may lower it between runs to compare)."""
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         """Running requests in batch-row order (row i belongs to running[i])."""
@@ -311,25 +320,79 @@ class Scheduler:
             self.prefix_cache.check_integrity()
 
     def _admit(self) -> None:
-        """Prefill up to this iteration's budget: the request mid-prefill first, then new ones."""
+        """Prefill up to this iteration's budget: the request mid-prefill first, then new ones,
+        several requests' chunks packed in one forward where the runner can."""
         chunk = self.config.prefill_chunk_tokens
         is_decoding = any(not _is_prefilling(r) for r in self.running)
         budget = chunk if is_decoding else self.config.max_prefill_tokens
         while budget > 0:
-            req = self._prefilling
-            if req is None:
-                if len(self.running) >= self.max_batch_size:
-                    return
-                req = self._pick()
-                if req is None:
-                    return
-            elif _is_all_cancelled(req):
-                self._release(req, keep=True)  # NOTE: stores only the positions computed
-                continue
-            budget -= self._prefill(req, min(budget, chunk))
+            jobs = self._gather(min(budget, chunk))
+            if not jobs:
+                return
+            if len(jobs) == 1:
+                budget -= self._prefill(*jobs[0])
+            else:
+                budget -= self._prefill_packed(jobs)
 
-    def _pick(self) -> Request | None:
-        """Pop the next request (with its forks) to admit, or None (empty, or it does not fit)."""
+    def _gather(self, limit: int) -> list[tuple[Request, int]]:
+        """The next prefill jobs ``(request, max tokens)``: at most ``limit`` tokens in all and
+        ``max_prefill_batch`` requests; the request mid-prefill comes first.
+
+        A packed job is admitted here (rows, prefix-cache match), so its uncached length is
+        known. A request that scores its prompt (prompt logprobs) or reuses chunks runs alone,
+        and one that would hit the KV of a request in this group once stored waits for the next
+        group.
+        """
+        req = self._prefilling
+        if req is not None:
+            if _is_all_cancelled(req):
+                self._release(req, keep=True)  # NOTE: stores only the positions computed
+                return self._gather(limit)
+            jobs = [(req, limit)]
+        else:
+            req = self._pick(lambda r: True)
+            if req is None:
+                return []
+            jobs = [(req, limit)]
+            if self.max_prefill_batch == 1 or not _is_packable(req):
+                return jobs
+            if not self._start(req):
+                return self._gather(limit)
+        num_tokens = _remaining(req)
+        while num_tokens < limit and len(jobs) < self.max_prefill_batch:
+            if len(self.running) >= self.max_batch_size:
+                break
+            nxt = self._pick(functools.partial(self._can_pack, group=[r for r, _ in jobs]))
+            if nxt is None:
+                break
+            if not self._start(nxt):
+                continue
+            jobs.append((nxt, limit - num_tokens))
+            num_tokens += _remaining(nxt)
+        return jobs
+
+    def _can_pack(self, req: Request, *, group: list[Request]) -> bool:
+        """Whether ``req`` may prefill with ``group`` now: it scores no prompt, and it would not
+        hit a whole block more of cache once a group member's prompt is stored."""
+        if not _is_packable(req):
+            return False
+        if not req.use_prefix_cache:
+            return True
+        hit = self.prefix_cache.peek(req.namespace, req.cacheable_ids, use_cache=True)
+        need = hit + self.prefix_cache.pool.block_size
+        if need >= len(req.prompt_ids):
+            return True
+        head = req.prompt_ids[:need]
+        return not any(
+            other.use_prefix_cache
+            and other.namespace == req.namespace
+            and other.prompt_ids[:need] == head
+            for other in group
+        )
+
+    def _pick(self, accept: Callable[[Request], bool]) -> Request | None:
+        """Pop the next request (with its forks) to admit, or None (empty, it does not fit, or
+        ``accept`` refuses it: it then stays in the queue)."""
         with self._cv:
             for req in [r for r in self.waiting if _is_all_cancelled(r)]:
                 self.waiting.remove(req)
@@ -338,15 +401,24 @@ class Scheduler:
                     member.released.set()
             if not self.waiting:
                 return None
-            index = self._choose()
-            req = self.waiting[index]
-            size = 1 + len(req.forks)
-            if len(self.running) + size > self.max_batch_size or not self.batch.can_fit(
-                req.max_total_len, num_rows=size
-            ):
+            first = self._choose()
+            if not self._fits(self.waiting[first]):
                 return None  # NOTE: wait for rows to free; never exceed the KV budget.
-            del self.waiting[index]
-            return req
+            # NOTE: a refused choice stays queued; the next in the lookahead that fits may go.
+            lookahead = range(min(len(self.waiting), self.config.lookahead))
+            for index in (first, *(i for i in lookahead if i != first)):
+                req = self.waiting[index]
+                if self._fits(req) and accept(req):
+                    del self.waiting[index]
+                    return req
+            return None
+
+    def _fits(self, req: Request) -> bool:
+        """Whether ``req`` and its forks fit in free rows and the KV budget now."""
+        size = 1 + len(req.forks)
+        return len(self.running) + size <= self.max_batch_size and self.batch.can_fit(
+            req.max_total_len, num_rows=size
+        )
 
     def _choose(self) -> int:
         """Index in ``waiting`` of the request to admit next."""
@@ -375,7 +447,6 @@ class Scheduler:
         if req.status is RequestStatus.WAITING and not self._start(req):
             return num_run
         self._prefilling = req
-        group = [req, *(f for f in req.forks if f.status is RequestStatus.RUNNING)]
         try:
             assert req.kv is not None, "a running request has a KV row"
             kv = req.kv
@@ -387,21 +458,56 @@ class Scheduler:
                 chunk = req.prompt_ids[kv.length : kv.length + max_tokens]
                 num_run = max(1, len(chunk))
                 logits = self.runner.forward(chunk, kv)
-                if _is_prefilling(req):
-                    return num_run  # NOTE: decode steps run before its next chunk.
             else:
                 # NOTE: a scored prompt (prompt logprobs) runs whole, in its own logits chunks.
                 num_run = len(req.prompt_ids)
                 logits = self._prefill_scored(req)
+        except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving
+            self._prefilling = None
+            for member in [req, *(f for f in req.forks if f.status is RequestStatus.RUNNING)]:
+                self._fail(member, exc)
+            return num_run
+        self._prefilled(req, logits)
+        return num_run
+
+    def _prefill_packed(self, jobs: list[tuple[Request, int]]) -> int:
+        """Run several admitted requests' next chunks in one packed forward, then finish each as
+        ``_prefill`` would. If the packed forward raises, each runs alone (nothing was
+        committed), so a request that fails fails alone.
+
+        Returns:
+            Prompt tokens run.
+        """
+        chunks = []
+        for req, max_tokens in jobs:
+            assert req.kv is not None, "a packed job was admitted"
+            chunks.append((req.prompt_ids[req.kv.length : req.kv.length + max_tokens], req.kv))
+        try:
+            logits = self.runner.forward_packed(chunks)
+        except Exception:  # noqa: BLE001 - retried one by one: the failing request fails alone
+            return sum(self._prefill(req, max_tokens) for req, max_tokens in jobs)
+        for (req, _), row in zip(jobs, logits, strict=True):
+            self._prefilled(req, row)
+        return sum(len(ids) for ids, _ in chunks)
+
+    def _prefilled(self, req: Request, logits: torch.Tensor) -> None:
+        """After a prefill chunk of ``req`` (``[vocab]`` logits of its last position): unless
+        prompt tokens remain, fork its choices, sample and emit their first tokens, and store
+        the prompt in the prefix cache."""
+        assert req.kv is not None, "a running request has a KV row"
+        if _is_prefilling(req):
+            self._prefilling = req
+            return  # NOTE: decode steps run before its next chunk.
+        self._prefilling = None
+        group = [req, *(f for f in req.forks if f.status is RequestStatus.RUNNING)]
+        try:
             self._fork(req, group[1:])
             # NOTE: one logits row seen by every choice (the sampler edits its own copy).
             tokens = self._sample(group, logits.unsqueeze(0).expand(len(group), -1))
         except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving
-            self._prefilling = None
             for member in group:
                 self._fail(member, exc)
-            return num_run
-        self._prefilling = None
+            return
         t_first = time.perf_counter()
         for member, token in zip(group, tokens, strict=True):
             member.t_first = t_first
@@ -409,8 +515,7 @@ class Scheduler:
         if req.status is RequestStatus.RUNNING:
             # NOTE: stored after the first token went out (not part of TTFT), and before the
             # next admission, so a waiting request that shares this prompt hits it.
-            req.node = self.prefix_cache.insert(req.namespace, req.cacheable_ids, kv, req.node)
-        return num_run
+            req.node = self.prefix_cache.insert(req.namespace, req.cacheable_ids, req.kv, req.node)
 
     def _start(self, req: Request) -> bool:
         """Admit ``req`` and its live forks (rows, running) and match its cached prefix.
@@ -564,6 +669,17 @@ class Scheduler:
 def _is_all_cancelled(req: Request) -> bool:
     """A waiting request leaves the queue once it and every fork riding with it are cancelled."""
     return req.is_cancelled and all(fork.is_cancelled for fork in req.forks)
+
+
+def _is_packable(req: Request) -> bool:
+    """Plain prefill: no prompt scoring (logprobs) and no chunk reuse (both run alone)."""
+    return req.params.prompt_logprobs is None and req.chunk_plan is None
+
+
+def _remaining(req: Request) -> int:
+    """Prompt tokens of a running request not in its KV yet."""
+    assert req.kv is not None, "a running request has a KV row"
+    return len(req.prompt_ids) - req.kv.length
 
 
 def _is_prefilling(req: Request) -> bool:
