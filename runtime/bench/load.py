@@ -43,6 +43,8 @@ class _Result:
     cached_tokens: int
     completion_tokens: int
     error: str | None
+    itl_s: tuple[float, ...] = ()
+    """Gaps between consecutive content chunks of the stream (inter-token latency)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,8 @@ class PhaseReport:
     """Generated tokens per wall-clock second over the whole phase."""
     ttft_p50_s: float | None
     ttft_p99_s: float | None
+    itl_p99_s: float | None
+    """99th percentile of every stream's gaps between content chunks (seconds)."""
     hit_rate: float
     """Cached prompt tokens / prompt tokens, from the responses' usage."""
     first_error: str | None
@@ -91,6 +95,7 @@ async def _one(client: httpx.AsyncClient, body: dict[str, Any]) -> _Result:
     start = time.perf_counter()
     ttft: float | None = None
     usage: dict[str, Any] = {}
+    arrivals: list[float] = []
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -103,8 +108,9 @@ async def _one(client: httpx.AsyncClient, body: dict[str, Any]) -> _Result:
                 if "error" in chunk:
                     return _Result(ttft, 0, 0, 0, str(chunk["error"].get("message")))
                 choices = chunk.get("choices") or []
-                if ttft is None and choices and choices[0]["delta"].get("content"):
-                    ttft = time.perf_counter() - start
+                if choices and choices[0]["delta"].get("content"):
+                    arrivals.append(time.perf_counter())
+                    ttft = arrivals[0] - start
                 usage = chunk.get("usage") or usage
     except httpx.HTTPError as exc:
         return _Result(ttft, 0, 0, 0, f"{type(exc).__name__}: {exc}")
@@ -115,6 +121,7 @@ async def _one(client: httpx.AsyncClient, body: dict[str, Any]) -> _Result:
         int(details.get("cached_tokens", 0)),
         int(usage.get("completion_tokens", 0)),
         None if usage else "no usage chunk",
+        tuple(b - a for a, b in zip(arrivals, arrivals[1:], strict=False)),
     )
 
 
@@ -169,6 +176,7 @@ def _report(name: str, concurrency: int, results: list[_Result], wall_s: float) 
         tokens_per_s=round(out / wall_s, 2) if wall_s > 0 else 0.0,
         ttft_p50_s=_percentile(ttfts, 50),
         ttft_p99_s=_percentile(ttfts, 99),
+        itl_p99_s=_percentile([gap for r in results for gap in r.itl_s], 99),
         hit_rate=round(sum(r.cached_tokens for r in results) / prompt, 4) if prompt else 0.0,
         first_error=next((r.error for r in results if r.error is not None), None),
     )
@@ -256,6 +264,10 @@ def _run_levels(
         with _PeakBatch(engine) as peak:
             results = phase(url, bodies, level, args.timeout_s)
         conc = _report(f"{level} concurrent", level, *results)
+        unpacked = None
+        if args.compare_packed_prefill:
+            unpacked = _unpacked_phase(engine, url, _bodies(model, system, tag + "u", n,
+                                       args.max_tokens), level, args.timeout_s, phase)  # fmt: skip
         bodies = _bodies(model, system, tag + "s", n, args.max_tokens)
         seq = _report("one by one", 1, *phase(url, bodies, 1, args.timeout_s))
         pinned = _wait_unpinned(engine) if engine is not None else None
@@ -266,6 +278,7 @@ def _run_levels(
                 "concurrent": asdict(conc),
                 "sequential": asdict(seq),
                 "throughput_ratio": round(ratio, 3),
+                "unpacked": None if unpacked is None else asdict(unpacked),
                 "peak_batch": peak.peak if engine is not None else None,
                 "pinned_blocks_after": pinned,
                 "peak_rss_mb": peak_rss,
@@ -278,16 +291,37 @@ def _run_levels(
     return {"levels": levels, "errors": errors, "pinned_blocks_after": pinned}
 
 
+def _unpacked_phase(
+    engine: Any, url: str, bodies: list[dict[str, Any]], level: int, timeout_s: float,
+    phase: _PhaseRunner,
+) -> PhaseReport:  # fmt: skip
+    """The same concurrent phase with packed prefill off (one prefill per forward), A/B."""
+    packed = engine.scheduler.max_prefill_batch
+    engine.scheduler.max_prefill_batch = 1
+    try:
+        return _report(f"{level} unpacked", level, *phase(url, bodies, level, timeout_s))
+    finally:
+        engine.scheduler.max_prefill_batch = packed
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f}"
+
+
 def _print_level(level: dict[str, Any]) -> None:
-    for key in ("concurrent", "sequential"):
+    for key in ("concurrent", "unpacked", "sequential"):
         p = level[key]
-        p50 = f"{p['ttft_p50_s'] * 1e3:.1f}" if p["ttft_p50_s"] is not None else "-"
-        p99 = f"{p['ttft_p99_s'] * 1e3:.1f}" if p["ttft_p99_s"] is not None else "-"
+        if p is None:
+            continue
         print(
             f"{p['name']:>14}: {p['num_requests']:4d} req  {p['wall_s']:7.2f} s  "
-            f"{p['tokens_per_s']:8.1f} tok/s  TTFT p50 {p50} ms p99 {p99} ms  "
+            f"{p['tokens_per_s']:8.1f} tok/s  TTFT p50 {_ms(p['ttft_p50_s'])} ms "
+            f"p99 {_ms(p['ttft_p99_s'])} ms  ITL p99 {_ms(p['itl_p99_s'])} ms  "
             f"hit {p['hit_rate']:.1%}  errors {p['num_errors']}"
         )
+    if level["unpacked"] is not None and level["unpacked"]["tokens_per_s"]:
+        gain = level["concurrent"]["tokens_per_s"] / level["unpacked"]["tokens_per_s"]
+        print(f"{'':>14}  packed / unpacked prefill throughput = {gain:.2f}x (same run, A/B)")
     pinned = level["pinned_blocks_after"]
     shown = "n/a (a remote server does not say)" if pinned is None else str(pinned)
     print(
@@ -314,8 +348,9 @@ HF_DROPPED = (
 LOAD_HELP = """\
 Concurrent streaming clients (default 16 and 64) with a shared system prompt against the
 OpenAI-compatible server on 127.0.0.1 (started in-process, or --url), then the same requests one by
-one: throughput ratio, TTFT p50/p99, prefix cache hit rate, errors, pinned blocks afterwards and
-the in-process server's peak and after-level RSS.
+one: throughput ratio, TTFT p50/p99, p99 inter-token latency (gaps between a stream's content
+chunks), prefix cache hit rate, errors, pinned blocks afterwards and the in-process server's peak
+and after-level RSS. --compare-packed-prefill reruns each concurrent phase with packed prefill off.
 --hf also times transformers' generate_batch on an 8-request shared-prefix workload."""
 
 
@@ -335,6 +370,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the clients in this process (shares the GIL with an in-process server)",
     )
+    p.add_argument(
+        "--compare-packed-prefill",
+        action="store_true",
+        help="after each concurrent phase, run it again with packed prefill off (A/B, in-process)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     return p
 
@@ -349,6 +389,8 @@ def main(argv: list[str]) -> int:
             parser.error(f"counts must be >= 1, got {bad}")
     if args.hf:
         return _usage_error(HF_DROPPED)
+    if args.compare_packed_prefill and args.url is not None:
+        return _usage_error("--compare-packed-prefill needs the in-process server (no --url)")
     if (problem := check_plot_path(args.plot)) is not None:
         return _usage_error(problem)
     try:

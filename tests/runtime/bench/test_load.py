@@ -28,6 +28,8 @@ def test_load_script_against_a_url_prints_one_json_object_last(
     first = report["levels"][0]["concurrent"]
     assert first["output_tokens"] == 4 * 3  # three scripted tokens per request
     assert 0 < first["hit_rate"] < 1  # the shared system prompt is reused, the question is not
+    assert first["itl_p99_s"] is not None and first["itl_p99_s"] >= 0  # three chunks: two gaps
+    assert report["levels"][0]["unpacked"] is None
     assert engine.num_open == 0
 
 
@@ -61,6 +63,7 @@ def test_load_script_takes_the_v1_url_says_what_it_cannot_see_and_plots(
         (["--url", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1"),
         (["--hf"], "--hf was dropped: transformers' generate_batch sizes its paged KV cache"),
         (["--plot", "out.svg"], "give a .png file name"),
+        (["--url", "http://x", "--compare-packed-prefill"], "needs the in-process server"),
     ],
 )
 def test_load_script_bad_input_is_one_line_and_exit_2(
@@ -71,3 +74,13 @@ def test_load_script_bad_input_is_one_line_and_exit_2(
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], captured.err
     assert "Traceback" not in captured.err
+
+
+@pytest.mark.slow
+def test_load_compares_packed_prefill_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--concurrency", "3", "--rounds", "1", "--max-tokens", "2", "--system-words", "10"]
+    assert main([*argv, "--compare-packed-prefill", "--in-process-clients", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "3 unpacked:" in out and "packed / unpacked prefill throughput" in out
+    level = json.loads(out.strip().splitlines()[-1])["levels"][0]
+    assert level["unpacked"]["num_requests"] == 3 and level["unpacked"]["num_errors"] == 0
