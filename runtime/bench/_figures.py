@@ -63,7 +63,7 @@ class Spread:
 def _fmt(value: float, unit: str) -> str:
     if unit in ("x", "ms"):
         return f"{value:,.2f}"
-    if unit in ("%", "tok/s", "MiB"):
+    if unit in ("%", "tok/s", "MiB", "GB/s", "GFLOP/s"):
         return f"{value:,.1f}"
     return f"{value:,.0f}"
 

@@ -13,7 +13,9 @@ import random
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +31,10 @@ from runtime.bench._common import (
     w1_model,
 )
 from runtime.bench._figures import Spread, noise_warnings, print_tables, spread_table
+from runtime.bench.floors import W1Shape, measure_hardware
+from runtime.bench.llama_cpp_peer import BUILD_HELP, LlamaCppPeer, export_gguf, peer_python
 from runtime.engine import Engine
+from runtime.model_runner import ForwardPath
 
 __all__ = ["prefix_main"]
 
@@ -51,7 +56,9 @@ def _hf_prefilled(model: Any, prefix: list[int]) -> DynamicCache:
     return cache
 
 
-def _measure_prefix(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, list[float]]]:
+def _measure_prefix(
+    args: argparse.Namespace, peer_dir: Path | None = None
+) -> tuple[dict[str, float], dict[str, list[float]]]:
     model = w1_model(args)
     rng = random.Random(0)
 
@@ -88,7 +95,105 @@ def _measure_prefix(args: argparse.Namespace) -> tuple[dict[str, float], dict[st
     out.update({k: statistics.median(v) for k, v in decode.items()})
     paths = _measure_paths(model, prefix, suffixes, args)
     out.update({k: statistics.median(v) for k, v in paths.items()})
-    return _rename(out), {**r, **decode, **paths}
+    raw = {**r, **decode, **paths}
+    if peer_dir is not None:
+        peers = _measure_peers(model, prefix, suffixes, args, peer_dir)
+        out.update({k: statistics.median(v) for k, v in peers.items()})
+        raw.update(peers)
+    return _rename(out), raw
+
+
+_PEER_PATHS = ("compact", "transformers", "llama.cpp")
+
+
+def _measure_peers(
+    model: Any, prefix: list[int], suffixes: list[list[int]], args: argparse.Namespace,
+    folder: Path,
+) -> dict[str, list[float]]:  # fmt: skip
+    """Miss TTFT, hit TTFT and decode rate of both forward paths and llama.cpp, alternating
+    request by request (same weights, same token ids, greedy), plus the hardware floors
+    measured before and after (the best of both)."""
+    gguf = args.gguf or export_gguf(model, folder, Path(args.llama_cpp_convert))
+    n_ctx = args.prefix_len + args.suffix_len + args.decode_tokens + 16
+    threads = torch.get_num_threads()
+    peer = LlamaCppPeer(peer_python(args.llama_cpp), Path(gguf), n_ctx=n_ctx, threads=threads)
+    paths: tuple[ForwardPath, ...] = ("compact", "transformers")
+    engines = {p: bench_engine(model, kv_bytes=args.kv_cache_bytes, forward=p) for p in paths}
+    rng = random.Random(1)
+    hw = [measure_hardware()]
+    out: dict[str, list[float]] = {}
+    try:
+        runners: dict[str, Callable[[list[int], int], tuple[float, float, list[int]]]] = {
+            p: partial(_engine_run, e) for p, e in engines.items()
+        }
+        runners["llama.cpp"] = peer.run
+        ids = {p: run(prefix + suffixes[0], args.decode_tokens)[2] for p, run in runners.items()}
+        for s in suffixes[: args.repeats]:
+            fresh = [rng.randrange(100, 49000) for _ in range(args.prefix_len + args.suffix_len)]
+            for path, run in runners.items():
+                _append(out, f"{path}_miss_s", run(fresh, 1)[0])
+                run(prefix + suffixes[-1], 1)  # NOTE: the prefix is in the cache again
+                _append(out, f"{path}_hit_s", run(prefix + s, 1)[0])
+                t_first, decode_s, _ = run(prefix + s, args.decode_tokens)
+                _append(out, f"{path}_decode_tps", (args.decode_tokens - 1) / decode_s)
+    finally:
+        peer.close()
+        for eng in engines.values():
+            eng.close()
+    hw.append(measure_hardware())
+    out["same_ids_as_compact"] = [_same_prefix_len(ids["compact"], ids[p]) for p in _PEER_PATHS]
+    shape, total = W1Shape.of(model), args.prefix_len + args.suffix_len
+    out["gemm_gflops"] = [max(h.gemm_gflops for h in hw)]
+    out["read_gb_s"] = [max(h.read_gb_s for h in hw)]
+    out["miss_gflop"] = [shape.prefill_flops(0, total) / 1e9]
+    out["hit_gflop"] = [shape.prefill_flops(args.prefix_len, args.suffix_len) / 1e9]
+    out["decode_mb"] = [shape.decode_bytes(total) / 1e6]
+    return out
+
+
+def _engine_run(eng: Engine, ids: list[int], n: int) -> tuple[float, float, list[int]]:
+    """``(TTFT s, decode s after the first token, greedy token ids)`` of one request."""
+    done = ttft(eng, ids, max_tokens=n)
+    rate = done.metrics.decode_tokens_per_s
+    return done.metrics.ttft_s, (n - 1) / rate if rate else 0.0, list(done.token_ids)
+
+
+def _append(out: dict[str, list[float]], key: str, value: float) -> None:
+    out.setdefault(key, []).append(value)
+
+
+def _same_prefix_len(a: list[int], b: list[int]) -> float:
+    """How many leading greedy tokens two engines agree on."""
+    return float(next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                      min(len(a), len(b))))  # fmt: skip
+
+
+def _peer_tables(raw: dict[str, list[float]], args: argparse.Namespace) -> list[Any]:
+    """Engines side by side (min/median/max) and the hardware floors of each figure."""
+    gflops, gbs = raw["gemm_gflops"][0], raw["read_gb_s"][0]
+    miss_gf, hit_gf, mb = raw["miss_gflop"][0], raw["hit_gflop"][0], raw["decode_mb"][0]
+    rows = []
+    for path in _PEER_PATHS:
+        rows += [Spread.ms(f"{path}: miss TTFT", raw[f"{path}_miss_s"]),
+                 Spread.ms(f"{path}: hit TTFT", raw[f"{path}_hit_s"]),
+                 Spread(f"{path}: decode", "tok/s", tuple(raw[f"{path}_decode_tps"]))]  # fmt: skip
+    floors = [
+        Spread("peak fp32 GEMM (2048^3 matmul, best)", "GFLOP/s", (gflops,)),
+        Spread("read bandwidth (512 MiB sum, best)", "GB/s", (gbs,)),
+        Spread.ms(f"miss floor: {miss_gf:.0f} GFLOP at peak", [miss_gf / gflops]),
+        Spread.ms(f"hit floor: {hit_gf:.1f} GFLOP at peak", [hit_gf / gflops]),
+        Spread(f"decode ceiling: {mb:.0f} MB/token at read bandwidth", "tok/s", (gbs * 1e3 / mb,)),
+    ]
+    for key, label in (("miss_s", "miss TTFT"), ("hit_s", "hit TTFT"), ("decode_tps", "decode")):
+        for other in _PEER_PATHS[1:]:
+            pairs = zip(raw[f"compact_{key}"], raw[f"{other}_{key}"], strict=True)
+            rows.append(Spread(f"compact / {other} {label} (per run)", "x",
+                               tuple(a / b for a, b in pairs if b > 0)))  # fmt: skip
+    same = raw["same_ids_as_compact"]
+    agree = ", ".join(f"{p} {int(n)}" for p, n in zip(_PEER_PATHS[1:], same[1:], strict=True))
+    title = (f"engines side by side, alternating (greedy tokens agreeing with compact's, of "
+             f"{args.decode_tokens}: {agree})")  # fmt: skip
+    return [spread_table(title, rows), spread_table("hardware floors, same run", floors)]
 
 
 def _measure_paths(
@@ -205,7 +310,9 @@ freshly started engine whose disk tier holds the prefix, against a cold miss."""
 
 def prefix_main(argv: list[str]) -> int:
     """``agentcache bench prefix``: W1 TTFT miss/hit/floor/HF recipes and decode rate."""
-    p = argparse.ArgumentParser(prog="agentcache bench prefix", description=PREFIX_HELP)
+    p = argparse.ArgumentParser(
+        prog="agentcache bench prefix", description=PREFIX_HELP, epilog=BUILD_HELP
+    )
     add_common_options(p, layers=30, repeats=5)
     p.add_argument("--prefix-len", type=positive_int, default=2000, help="shared prefix tokens")
     p.add_argument("--suffix-len", type=positive_int, default=30, help="distinct suffix tokens")
@@ -216,7 +323,24 @@ def prefix_main(argv: list[str]) -> int:
         action="store_true",
         help="only the warm-restart figures: first request after a restart (disk tier) vs a miss",
     )
+    p.add_argument(
+        "--llama-cpp",
+        metavar="PYTHON_OR_VENV",
+        default=None,
+        help="add llama.cpp (llama-cpp-python in that interpreter) side by side",
+    )
+    p.add_argument(
+        "--llama-cpp-convert",
+        metavar="convert_hf_to_gguf.py",
+        default=None,
+        help="llama.cpp's converter, to write the W1 weights as an f32 GGUF",
+    )
+    p.add_argument("--gguf", default=None, help="use this GGUF of the W1 weights instead")
     args = p.parse_args(argv)
+    if args.llama_cpp is not None:
+        problem = _peer_problem(args)
+        if problem is not None:
+            p.error(problem)
     if args.threads:
         torch.set_num_threads(args.threads)
     header = {"workload": "W1", "layers": args.layers, "prefix_len": args.prefix_len}
@@ -224,7 +348,9 @@ def prefix_main(argv: list[str]) -> int:
         report(_measure_restart(args), args.json, {**header, "suffix_len": args.suffix_len})
         return 0
     try:
-        result, raw = _measure_prefix(args)
+        with tempfile.TemporaryDirectory(prefix="agentcache-bench-gguf-") as folder:
+            peer_dir = Path(folder) if args.llama_cpp is not None else None
+            result, raw = _measure_prefix(args, peer_dir)
     except KeyboardInterrupt:
         print("agentcache bench prefix: interrupted", file=sys.stderr)
         return 130
@@ -235,19 +361,33 @@ def prefix_main(argv: list[str]) -> int:
         f"bench prefix: W1, {args.layers} layers, {args.prefix_len}-token prefix + "
         f"{args.suffix_len}-token suffix, {args.dtype}"
     )
-    print_tables(
-        [
-            spread_table(f"{title}: time to first token", timings),
-            spread_table("same-run ratios (per run)", ratios),
-            spread_table(f"decode rate ({args.decode_tokens} tokens)", decode),
-        ],
-        warnings,
-    )
+    tables = [
+        spread_table(f"{title}: time to first token", timings),
+        spread_table("same-run ratios (per run)", ratios),
+        spread_table(f"decode rate ({args.decode_tokens} tokens)", decode),
+    ]
+    if args.llama_cpp is not None:
+        tables += _peer_tables(raw, args)
+    print_tables(tables, warnings)
     if args.json:
         spread = {s.name: s.as_json() for s in (*timings, *ratios, *decode)}
         extra = {"spread": spread, "warnings": warnings}
         print(json.dumps({**header, "suffix_len": args.suffix_len, **result, **extra}))
     return 0
+
+
+def _peer_problem(args: argparse.Namespace) -> str | None:
+    """Why the llama.cpp options cannot work, before anything slow runs (None when fine)."""
+    try:
+        peer_python(args.llama_cpp)
+    except ValueError as exc:
+        return str(exc)
+    if args.gguf is not None:
+        return None if Path(args.gguf).is_file() else f"--gguf {args.gguf!r}: no such file"
+    convert = args.llama_cpp_convert
+    if convert is None or not Path(convert).is_file():
+        return "--llama-cpp needs --llama-cpp-convert path/to/convert_hf_to_gguf.py (or --gguf)"
+    return None
 
 
 _TIMING_NAMES = (

@@ -1,0 +1,92 @@
+"""Hardware floors for the W1 figures, measured in the same run as the figures they bound.
+
+Peak GEMM rate (a large fp32 ``torch.matmul``) and memory read bandwidth (a sum over a tensor far
+larger than the caches), then each figure's floor: a prefill needs its FLOPs at the peak rate, a
+decode step needs every weight and the attended KV read once at the read bandwidth. The FLOP and
+byte counts are the standard dense-transformer ones (Kaplan et al. 2020, "Scaling Laws for
+Neural Language Models", table 1: 2 FLOPs per weight per token, plus attention). It knows
+shapes and timers, never engines.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import torch
+
+__all__ = ["Hardware", "W1Shape", "measure_hardware"]
+
+
+class Hardware(NamedTuple):
+    """What this machine sustains now (best of a few runs, so load from others shows less)."""
+
+    gemm_gflops: float
+    """fp32 matmul rate, GFLOP/s (``matmul_size``-square matrices)."""
+    read_gb_s: float
+    """Read bandwidth of a ``tensor.sum()`` over ``read_bytes``, GB/s (1e9 bytes)."""
+
+
+def measure_hardware(
+    *, matmul_size: int = 2048, read_bytes: int = 1 << 29, repeats: int = 5
+) -> Hardware:
+    """Time a square fp32 matmul and a large sum; best of ``repeats`` (after one warm-up)."""
+    a = torch.randn(matmul_size, matmul_size)
+    b = torch.randn(matmul_size, matmul_size)
+    big = torch.ones(read_bytes // 4)  # [read_bytes / 4] fp32
+    gemm = _best(lambda: torch.matmul(a, b), repeats)
+    read = _best(lambda: big.sum(), repeats)
+    return Hardware(2 * matmul_size**3 / gemm / 1e9, read_bytes / read / 1e9)
+
+
+def _best(fn: Any, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+class W1Shape(NamedTuple):
+    """The dimensions a FLOP or byte count needs (read from a transformers Llama config)."""
+
+    num_layers: int
+    hidden: int
+    q_width: int
+    """``num_heads * head_dim``."""
+    kv_width: int
+    """``num_kv_heads * head_dim``."""
+    intermediate: int
+    vocab: int
+    bytes_per_value: int
+
+    @classmethod
+    def of(cls, model: Any) -> W1Shape:
+        c = model.config
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        size = next(model.parameters()).element_size()
+        q_width, kv_width = c.num_attention_heads * head_dim, c.num_key_value_heads * head_dim
+        return cls(c.num_hidden_layers, c.hidden_size, q_width, kv_width, c.intermediate_size,
+                   c.vocab_size, size)  # fmt: skip
+
+    @property
+    def layer_weights(self) -> int:
+        """Weights of one decoder layer's projections (norms left out: they are tiny)."""
+        attn = self.hidden * (self.q_width + 2 * self.kv_width) + self.q_width * self.hidden
+        return attn + 3 * self.hidden * self.intermediate
+
+    def prefill_flops(self, cached: int, new: int) -> float:
+        """FLOPs of ``new`` tokens after ``cached`` ones: projections, causal attention (QK^T
+        and AV over the keys each query sees) and the one logits row."""
+        seen = new * cached + new * (new + 1) / 2  # (query, key) pairs attended
+        per_layer = 2 * self.layer_weights * new + 4 * self.q_width * seen
+        return self.num_layers * per_layer + 2 * self.hidden * self.vocab
+
+    def decode_bytes(self, context: int) -> float:
+        """Bytes one decode step reads: every weight once (the tied embedding as the logits
+        matrix) and the K/V of ``context`` positions."""
+        weights = self.num_layers * self.layer_weights + self.hidden * self.vocab
+        kv = self.num_layers * 2 * self.kv_width * context
+        return float((weights + kv) * self.bytes_per_value)
