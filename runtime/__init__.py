@@ -9,6 +9,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from runtime.exceptions import (
+    ChunkReuseError,
     EngineBusyError,
     InvalidRequestError,
     ModelLoadError,
@@ -18,12 +19,14 @@ from runtime.exceptions import (
 from runtime.models import resolve_model
 
 if TYPE_CHECKING:
+    from runtime.chunk_reuse import ChunkReuse
     from runtime.engine import Engine
     from runtime.outputs import CacheStats, Completion, Metrics, StreamDelta, Usage
     from runtime.sampling import SamplingParams
 
 # NOTE: torch/transformers load on first use of these names, not on `import runtime`.
 _LAZY = {
+    "ChunkReuse": "runtime.chunk_reuse",
     "Engine": "runtime.engine",
     "CacheStats": "runtime.outputs",
     "Completion": "runtime.outputs",
@@ -42,6 +45,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CacheStats",
+    "ChunkReuse",
+    "ChunkReuseError",
     "Completion",
     "Engine",
     "EngineBusyError",

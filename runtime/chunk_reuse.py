@@ -35,7 +35,7 @@ from runtime.cache.chunk_store import ChunkStore
 from runtime.cache.radix_cache import Namespace
 from runtime.chunk_rotation import rerotate, rotation_blocker
 from runtime.chunk_rows import RowForward
-from runtime.exceptions import InvalidRequestError
+from runtime.exceptions import ChunkReuseError
 from runtime.kv_cache import RequestKVCache
 from runtime.model_runner import ModelRunner
 from runtime.outputs import ChunkReuseUsage
@@ -61,7 +61,7 @@ class ChunkReuse:
     """A request's document chunks and how to reuse their KV (opt-in; see the module docstring).
 
     Raises:
-        InvalidRequestError: on construction, for an unknown mode, a fraction outside [0, 1] or
+        ChunkReuseError: on construction, for an unknown mode, a fraction outside [0, 1] or
             spans that are empty, unsorted or overlapping (``check`` tests them on a prompt).
     """
 
@@ -74,33 +74,33 @@ class ChunkReuse:
 
     def __post_init__(self) -> None:
         if self.mode not in CHUNK_MODES:
-            raise InvalidRequestError(f"chunk mode {self.mode!r} is unknown; valid: {CHUNK_MODES}")
+            raise ChunkReuseError(f"chunk mode {self.mode!r} is unknown; valid: {CHUNK_MODES}")
         fraction = self.recompute_fraction
         if isinstance(fraction, bool) or not 0.0 <= fraction <= 1.0:
-            raise InvalidRequestError(f"recompute_fraction must be in [0, 1], got {fraction!r}")
+            raise ChunkReuseError(f"recompute_fraction must be in [0, 1], got {fraction!r}")
         if not self.spans:
-            raise InvalidRequestError("chunk reuse needs at least one span")
+            raise ChunkReuseError("chunk reuse needs at least one span")
         prev_end = 0
         for i, span in enumerate(self.spans):
             if len(span) != 2 or not all(type(x) is int for x in span):
-                raise InvalidRequestError(f"spans[{i}] must be [start, end] integers, got {span!r}")
+                raise ChunkReuseError(f"spans[{i}] must be [start, end] integers, got {span!r}")
             start, end = span
             if start < prev_end or end <= start:
-                raise InvalidRequestError(
+                raise ChunkReuseError(
                     f"spans[{i}]={list(span)!r}: spans must be non-empty ([start, end) with "
                     f"end > start), sorted and disjoint (the previous ends at {prev_end})"
                 )
             prev_end = end
 
     def check(self, prompt_len: int) -> None:
-        """Raise InvalidRequestError unless every span ends before the last prompt token.
+        """Raise ChunkReuseError unless every span ends before the last prompt token.
 
         NOTE: the last prompt token is always computed (it gives the first logits), so it may
         not be inside a chunk.
         """
         end = self.spans[-1][1]
         if end > prompt_len - 1:
-            raise InvalidRequestError(
+            raise ChunkReuseError(
                 f"spans end at token {end} but the prompt has {prompt_len} tokens; the last "
                 "span must end before the last prompt token (the question follows the chunks)"
             )

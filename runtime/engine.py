@@ -22,7 +22,7 @@ from runtime.cache.disk_tier import DiskTier
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.prefix_cache import PrefixCache, namespace_of
 from runtime.chunk_reuse import ChunkAssembler, ChunkReuse, chunk_reuse_blocker
-from runtime.exceptions import InvalidRequestError, PromptTooLongError
+from runtime.exceptions import ChunkReuseError, InvalidRequestError, PromptTooLongError
 from runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
 from runtime.model_runner import (
     ForwardPath,
@@ -283,6 +283,7 @@ class Engine:
         n: int = 1,
         cache_salt: str | None = None,
         grammar: Grammar | None = None,
+        chunk_reuse: ChunkReuse | None = None,
     ) -> list[RequestStream]:
         """Generate ``n`` choices of one prompt from ONE prefill; one stream per choice.
 
@@ -290,15 +291,18 @@ class Engine:
         choice copies it into its own row and samples its own tokens. Choice ``i`` samples with
         seed ``params.seed + i`` (wrapped into the signed 64-bit range), so choice 0 matches a
         single request with the same seed; without a seed each choice draws its own. With
-        ``grammar`` every choice is constrained by it (its own matcher). The request is
-        submitted now: closing one stream cancels that choice only.
+        ``grammar`` every choice is constrained by it (its own matcher); ``chunk_reuse`` as in
+        ``make_request``. The request is submitted now: closing one stream cancels that choice
+        only.
 
         Raises:
             InvalidRequestError, PromptTooLongError: as ``generate``; also ``n`` < 1 or more
                 choices than the scheduler decodes at once.
             EngineBusyError: the scheduler's queue is full.
         """
-        head = self.make_request(prompt, params, cache_salt=cache_salt, n=n, grammar=grammar)
+        head = self.make_request(
+            prompt, params, cache_salt=cache_salt, n=n, grammar=grammar, chunk_reuse=chunk_reuse
+        )
         return self.run_choices(head)
 
     def compile_grammar(self, spec: GrammarSpec) -> Grammar:
@@ -484,11 +488,11 @@ class Engine:
         plan.check(len(ids))
         why = chunk_reuse_blocker(self.runner, plan.mode)
         if why is not None:
-            raise InvalidRequestError(
+            raise ChunkReuseError(
                 f"chunk reuse ({plan.mode!r}) is not available for model {self.model_id!r}: {why}"
             )
         if params.prompt_logprobs is not None:
-            raise InvalidRequestError("prompt_logprobs cannot be combined with chunk reuse")
+            raise ChunkReuseError("prompt_logprobs cannot be combined with chunk reuse")
 
     def _make_pool(self, budget: int, block_size: int) -> KVPool:
         shape = self.runner.kv_shape

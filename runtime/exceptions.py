@@ -2,7 +2,8 @@
 
 RuntimeEngineError
 ├── InvalidRequestError (ValueError)   bad prompt or sampling params; engine keeps serving
-│   └── PromptTooLongError             prompt + max_tokens exceed the model's context
+│   ├── PromptTooLongError             prompt + max_tokens exceed the model's context
+│   └── ChunkReuseError                bad chunk spans, or a model that cannot reuse chunk KV
 ├── SamplingError                      one request's logits could not be sampled; it ends alone
 ├── ModelLoadError                     a model, tokenizer or chat template could not be loaded
 └── EngineBusyError                    the request queue is full; retry later
@@ -11,6 +12,7 @@ RuntimeEngineError
 from __future__ import annotations
 
 __all__ = [
+    "ChunkReuseError",
     "EngineBusyError",
     "InvalidRequestError",
     "ModelLoadError",
@@ -30,6 +32,11 @@ class InvalidRequestError(RuntimeEngineError, ValueError):
 
 class PromptTooLongError(InvalidRequestError):
     """The prompt (plus requested output) does not fit the model's context window."""
+
+
+class ChunkReuseError(InvalidRequestError):
+    """A request's chunk reuse cannot be honoured: its spans do not fit the prompt, or the model's
+    position scheme cannot move stored keys (the message names the reason)."""
 
 
 class SamplingError(RuntimeEngineError):

@@ -41,6 +41,8 @@ AGENTCACHE_ALL = {
 
 RUNTIME_ALL = {
     "CacheStats",
+    "ChunkReuse",
+    "ChunkReuseError",
     "Completion",
     "Engine",
     "EngineBusyError",

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from runtime.exceptions import (
+    ChunkReuseError,
     EngineBusyError,
     InvalidRequestError,
     PromptTooLongError,
@@ -204,6 +205,8 @@ class _Server:
             raise ApiError(
                 400, str(exc), param=plan.prompt_param, code="context_length_exceeded"
             ) from exc
+        except ChunkReuseError as exc:  # NOTE: a model that cannot move stored keys
+            raise ApiError(400, str(exc), param="chunk_reuse", code="invalid_value") from exc
         except InvalidRequestError as exc:  # NOTE: the prompt is all the engine checks here
             raise ApiError(400, str(exc), param=plan.prompt_param, code="invalid_value") from exc
         except SamplingError as exc:
@@ -231,6 +234,7 @@ class _Server:
                         n=plan.n,
                         cache_salt=plan.cache_salt,
                         grammar=plan.grammar,
+                        chunk_reuse=plan.chunk_reuse,
                     )
                 )
         except BaseException:

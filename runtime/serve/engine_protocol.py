@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
+from runtime.chunk_reuse import ChunkReuse
 from runtime.grammar import Grammar, GrammarSpec
 from runtime.outputs import CacheStats, StreamDelta
 from runtime.sampling import SamplingParams
@@ -50,6 +51,7 @@ class ServingEngine(Protocol):
         n: int = 1,
         cache_salt: str | None = None,
         grammar: Grammar | None = None,
+        chunk_reuse: ChunkReuse | None = None,
     ) -> Sequence[Iterator[StreamDelta]]: ...
 
     def compile_grammar(self, spec: GrammarSpec) -> Grammar: ...

@@ -27,6 +27,8 @@ from runtime.serve.tool_parser import ParsedToolCall
 __all__ = [
     "ApiError",
     "ChatCompletionRequest",
+    "ChunkReuseSpec",
+    "MAX_SPANS",
     "MAX_N",
     "MAX_PROMPTS",
     "ChatMessage",
@@ -71,6 +73,8 @@ MAX_N = 128
 """Largest ``n`` accepted (OpenAI's limit); the engine may refuse fewer (its batch rows)."""
 MAX_PROMPTS = 256
 """Most prompts in one batched ``/v1/completions`` request."""
+MAX_SPANS = 1024
+"""Most document spans in one request's ``chunk_reuse``."""
 
 # Function names as OpenAI accepts them (a-z, A-Z, 0-9, underscores and dashes, max 64).
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -272,6 +276,24 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
+_Span = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=2, max_length=2)]
+
+
+class ChunkReuseSpec(BaseModel):
+    """``chunk_reuse`` (this server's extension): reuse documents' KV in any order.
+
+    ``spans`` are ``[start, end)`` token index pairs of the prompt's token ids (as ``/tokenize``
+    returns them for chat messages), sorted and disjoint, ending before the last prompt token.
+    See ``runtime.chunk_reuse`` for the modes; ``usage.chunk_reuse`` reports what was reused.
+    """
+
+    # NOTE: only clients that know this extension send it: an unknown sub-field is a 400.
+    model_config = ConfigDict(extra="forbid", strict=True)
+    spans: Annotated[list[_Span], Field(min_length=1, max_length=MAX_SPANS)]
+    mode: Literal["exact", "blend"] = "exact"
+    recompute_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.15
+
+
 _Penalty = Annotated[float, Field(ge=-PENALTY_MAX, le=PENALTY_MAX)]
 _Bias = Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX)]
 
@@ -301,6 +323,8 @@ class _SamplingFields(_Lenient):
     stream_options: StreamOptions | None = None
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     """Per-tenant prefix-cache namespace (vLLM's field); combined with the API key server-side."""
+    chunk_reuse: ChunkReuseSpec | None = None
+    """Document spans whose KV comes from the chunk store (opt-in extension; one prompt only)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -508,6 +532,7 @@ class DetokenizeRequest(_Strict):
 
 
 _MODELS: tuple[type[BaseModel], ...] = (
+    ChunkReuseSpec,
     FunctionSpec,
     ToolSpec,
     FunctionName,
@@ -528,13 +553,23 @@ _FIELD_NAMES = frozenset(
 
 
 def usage_dict(usage: Usage) -> dict[str, Any]:
-    """OpenAI ``usage`` with ``prompt_tokens_details.cached_tokens``."""
-    return {
+    """OpenAI ``usage`` with ``prompt_tokens_details.cached_tokens``; with chunk reuse also
+    ``chunk_reuse: {mode, reused_tokens, recomputed_tokens, missed_tokens}`` (our extension)."""
+    out: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    chunk = usage.chunk_reuse
+    if chunk is not None:
+        out["chunk_reuse"] = {
+            "mode": chunk.mode,
+            "reused_tokens": chunk.reused_tokens,
+            "recomputed_tokens": chunk.recomputed_tokens,
+            "missed_tokens": chunk.missed_tokens,
+        }
+    return out
 
 
 def tool_call_dicts(calls: list[ParsedToolCall], id_prefix: str) -> list[dict[str, Any]]:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Literal
 from anyio.to_thread import run_sync
 from jinja2 import TemplateError
 
-from runtime.exceptions import InvalidRequestError
+from runtime.chunk_reuse import ChunkReuse
+from runtime.exceptions import ChunkReuseError, InvalidRequestError
 from runtime.grammar import Grammar
 from runtime.sampling import SamplingParams
 from runtime.serve.constraints import grammar_spec
@@ -61,6 +62,8 @@ class RequestPlan:
     """``max_tokens=0`` with ``echo``: one token is generated (the engine's minimum), not sent."""
     grammar: Grammar | None = None
     """The compiled constraint every choice decodes under (``response_format``, tools)."""
+    chunk_reuse: ChunkReuse | None = None
+    """The prompt's document spans whose KV comes from the chunk store (one prompt only)."""
 
 
 def _new_plan(
@@ -88,7 +91,30 @@ def _new_plan(
         parser=parser,
         prompt_param="messages" if kind == "chat" else "prompt",
         token_text=None if params.logprobs is None else lambda t: str(tokenizer.decode([t])),
+        chunk_reuse=_chunk_reuse(req, prompts),
     )
+
+
+def _chunk_reuse(
+    req: ChatCompletionRequest | CompletionRequest, prompts: list[list[int]]
+) -> ChunkReuse | None:
+    """The engine's ``ChunkReuse`` of ``req.chunk_reuse`` (None when absent).
+
+    Raises:
+        ApiError: 400 naming ``chunk_reuse`` for spans that are unsorted, overlapping or past
+            the prompt, or for a batch of prompts.
+    """
+    spec = req.chunk_reuse
+    if spec is None:
+        return None
+    try:
+        if len(prompts) != 1:
+            raise ChunkReuseError("chunk_reuse applies to one prompt; send one per request")
+        plan = ChunkReuse(tuple((s, e) for s, e in spec.spans), spec.mode, spec.recompute_fraction)
+        plan.check(len(prompts[0]))
+    except ChunkReuseError as exc:
+        raise ApiError(400, str(exc), param="chunk_reuse", code="invalid_value") from exc
+    return plan
 
 
 def sampling_params(

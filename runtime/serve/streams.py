@@ -94,6 +94,8 @@ def total_usage(completions: list[Completion], n: int, *, is_output_dropped: boo
         completion_tokens=0
         if is_output_dropped
         else sum(c.usage.completion_tokens for c in completions),
+        # NOTE: chunk reuse is refused for a batch of prompts: one prompt, one record.
+        chunk_reuse=firsts[0].usage.chunk_reuse if len(firsts) == 1 else None,
     )
 
 

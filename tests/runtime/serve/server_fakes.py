@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from runtime.chunk_reuse import ChunkReuse
 from runtime.exceptions import EngineBusyError, InvalidRequestError, PromptTooLongError
 from runtime.grammar import Grammar, GrammarSpec
 from runtime.outputs import CacheStats, Completion, FinishReason, Metrics, StreamDelta, Usage
@@ -131,6 +132,7 @@ class ScriptedEngine:
         n: int = 1,
         cache_salt: str | None = None,
         grammar: Grammar | None = None,
+        chunk_reuse: ChunkReuse | None = None,
     ) -> list[Iterator[StreamDelta]]:
         """``n`` scripted streams of one prompt (a grammar is recorded; the script ignores it)."""
         self.grammars.append(grammar)

@@ -23,7 +23,9 @@ import httpx
 import pytest
 from openai import BadRequestError, NotFoundError, OpenAI
 
+from runtime.chunk_reuse import ChunkReuse
 from runtime.engine import Engine
+from runtime.sampling import SamplingParams
 from runtime.serve.app import create_app
 from runtime.serve.server_thread import ServerThread
 
@@ -187,6 +189,38 @@ def check_cache_salt(c: Ctx) -> None:
     again = c.chat(max_tokens=1, extra_body={"cache_salt": salt}).usage
     assert first.prompt_tokens_details.cached_tokens == 0
     assert again.prompt_tokens_details.cached_tokens > 0
+
+
+def check_chunk_reuse(c: Ctx) -> None:
+    docs = [c.engine.tokenize(f"Document {k}: the colour of item {k} is teal.") for k in "ab"]
+    q = c.engine.tokenize(" Which colour?")
+    ids = docs[0] + docs[1] + q
+    a, b = len(docs[0]), len(docs[0]) + len(docs[1])
+    spans = [[0, a], [a, b]]
+    first = c.complete(prompt=ids, max_tokens=4, extra_body={"chunk_reuse": {"spans": spans}})
+    swapped = docs[1] + docs[0] + q
+    body = {"chunk_reuse": {"spans": [[0, len(docs[1])], [len(docs[1]), b]]}}
+    again = c.complete(prompt=swapped, max_tokens=4, extra_body=body)
+    assert first.usage.model_extra["chunk_reuse"]["missed_tokens"] == b
+    chunk = again.usage.model_extra["chunk_reuse"]
+    assert chunk == {"mode": "exact", "reused_tokens": b, "recomputed_tokens": 0,
+                     "missed_tokens": 0}  # fmt: skip
+    want = c.engine.generate(
+        swapped, SamplingParams(max_tokens=4, temperature=0.0),
+        chunk_reuse=ChunkReuse(((0, len(docs[1])), (len(docs[1]), b))),
+    )  # fmt: skip
+    assert again.choices[0].text == want.text
+    blend = {"chunk_reuse": {"spans": spans, "mode": "blend", "recompute_fraction": 1.0}}
+    full = c.complete(prompt=ids, max_tokens=4, extra_body=blend)
+    assert full.choices[0].text == c.complete(prompt=ids, max_tokens=4).choices[0].text
+    assert c.complete(prompt=ids, max_tokens=1).usage.model_extra.get("chunk_reuse") is None
+    chat = c.chat(max_tokens=2, extra_body={"chunk_reuse": {"spans": [[2, 9]]}})
+    assert chat.usage.model_extra["chunk_reuse"]["mode"] == "exact"
+    for bad in ([[0, a], [a - 1, b]], [[0, len(ids)]], [[0]]):
+        refused(lambda bad=bad: c.complete(prompt=ids, extra_body={"chunk_reuse": {"spans": bad}}),
+                "chunk_reuse")  # fmt: skip
+    refused(lambda: c.complete(prompt=ids, extra_body={"chunk_reuse": {"spans": spans, "x": 1}}),
+            "chunk_reuse")  # fmt: skip
 
 
 # --- refused today ------------------------------------------------------------------------------
@@ -492,6 +526,7 @@ ROWS = [
         check_openapi_metrics_health,
     ),  # fmt: skip
     Row("`/v1/embeddings`, `/v1/responses`", "endpoint", "not served (404)", check_not_served),
+    Row("`chunk_reuse` (extension)", "chat, completions", "supported", check_chunk_reuse),
 ]
 
 
