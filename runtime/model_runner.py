@@ -10,7 +10,6 @@ import hashlib
 import importlib
 import logging
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeAlias
@@ -23,6 +22,7 @@ from runtime.batch_mask import MaskPlan, mask_plan
 from runtime.compact_llama import CompactLlama, Segment, compact_blocker, prefill_mask
 from runtime.exceptions import ModelLoadError
 from runtime.kv_cache import RequestKVCache
+from runtime.model_names import is_local_path, no_such_folder
 
 __all__ = [
     "ForwardPath",
@@ -43,9 +43,6 @@ logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Layer kinds whose KV at position p depends only on tokens <= p, kept whole by RequestKVCache.
 _RESUMABLE_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
-# A Hugging Face hub id: ``name`` or ``namespace/name`` (letters, digits, ``_.-``).
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
-_PATH_STARTS = ("/", "./", "../", "~", ".\\", "..\\")
 
 
 class KVShape(NamedTuple):
@@ -85,18 +82,6 @@ def _resolve(model: str) -> str:
         return model
 
 
-def is_local_path(model: str) -> bool:
-    """True when ``model`` names a filesystem path rather than a hub id.
-
-    Paths start with ``/``, ``./``, ``../`` or ``~``, or contain a separator without being a
-    valid ``namespace/name`` hub id (``a/b/c`` is a path, ``Qwen/Qwen2.5-0.5B`` a hub id).
-    """
-    if model.startswith(_PATH_STARTS) or model in {".", ".."}:
-        return True
-    has_sep = os.sep in model or (os.altsep is not None and os.altsep in model)
-    return has_sep and not _HUB_ID.match(model)
-
-
 def load_model(model: str, *, dtype: str, device: str, revision: str | None) -> tuple[Any, Any]:
     """Load model + tokenizer from a local path, bundled name or hub id.
 
@@ -108,12 +93,7 @@ def load_model(model: str, *, dtype: str, device: str, revision: str | None) -> 
     if path == model and is_local_path(model):
         path = os.path.expanduser(model)
         if not Path(path).exists():
-            _, names = _bundled()
-            raise ModelLoadError(
-                f"no such model directory {model!r} (looked at {os.path.abspath(path)!r}); "
-                f"give an existing folder, a hub id like 'Qwen/Qwen2.5-0.5B-Instruct', or a "
-                f"bundled name: {', '.join(names) or 'none installed'}"
-            )
+            raise ModelLoadError(no_such_folder(model))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
         lm: Any = AutoModelForCausalLM.from_pretrained(

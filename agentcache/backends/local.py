@@ -9,12 +9,9 @@ engine's prefix cache matches the whole earlier conversation. Knows nothing abou
 from __future__ import annotations
 
 import contextlib
-import difflib
 import importlib
-import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -89,27 +86,23 @@ def _turn_stops(tokenizer: Any) -> tuple[list[str], list[int]]:
     return list(CHATML_STOPS), ids if len(ids) == 1 else []
 
 
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-
-
 def check_model_name(model: str) -> None:
-    """Fail fast on a local model name that cannot load: milliseconds, no torch, no network.
+    """Fail fast on a local model name that cannot load: microseconds, no torch, no network.
 
-    Accepted: a bundled short name, an existing folder, or a hub id ``owner/name``.
+    The rule is the runtime's (``runtime.model_names``, also used by ``agentcache serve``):
+    a bundled short name, an existing folder, or a hub id ``owner/name``.
 
     Raises:
         ConfigError: Anything else; the message lists the bundled models (and the closest one).
     """
-    from runtime.models import BUNDLED_MODELS  # NOTE: imports neither torch nor transformers.
+    # NOTE: imports neither torch nor transformers.
+    from runtime.exceptions import ModelLoadError
+    from runtime.model_names import check_model_name as check
 
-    if model in BUNDLED_MODELS or _HUB_ID.match(model) or Path(model).expanduser().is_dir():
-        return
-    close = difflib.get_close_matches(model, BUNDLED_MODELS, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ConfigError(
-        f"unknown model {model!r}: {hint}bundled models: {', '.join(BUNDLED_MODELS)}; "
-        "or give a local folder or a hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'"
-    )
+    try:
+        check(model)
+    except ModelLoadError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _import_runtime() -> ModuleType:

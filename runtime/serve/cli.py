@@ -9,6 +9,8 @@ import argparse
 import socket
 from typing import TYPE_CHECKING, Any
 
+from runtime.exceptions import ModelLoadError
+from runtime.model_names import check_model_name
 from runtime.serve.app import DEFAULT_MAX_REQUEST_BYTES, create_app
 from runtime.serve.auth import read_key_file
 
@@ -69,7 +71,8 @@ def run_cli(args: argparse.Namespace) -> int:
     The port is bound before the model loads, so a taken port fails in milliseconds.
 
     Returns:
-        0 after a clean shutdown, 2 when the model cannot be loaded or an API key option is
+        0 after a clean shutdown, 2 when the model name is unknown (said before torch loads,
+        with the bundled models listed), the model cannot be loaded or an API key option is
         bad (unreadable or empty key file), 3 when the address cannot be bound (port in use, or
         a host that is not local), 130 after Ctrl-C (SIGINT) at any point: the engine and the
         socket are released and no traceback is printed.
@@ -82,13 +85,15 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from runtime.engine import Engine
-    from runtime.exceptions import ModelLoadError
-
     try:
         keys = api_keys(args)
     except (OSError, ValueError) as exc:
         print(f"agentcache serve: bad API key option: {exc}")
+        return 2
+    try:
+        check_model_name(args.model)  # NOTE: before torch is imported (seconds) or a hub lookup.
+    except ModelLoadError as exc:
+        print(f"agentcache serve: {exc}")
         return 2
     try:
         sock = bind_socket(args.host, args.port)
@@ -111,6 +116,8 @@ def _serve(args: argparse.Namespace) -> int:
             kwargs["kv_disk_dir"] = disk_dir
             if disk_bytes is not None:
                 kwargs["kv_disk_bytes"] = disk_bytes
+        from runtime.engine import Engine  # NOTE: imports torch (seconds).
+
         try:
             engine = Engine.from_pretrained(args.model, **kwargs)
         except (ModelLoadError, OSError) as exc:

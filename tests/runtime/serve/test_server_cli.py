@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -61,6 +62,27 @@ def test_missing_model_directory_is_exit_2_and_frees_the_port(
     out = capsys.readouterr().out
     assert "no such model directory './no/such/model-dir'" in out and "tiny" in out
     server.bind_socket("127.0.0.1", port).close()  # the port was given back
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        ("tinyy", "unknown model 'tinyy': did you mean 'tiny'? bundled models: tiny; or give"),
+        ("llama", "unknown model 'llama': bundled models: tiny; or give a local folder or a hub"),
+    ],
+)
+def test_a_model_name_typo_is_one_line_before_torch_or_the_port(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], model: str, says: str
+) -> None:
+    # NOTE: a None entry makes `import runtime.engine` (torch) fail: the check must come first.
+    monkeypatch.setitem(sys.modules, "runtime.engine", None)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]  # a taken port would be exit 3: the name is checked first
+        assert server.run_cli(serve_args(port, model=model)) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"agentcache serve: {says}"), lines
 
 
 def test_kv_disk_flags_reach_the_engine(
