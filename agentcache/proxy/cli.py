@@ -1,12 +1,14 @@
 """``agentcache proxy``: check the options, then serve the proxy app with uvicorn until stopped.
 
 Exit codes: 0 after a clean stop, 2 for a bad option (said in one line before anything starts),
-3 when the address cannot be bound.
+3 when the address cannot be bound (found before the proxy is announced), 130 after Ctrl-C
+(SIGINT): uvicorn shuts down gracefully, the port is released and no traceback is printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 from urllib.parse import urlsplit
 
 from agentcache.proxy.rewrite import RewriteOptions
@@ -14,9 +16,9 @@ from agentcache.proxy.rewrite import RewriteOptions
 __all__ = ["run_proxy"]
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, *, status: int = 2) -> int:
     print(f"agentcache proxy: {message}")
-    return 2
+    return status
 
 
 def _port(text: str) -> int | None:
@@ -33,8 +35,26 @@ def _ttl(text: str | None) -> float | None:
     return value if value > 0 else -1.0
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, bound now (``SO_REUSEADDR``, as uvicorn binds).
+
+    Raises:
+        OSError: the address is taken, not local, or the host does not resolve.
+    """
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
 def run_proxy(args: argparse.Namespace) -> int:
     """Run the proxy; returns the exit code (see the module docstring)."""
+    try:
+        return _proxy(args)
+    except KeyboardInterrupt:
+        print("agentcache proxy: stopped (Ctrl-C)")
+        return 130
+
+
+def _proxy(args: argparse.Namespace) -> int:
     upstream = urlsplit(args.upstream)
     if upstream.scheme not in ("http", "https") or not upstream.netloc:
         return _fail(f"--upstream must be an http(s) URL, got {args.upstream!r}")
@@ -65,10 +85,18 @@ def run_proxy(args: argparse.Namespace) -> int:
     app = create_proxy_app(
         args.upstream, options=options, response_cache=cache, providers=args.provider
     )
-    print(f"agentcache proxy: http://{args.host}:{port} -> {args.upstream}")
     try:
-        uvicorn.run(app, host=args.host, port=port, log_level="info")
+        sock = _listen(args.host, port)
     except OSError as exc:
-        print(f"agentcache proxy: cannot listen on {args.host}:{port}: {exc.strerror or exc}")
-        return 3
+        return _fail(
+            f"cannot listen on {args.host}:{port}: {exc.strerror or exc}; "
+            "stop the process using it or pick another --port",
+            status=3,
+        )
+    with sock:
+        print(f"agentcache proxy: http://{args.host}:{port} -> {args.upstream}", flush=True)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="info"))
+        # NOTE: uvicorn shuts down gracefully on SIGINT, then re-raises the signal, which
+        # arrives in run_proxy as KeyboardInterrupt (exit status 130), the socket closed.
+        server.run(sockets=[sock])
     return 0

@@ -7,14 +7,8 @@ checked both in-process and with a real SIGINT sent to a subprocess.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import pytest
@@ -24,8 +18,8 @@ from agentcache import demo
 from agentcache.backends.fake import FakeBackend, FakeTurn
 from agentcache.backends.openai import OpenAIBackend
 from agentcache.exceptions import BackendHTTPError
+from tests.cli_process import CliProcess
 
-ROOT = Path(__file__).resolve().parents[2]
 BASE = "http://127.0.0.1:8000/v1"
 
 
@@ -160,73 +154,25 @@ def test_ctrl_c_in_a_turn_exits_130_and_closes_the_backend(
 # ----------------------------------------------------------------------------- real SIGINT
 
 
-def start_demo(tmp_path: Path, *options: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    env.pop("AGENTCACHE_BASE_URL", None)
-    command = [sys.executable, "-m", "agentcache.cli", "demo", "--docs", docs_folder(tmp_path)]
-    command += ["--cache-dir", str(tmp_path / "cache"), *options]
-    return subprocess.Popen(
-        command,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-    )
-
-
-def wait_for(stream: IO[str], text: str, timeout_s: float = 120.0) -> str:
-    """Read ``stream`` (in a thread) until ``text`` appears; return what was read."""
-    seen: list[str] = []
-    found = threading.Event()
-
-    def read() -> None:
-        while (char := stream.read(1)) != "":
-            seen.append(char)
-            if text in "".join(seen[-len(text) :]):
-                found.set()
-        found.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    assert found.wait(timeout_s), "".join(seen)
-    time.sleep(0.2)
-    return "".join(seen)
-
-
-def interrupt(process: subprocess.Popen[str]) -> tuple[int, str]:
-    # NOTE: stdin stays open until the child has exited: communicate() closes it at once, and a
-    # loaded child could read that EOF (Ctrl-D, exit 0) before handling the SIGINT (seen 1 in 1).
-    stdin, process.stdin = process.stdin, None
-    process.send_signal(signal.SIGINT)
-    try:
-        _, stderr = process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        raise
-    finally:
-        if stdin is not None:
-            stdin.close()
-    return process.returncode, stderr
+def start_demo(tmp_path: Path, *options: str) -> CliProcess:
+    cache = str(tmp_path / "cache")
+    argv = ["demo", "--docs", docs_folder(tmp_path), "--cache-dir", cache, *options]
+    return CliProcess(*argv, cwd=tmp_path)
 
 
 @pytest.mark.slow
 def test_sigint_at_the_interactive_prompt_exits_130_quietly(tmp_path: Path) -> None:
-    process = start_demo(tmp_path, "--interactive")
-    assert process.stdout is not None
-    seen = wait_for(process.stdout, "Ctrl-C stops)> ")
-    assert "Ctrl-D ends" in seen
-    status, stderr = interrupt(process)
-    assert status == 130, stderr
-    assert "Traceback" not in stderr
+    with start_demo(tmp_path, "--interactive") as process:
+        seen = process.wait_for("Ctrl-C stops)> ")
+        assert "Ctrl-D ends" in seen
+        assert process.interrupt() == 130, process.text("stderr")
+        assert "Traceback" not in process.text("stderr")
 
 
 @pytest.mark.slow
 def test_sigint_during_a_turn_exits_130_quietly(tmp_path: Path) -> None:
     questions = [part for _ in range(30) for part in ("--question", "How to rotate the logs?")]
-    process = start_demo(tmp_path, "--max-tokens", "64", *questions)
-    assert process.stdout is not None
-    wait_for(process.stdout, "Q: How to rotate")
-    status, stderr = interrupt(process)
-    assert status == 130, stderr
-    assert "Traceback" not in stderr
+    with start_demo(tmp_path, "--max-tokens", "64", *questions) as process:
+        process.wait_for("Q: How to rotate")
+        assert process.interrupt() == 130, process.text("stderr")
+        assert "Traceback" not in process.text("stderr")
