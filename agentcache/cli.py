@@ -204,11 +204,19 @@ def _load(target: str) -> Callable[..., int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``agentcache`` console script; returns the process exit code."""
+    """Entry point of the ``agentcache`` console script; returns the process exit code.
+
+    A benchmark stopped with Ctrl-C exits 130 with one line, whichever bench it was (some also
+    catch it themselves to release what they hold).
+    """
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         target, _ = _BENCHES[args.kind]
-        return _load(target)(list(args.bench_args))
+        try:
+            return _load(target)(list(args.bench_args))
+        except KeyboardInterrupt:
+            print(f"agentcache bench {args.kind}: interrupted", file=sys.stderr)
+            return 130
     return _load(_HANDLERS[args.command])(args)
 
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from agentcache import cli
 from agentcache.cli import build_parser, main
 
 SUBCOMMANDS = ["demo", "serve", "bench", "lint", "diff"]
@@ -108,3 +109,16 @@ def test_bench_rejects_non_positive_iterations(
         main(argv)
     assert exc.value.code == 2
     assert "--iterations: must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["prompt", "proxy", "stall", "choices"])
+def test_ctrl_c_in_any_bench_is_one_line_and_exit_130(
+    kind: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def stopped(argv: list[str]) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_load", lambda target: stopped)
+    assert main(["bench", kind]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == f"agentcache bench {kind}: interrupted\n" and captured.out == ""
