@@ -38,12 +38,17 @@ from agentcache.rag.stdlib import stdlib_sources
 __all__ = ["QUESTIONS", "DemoSession", "DocTools", "plan", "run"]
 
 QUESTIONS: tuple[str, ...] = (
-    "How do I parse a JSON string into Python objects?",
     "What does functools.lru_cache do?",
-    "How can I read rows from a CSV file?",
-    "How do I parse a JSON string into Python objects?",
+    "What does heapq.nlargest do?",
+    "What does base64.b64encode do?",
+    "What does functools.lru_cache do?",
 )
-"""Built-in questions; the last repeats the first so the retrieval cache hits within one run."""
+"""Built-in questions, each naming one stdlib object whose docstring is in the corpus: the
+search brings that object's chunk into the prompt and ``read_doc`` its whole docstring, so a
+model that answers from sources can answer. Short docstrings: the four turns' history must fit
+the bundled model's 4096-token context (``json.loads`` twice did not). The last repeats the
+first so the retrieval and tool caches hit within one run; tests/agentcache/test_demo_examples.py
+checks all of this."""
 
 SYSTEM = (
     "You are a documentation assistant for the Python standard library. Answer briefly from the "

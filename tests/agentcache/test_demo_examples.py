@@ -347,3 +347,55 @@ def test_demo_read_doc_finds_objects_of_dotted_modules() -> None:
     assert tools.read_doc("json.loads").endswith("Deserialize s.")
     assert tools.read_doc("json").endswith("JSON encoder and decoder.")
     assert tools.read_doc("json.nope") == "no docstring for 'json.nope'"
+
+
+def fits_the_bundled_model(prompt: Any, max_tokens: int) -> tuple[int, int]:
+    """(prompt tokens + max_tokens, context) of ``prompt`` rendered as the local backend does."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from runtime.models import resolve_model
+
+    folder = resolve_model("tiny")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    text = tokenizer.apply_chat_template(
+        prompt.to_messages(), tools=prompt.tool_schemas() or None, add_generation_prompt=True,
+        tokenize=False,
+    )  # fmt: skip
+    context = AutoConfig.from_pretrained(folder).max_position_embeddings
+    return len(tokenizer.encode(text, add_special_tokens=False)) + max_tokens, context
+
+
+@pytest.mark.slow
+def test_the_built_in_questions_bring_their_named_objects_docstrings_and_fit_the_model(
+    tmp_path: Path,
+) -> None:
+    from rich.console import Console
+
+    from agentcache.rag.stdlib import stdlib_sources
+
+    corpus = stdlib_sources()
+    docstrings = {s.source: s.text for s in corpus}
+    from agentcache.cli import build_parser
+
+    max_tokens = build_parser().parse_args(["demo"]).max_tokens  # the demo's default
+    answer = "the list of " * 16  # NOTE: a full-length answer kept in the history.
+    backend = FakeBackend(model="tiny", tool_call_format="hermes", default=answer)
+    args = demo_args(tmp_path, max_tokens=max_tokens)
+    session = demo.build_session(args, backend, corpus, Console(quiet=True))
+    for question in demo.QUESTIONS:
+        named = re.findall(r"\b([a-z_]\w*(?:\.[A-Za-z_]\w*)+)", question)
+        assert len(named) == 1, f"a built-in question names one stdlib object: {question!r}"
+        module, _, attr = named[0].rpartition(".")
+        source = f"{module}:{attr}"
+        assert source in docstrings, f"{source} has no docstring in the demo's corpus"
+        report = demo.ask(session, question, lambda text: None)
+        # NOTE: the search's own results hold the object's chunk (not only read_doc's answer).
+        assert source in report.sources, (question, report.sources)
+        found = next(c for c in session.tools.retrieved if c.source == source)
+        assert found.text.startswith(named[0])
+        messages = backend.prompts[-1].to_messages()
+        results = [str(m["content"]) for m in messages[-3:] if m["role"] == "tool"]
+        assert any(found.text in content for content in results)  # searched
+        assert docstrings[source] in results  # read in full
+    used, context = fits_the_bundled_model(backend.prompts[-1], max_tokens)
+    assert used <= context, f"turn {len(demo.QUESTIONS)} needs {used} of {context} tokens"
