@@ -13,11 +13,11 @@ from typing import Any, Literal
 from agentcache.canonical import canonical_json
 from agentcache.exceptions import CanonicalizationError
 from agentcache.prompt._patterns import describe_at
-from agentcache.prompt._view import Part, view_of
+from agentcache.prompt._view import Part, View, view_of
 from agentcache.prompt.builder import Prompt
 from agentcache.tokens import token_count, token_ids
 
-__all__ = ["DiffResult", "diff"]
+__all__ = ["DiffResult", "diff", "diff_views"]
 
 Change = Literal[
     "identical", "extension", "key_order", "changed", "added", "removed", "reordered", "provider"
@@ -94,6 +94,17 @@ def diff(
     """
     view_a = view_of(a, model=model)
     view_b = view_of(b, model=model)
+    return diff_views(view_a, view_b, show_content=show_content, tokenizer=tokenizer)
+
+
+def diff_views(
+    view_a: View, view_b: View, *, show_content: bool = False, tokenizer: Any = None
+) -> DiffResult:
+    """``diff`` of two views built already (``view_of``; building one is most of the cost).
+
+    For callers that compare each body with the next one (the proxy's session log): each
+    body's view is built once instead of twice. Arguments and result as ``diff``.
+    """
     if {view_a.provider, view_b.provider} == {"openai", "anthropic"}:
         reason = (
             f"different provider shapes ({view_a.provider} vs {view_b.provider}): requests to "

@@ -19,8 +19,8 @@ from typing import Any
 
 from agentcache.exceptions import PromptError
 from agentcache.prompt._patterns import describe_at
-from agentcache.prompt._view import view_of
-from agentcache.prompt.diff import DiffResult, diff
+from agentcache.prompt._view import View, view_of
+from agentcache.prompt.diff import DiffResult, diff_views
 
 __all__ = ["PrefixBreak", "SessionLog", "derive_session_id"]
 
@@ -73,7 +73,7 @@ class PrefixBreak:
         return asdict(self)
 
 
-def _reason(result: DiffResult, before: dict[str, Any]) -> str:
+def _reason(result: DiffResult, before: View) -> str:
     segment, change = result.segment, result.change
     if segment == "tools":
         return {
@@ -88,9 +88,8 @@ def _reason(result: DiffResult, before: dict[str, Any]) -> str:
     return "history removed" if change == "removed" else "history edited"
 
 
-def _volatile_kind(before: dict[str, Any], result: DiffResult) -> str | None:
+def _volatile_kind(view: View, result: DiffResult) -> str | None:
     """What the changed bytes of the system part look like (timestamp, UUID, ...), if anything."""
-    view = view_of(before)
     part = next((p for p in view.parts if p.label == result.part), None)
     if part is None or result.byte_offset is None:
         return None
@@ -100,12 +99,37 @@ def _volatile_kind(before: dict[str, Any], result: DiffResult) -> str | None:
     return describe_at(part.text, text_offset)
 
 
-class _Entry:
-    __slots__ = ("original", "sent")
+def _view(body: dict[str, Any]) -> View | None:
+    try:
+        return view_of(body)
+    except PromptError:
+        return None  # NOTE: not a chat body: never compared, as diff would refuse it.
 
-    def __init__(self, original: dict[str, Any], sent: dict[str, Any]) -> None:
+
+class _Entry:
+    """A session's last request: the view of the client's body, and the forwarded body.
+
+    NOTE: building a view is most of a diff's cost. The client body's view is built once, on
+    arrival, and serves as ``b`` now and as ``a`` for the next request; the forwarded body's
+    view is built only when a break needs it (then kept for the next comparison).
+    """
+
+    __slots__ = ("_sent_view", "original", "sent")
+
+    def __init__(self, original: View | None, sent: dict[str, Any]) -> None:
         self.original = original
         self.sent = sent
+        self._sent_view: View | None = None
+
+    def sent_view(self) -> View:
+        """The forwarded body's view (built on first use).
+
+        Raises:
+            PromptError: the forwarded body is not a chat body.
+        """
+        if self._sent_view is None:
+            self._sent_view = view_of(self.sent)
+        return self._sent_view
 
 
 class SessionLog:
@@ -137,15 +161,16 @@ class SessionLog:
         Returns:
             The break, or None when the prefix held (or this is the session's first request).
         """
+        current = _Entry(_view(original), sent)
         with self._lock:
             self.num_requests += 1
             previous = self._sessions.pop(session, None)
-            self._sessions[session] = _Entry(original, sent)
+            self._sessions[session] = current
             while len(self._sessions) > self._max_sessions:
                 self._sessions.popitem(last=False)
         if previous is None:
             return None
-        found = self._compare(session, previous, original, sent)
+        found = self._compare(session, previous, current)
         if found is not None:
             with self._lock:
                 self.breaks.append(found)
@@ -157,14 +182,14 @@ class SessionLog:
             )  # fmt: skip
         return found
 
-    def _compare(
-        self, session: str, previous: _Entry, original: dict[str, Any], sent: dict[str, Any]
-    ) -> PrefixBreak | None:
+    def _compare(self, session: str, previous: _Entry, current: _Entry) -> PrefixBreak | None:
+        if previous.original is None or current.original is None:
+            return None
         try:
-            result = diff(previous.original, original)
+            result = diff_views(previous.original, current.original)
             if not result.is_divergent or result.segment not in _STABLE_SEGMENTS:
-                return None
-            after = diff(previous.sent, sent)
+                return None  # NOTE: no break: the forwarded bodies are not compared at all.
+            after = diff_views(previous.sent_view(), current.sent_view())
             fixed = not after.is_divergent or after.segment not in _STABLE_SEGMENTS
         except PromptError:
             return None
