@@ -122,7 +122,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--metrics-key",
         default=None,
-        help="a separate bearer token for /metrics (default: any API key when keys are set)",
+        help="a separate bearer token for /metrics and the cache reset (default: any API key "
+        "when keys are set)",
     )
     p.add_argument(
         "--cors-origin",

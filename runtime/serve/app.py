@@ -343,7 +343,8 @@ def create_app(
         api_key: one key or several; when set, every ``/v1`` call, ``/tokenize`` and
             ``/detokenize`` need ``Bearer <key>`` (else 401). Each key is its own prefix-cache
             tenant. ``/metrics`` and the admin cache reset then need a key too (see ``KeyRing``).
-        metrics_key: a separate key that alone opens ``/metrics`` (and also the admin routes).
+        metrics_key: a separate key that alone opens ``/metrics`` and the admin cache reset
+            (an API key gets 403 there: the reset drops every tenant's prefixes).
         cors_origins: origins allowed by CORS (``"*"`` for any); empty: no CORS headers.
         default_max_tokens: ``max_tokens`` when a request gives none (capped by the context).
         max_request_bytes: largest body read; larger ones get 413 before any parsing or

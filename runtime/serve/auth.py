@@ -59,11 +59,13 @@ class KeyRing:
     - ``/v1`` routes and ``/tokenize``: open without API keys; with keys, one of them.
     - ``/metrics``: the metrics key when one is set (API keys are then not enough, since the
       metrics show every tenant's counts); else any API key when keys are set; else open.
-    - admin routes (cache reset): any API key or the metrics key once either is set; else open.
+    - admin routes (cache reset, which drops every tenant's cached prefixes): the metrics key
+      when one is set (an API key is then refused with 403: a tenant may not empty the others'
+      cache); else any API key when keys are set; else open.
 
     Args:
         api_keys: the tenants' keys (may be empty).
-        metrics_key: a separate key for ``/metrics`` (and admin), or None.
+        metrics_key: a separate key for ``/metrics`` and the admin routes, or None.
         on_refused: called once per refused request (the server counts them).
 
     Raises:
@@ -107,10 +109,29 @@ class KeyRing:
             self._refuse()
 
     def check_admin(self, request: Request) -> None:
-        """Raises ApiError 401 unless the caller may use admin routes (cache reset)."""
-        allowed = self._api + self._metrics
-        if allowed and not _is_one_of(_bearer(request), allowed):
-            self._refuse()
+        """Allow the admin routes (cache reset) to the metrics key, else as ``/v1`` routes.
+
+        Raises:
+            ApiError: 403 when a metrics key is set and the caller sent an API key instead;
+                401 when the bearer token is no key the rule accepts.
+        """
+        key = _bearer(request)
+        if not self._metrics:
+            if self._api and not _is_one_of(key, self._api):
+                self._refuse()
+            return
+        if _is_one_of(key, self._metrics):
+            return
+        if _is_one_of(key, self._api):
+            self._on_refused()
+            raise ApiError(
+                403,
+                "an API key may not reset the server's cache (it holds every tenant's prefixes); "
+                "use the metrics key (--metrics-key)",
+                type="permission_error",
+                code="insufficient_permissions",
+            )
+        self._refuse()
 
     def _refuse(self) -> None:
         self._on_refused()

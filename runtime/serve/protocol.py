@@ -80,7 +80,11 @@ MAX_SPANS = 1024
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _INSTANCE_OF = re.compile(r"a valid dictionary or instance of \w+")
 ErrorType = Literal[
-    "invalid_request_error", "authentication_error", "not_found_error", "server_error"
+    "invalid_request_error",
+    "authentication_error",
+    "permission_error",
+    "not_found_error",
+    "server_error",
 ]
 
 

@@ -148,6 +148,38 @@ def test_cache_reset_needs_a_key_and_drops_the_cached_prefixes(path: str) -> Non
     assert client.get(path).status_code == 405  # POST only
 
 
+@pytest.mark.parametrize("path", ["/v1/admin/cache/reset", "/reset_prefix_cache"])
+def test_with_a_metrics_key_only_it_resets_the_cache_and_a_tenant_key_gets_403(path: str) -> None:
+    client = TestClient(create_app(ScriptedEngine(), api_key=["key-a", "key-b"], metrics_key="ops"))
+    body = chat_body(messages=[{"role": "user", "content": "z" * 30}])
+
+    def cached() -> int:
+        resp = client.post("/v1/chat/completions", json=body, headers=bearer("key-a"))
+        return int(resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    assert cached() == 0 and cached() > 0
+    refused = error_of(client.post(path, headers=bearer("key-b")), 403)
+    assert refused["type"] == "permission_error" and "--metrics-key" in refused["message"]
+    assert "key-b" not in refused["message"]
+    error_of(client.post(path, headers=bearer("nope")), 401)
+    error_of(client.post(path), 401)
+    assert cached() > 0  # the refused resets changed nothing
+    reset = client.post(path, headers=bearer("ops"))
+    assert reset.status_code == 200 and reset.json()["status"] == "ok"
+    assert cached() == 0
+    metrics = client.get("/metrics", headers=bearer("ops")).text
+    assert 'outcome="unauthorized"} 3.0' in metrics
+
+
+def test_without_keys_the_cache_reset_stays_open() -> None:
+    # NOTE: as before: a server without keys (loopback by default) has no caller to tell apart.
+    client = TestClient(create_app(ScriptedEngine()))
+    assert client.post("/v1/admin/cache/reset").json()["status"] == "ok"
+    only_metrics = TestClient(create_app(ScriptedEngine(), metrics_key="ops"))
+    error_of(only_metrics.post("/reset_prefix_cache"), 401)
+    assert only_metrics.post("/reset_prefix_cache", headers=bearer("ops")).status_code == 200
+
+
 def test_prefill_counter_excludes_cached_tokens() -> None:
     client = TestClient(create_app(ScriptedEngine()))
     for _ in range(2):
