@@ -12,6 +12,7 @@ from pathlib import Path
 
 from agentcache import env
 from agentcache.backends.local import check_model_name
+from agentcache.cache.disk import file_on_path
 from agentcache.exceptions import ConfigError
 
 __all__ = ["cache_dir_of", "check_options"]
@@ -50,9 +51,9 @@ def cache_dir_of(args: argparse.Namespace) -> Path:
         ConfigError: The path (or a folder above it) is a file, or it cannot be created.
     """
     folder = Path(args.cache_dir).expanduser() if args.cache_dir else env.cache_dir()
-    for part in (folder, *folder.parents):
-        if part.exists() and not part.is_dir():
-            raise ConfigError(f"cache directory {str(folder)!r}: {str(part)!r} is a file")
+    blocker = file_on_path(folder)
+    if blocker is not None:
+        raise ConfigError(f"cache directory {str(folder)!r}: {str(blocker)!r} is a file")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -22,7 +22,7 @@ from typing import Any
 from agentcache import env
 from agentcache._argtypes import positive_int
 from agentcache.cache.base import CacheStore
-from agentcache.cache.disk import DiskStore
+from agentcache.cache.disk import DiskStore, file_on_path
 from agentcache.cache.keys import index_fingerprint
 from agentcache.cache.memory import MemoryStore
 from agentcache.cache.retrieval import RetrievalCache
@@ -130,10 +130,8 @@ def _redis(store: str, url: str | None) -> Iterator[str | None]:
 
 def _unusable_dir(folder: Path) -> str | None:
     """Why ``folder`` cannot hold a DiskStore (a file on its path), or None."""
-    for part in (folder, *folder.parents):
-        if part.exists() and not part.is_dir():
-            return f"{str(part)!r} is a file, not a folder"
-    return None
+    blocker = file_on_path(folder)
+    return None if blocker is None else f"{str(blocker)!r} is a file, not a folder"
 
 
 def main(argv: list[str]) -> int:

@@ -36,7 +36,7 @@ from agentcache.cache.base import (
 )
 from agentcache.exceptions import CacheError, CacheIntegrityError
 
-__all__ = ["DiskStore"]
+__all__ = ["DiskStore", "file_on_path"]
 
 T = TypeVar("T")
 
@@ -54,6 +54,14 @@ _warned_lock = threading.Lock()
 class _Handle(NamedTuple):
     cache: diskcache.Cache
     file_id: tuple[int, int] | None  # (st_dev, st_ino) of cache.db when opened
+
+
+def file_on_path(folder: Path) -> Path | None:
+    """The first of ``folder`` and the folders above it that exists as a file, or None.
+
+    Such a path can never become a cache directory; checking takes microseconds (``stat``).
+    """
+    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
 
 
 class DiskStore:
@@ -97,9 +105,11 @@ class DiskStore:
     ) -> None:
         validate_size_limit(size_limit_bytes)
         self.directory = Path(directory)
-        if self.directory.exists() and not self.directory.is_dir():
+        blocker = file_on_path(self.directory)
+        if blocker is not None:
+            where = "" if blocker == self.directory else f": {str(blocker)!r}"
             raise CacheError(
-                f"cache directory {str(self.directory)!r} is a file, not a directory; "
+                f"cache directory {str(self.directory)!r}{where} is a file, not a directory; "
                 "pass a folder path (it is created if missing)"
             )
         self._db_path = os.path.join(str(self.directory), _DB_NAME)  # str: stat() on every call

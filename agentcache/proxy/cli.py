@@ -74,8 +74,12 @@ def _proxy(args: argparse.Namespace) -> int:
     cache = None
     if ttl is not None:
         from agentcache.cache import DiskStore, MemoryStore
+        from agentcache.exceptions import CacheError
 
-        store = DiskStore(args.response_cache_dir) if args.response_cache_dir else MemoryStore()
+        try:
+            store = DiskStore(args.response_cache_dir) if args.response_cache_dir else MemoryStore()
+        except CacheError as exc:
+            return _fail(f"--response-cache-dir: {exc}")
         cache = ResponseCache(store, ttl_s=ttl)
     options = RewriteOptions(
         sort_tools=not args.keep_tool_order,

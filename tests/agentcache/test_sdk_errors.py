@@ -96,6 +96,9 @@ def test_disk_store_on_a_file_is_a_cache_error(tmp_path: Path) -> None:
     path.write_text("keep me")
     with pytest.raises(CacheError, match="is a file, not a directory"):
         DiskStore(path)
+    below = path / "cache"
+    with pytest.raises(CacheError, match=f"{str(below)!r}: {str(path)!r} is a file, not a dir"):
+        DiskStore(below)  # NOTE: was a NotADirectoryError from the recovery path
     assert path.read_text() == "keep me"
 
 

@@ -11,6 +11,7 @@ import copy
 import json
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -241,11 +242,20 @@ def test_wrapped_clients_rewrite_in_process(tiny_url: str, anthropic_url: tuple[
         (["--upstream", "ftp://x"], "--upstream must be an http(s) URL"),
         (["--upstream", "http://127.0.0.1:1/v1", "--port", "99999"], "--port must be"),
         (["--upstream", "http://127.0.0.1:1/v1", "--response-cache-ttl", "-3"], "ttl"),
+        (
+            ["--upstream", "http://127.0.0.1:1/v1", "--response-cache-ttl", "5"]
+            + ["--response-cache-dir", "{file}/cache"],
+            "--response-cache-dir: cache directory '{file}/cache': '{file}' is a file",
+        ),
     ],
 )
 def test_proxy_command_refuses_bad_options(
-    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    argv = [arg.format(file=blocker) for arg in argv]
+    says = says.format(file=blocker)
     assert cli_main(["proxy", *argv]) == 2
     out = capsys.readouterr().out.strip()
     assert says in out and len(out.splitlines()) == 1
