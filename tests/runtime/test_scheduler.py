@@ -206,15 +206,26 @@ def test_full_queue_is_busy(model_path: Path) -> None:
 
 def test_the_batch_fills_to_max_batch_size_then_requests_wait(model_path: Path) -> None:
     engine = make_engine(model_path, max_batch_size=3)
+    scheduler = engine.scheduler
+    scheduler.pause()  # NOTE: stepped by hand: no stream can finish its 200 tokens mid-check
     params = SamplingParams(ignore_eos=True, max_tokens=200)
     streams = [engine.stream(SHARED + [i + 3], params) for i in range(3)]
     for stream in streams:
-        next(stream)  # a first delta: admitted and prefilled
+        assert stream.poll() is None  # submitted
+    scheduler.step()
+    assert all(stream.poll() is not None for stream in streams)  # admitted and prefilled
     extra = [engine.stream(SHARED + [9, 9], params) for _ in range(2)]
     for stream in extra:
         assert stream.poll() is None  # submitted, queued behind the full batch
+    scheduler.step()
+    assert all(stream.poll() is None for stream in extra)  # still no row for them
     stats = engine.scheduler_stats()
     assert (stats.num_running, stats.num_waiting) == (3, 2)
+    for stream in [*streams, *extra]:
+        scheduler.cancel(stream.request, wait=False)
+    scheduler.step()
+    assert engine.scheduler_stats()[:3] == (0, 0, 0)
+    scheduler.resume()
     for stream in [*streams, *extra]:
         stream.close()
     engine.check_integrity()
