@@ -99,14 +99,10 @@ class ResultCacheCore:
                 claim = _NO_CLAIM
                 if self._shared is not None:  # the claim reads the value too
                     claim = await asyncio.to_thread(self._shared.claim, key)
-                    value = self._decode_claim(key, claim)
-                else:
-                    value = self._lookup_quiet(key)
+                value = self._recheck(key, claim)
                 if value is not _MISS:
-                    self._count(hit=True)
                     outcome = _Outcome(True, None, value)
                     return value
-                self._count(hit=False)
                 try:
                     value = await compute()
                     outcome = self._store(key, value, ttl_s=ttl_s, what=what, lease=claim.lease)
@@ -127,19 +123,13 @@ class ResultCacheCore:
     ) -> Any:
         outcome = _FAILED
         try:
-            # NOTE: read again: another thread may have stored it just before. A shared store's
-            # claim reads the value in the same round trip (and may wait for another process).
-            claim = _NO_CLAIM
-            if self._shared is not None:
-                claim = self._shared.claim(key)
-                value = self._decode_claim(key, claim)
-            else:
-                value = self._lookup_quiet(key)
+            # NOTE: a shared store's claim reads the value in the same round trip (and may wait
+            # for another process).
+            claim = _NO_CLAIM if self._shared is None else self._shared.claim(key)
+            value = self._recheck(key, claim)
             if value is not _MISS:
-                self._count(hit=True)
                 outcome = _Outcome(True, None, value)
                 return value
-            self._count(hit=False)
             try:
                 value = compute()
                 outcome = self._store(key, value, ttl_s=ttl_s, what=what, lease=claim.lease)
@@ -148,6 +138,17 @@ class ResultCacheCore:
             return value
         finally:
             self._finish(key, flight, outcome)
+
+    def _recheck(self, key: str, claim: FlightClaim) -> Any:
+        """The leader's second look before it computes, counted as a hit or a miss: the value
+        its shared-store claim read, or (no shared store) a fresh read, since another thread
+        may have stored it just before this one became the leader."""
+        if self._shared is not None:
+            value = self._decode_claim(key, claim)
+        else:
+            value = self._lookup_quiet(key)
+        self._count(hit=value is not _MISS)
+        return value
 
     def _join(self, key: str) -> tuple[Future[_Outcome], bool]:
         with self._lock:
