@@ -1,6 +1,8 @@
 """``agentcache serve``: bind the port, load the engine, serve the app with uvicorn until stopped.
 
 The only place that loads a model for serving; the app itself takes any ``ServingEngine``.
+NOTE: the app and its protocol import torch (seconds), so they are imported only after the model
+name has been checked.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.exceptions import ModelLoadError
 from runtime.model_names import check_model_name
-from runtime.serve.app import DEFAULT_MAX_REQUEST_BYTES, create_app
-from runtime.serve.auth import read_key_file
 
 if TYPE_CHECKING:
     from uvicorn import Server
@@ -58,6 +58,8 @@ def api_keys(args: argparse.Namespace) -> list[str]:
             raise ValueError(f"--api-key #{i} is empty or contains whitespace")
         keys.append(key)
     for path in getattr(args, "api_key_file", None) or []:
+        from runtime.serve.auth import read_key_file  # NOTE: imports torch (see module doc).
+
         keys.extend(read_key_file(path))
     metrics_key = getattr(args, "metrics_key", None)
     if metrics_key is not None and (not metrics_key or any(c.isspace() for c in metrics_key)):
@@ -86,14 +88,14 @@ def run_cli(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        keys = api_keys(args)
-    except (OSError, ValueError) as exc:
-        print(f"agentcache serve: bad API key option: {exc}")
-        return 2
-    try:
         check_model_name(args.model)  # NOTE: before torch is imported (seconds) or a hub lookup.
     except ModelLoadError as exc:
         print(f"agentcache serve: {exc}")
+        return 2
+    try:
+        keys = api_keys(args)
+    except (OSError, ValueError) as exc:
+        print(f"agentcache serve: bad API key option: {exc}")
         return 2
     try:
         sock = bind_socket(args.host, args.port)
@@ -139,6 +141,8 @@ def make_server(args: argparse.Namespace, engine: ServingEngine, keys: list[str]
     stdout or logs (uvicorn's access log has no headers).
     """
     import uvicorn
+
+    from runtime.serve.app import DEFAULT_MAX_REQUEST_BYTES, create_app
 
     max_bytes = getattr(args, "max_request_bytes", None) or DEFAULT_MAX_REQUEST_BYTES
     app = create_app(

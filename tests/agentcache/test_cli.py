@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +66,27 @@ def test_serve_usage_error_loads_no_model_and_no_torch() -> None:
         "assert 'torch' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_a_model_name_typo_is_one_line_and_exit_2_without_torch(
+    command: str, tmp_path: Path
+) -> None:
+    # NOTE: a None entry in sys.modules makes `import torch` fail, as if it were not installed.
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "sys.modules['transformers'] = None\n"
+        "from agentcache.cli import main\n"
+        f"sys.exit(main(['{command}', '--model', 'tinyy']))\n"
+    )
+    env = {**os.environ, "AGENTCACHE_CACHE_DIR": str(tmp_path)}  # NOTE: the demo creates it.
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout.splitlines() == [
+        f"agentcache {command}: unknown model 'tinyy': did you mean 'tiny'? bundled models: tiny; "
+        "or give a local folder or a hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'"
+    ]
 
 
 def test_help_does_not_import_torch() -> None:
