@@ -37,6 +37,11 @@ class Usage:
     """Time to first token, seconds, as measured by the caller or reported by the engine."""
     decode_tokens_per_s: float | None = None
     """Decode rate after the first token, tokens per second."""
+    chunk_reused_tokens: int | None = None
+    """Input tokens of documents whose KV the local engine reused from its chunk store in any
+    order (``LocalBackend(chunk_reuse=...)``), apart from ``cached_tokens``; None when off."""
+    chunk_reuse_mode: str | None = None
+    """``"exact"`` or ``"blend"`` (approximate) when ``chunk_reused_tokens`` is set."""
 
     @property
     def hit_rate(self) -> float | None:

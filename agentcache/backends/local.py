@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from agentcache.backends.base import (
     BaseBackend,
@@ -31,7 +31,14 @@ if TYPE_CHECKING:
     from runtime.engine import Engine
     from runtime.outputs import Completion
 
-__all__ = ["CHATML_STOPS", "Carry", "ColdRun", "LocalBackend", "check_model_name"]
+__all__ = [
+    "CHATML_STOPS",
+    "Carry",
+    "ColdRun",
+    "LocalBackend",
+    "check_model_name",
+    "document_spans",
+]
 
 _HINT = "install the local runtime: pip install 'agentcache[local]'"
 CHATML_STOPS: tuple[str, ...] = ("<|im_start|>", "<tool_response>", "</tool_response>")
@@ -105,6 +112,37 @@ def check_model_name(model: str) -> None:
         raise ConfigError(str(exc)) from exc
 
 
+def document_spans(
+    ids: Sequence[int], documents: Sequence[Sequence[int]]
+) -> tuple[tuple[int, int], ...]:
+    """``[start, end)`` spans of each document's token ids in ``ids``, in order, disjoint.
+
+    A document is looked for after the previous one found; when its whole token sequence is not
+    there (its first or last token merged with the surrounding text), its interior (all but the
+    edge tokens) is looked for instead. Documents not found, and spans reaching the last prompt
+    token (which is always computed), are left out.
+    """
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for doc in documents:
+        for needle in (list(doc), list(doc[1:-1]) if len(doc) > 2 else []):
+            at = _find(ids, needle, pos) if needle else -1
+            if at >= 0 and at + len(needle) < len(ids):
+                spans.append((at, at + len(needle)))
+                pos = at + len(needle)
+                break
+    return tuple(spans)
+
+
+def _find(ids: Sequence[int], needle: list[int], start: int) -> int:
+    """First index ``>= start`` where ``needle`` occurs in ``ids``, or -1."""
+    first, n = needle[0], len(needle)
+    for i in range(start, len(ids) - n + 1):
+        if ids[i] == first and list(ids[i : i + n]) == needle:
+            return i
+    return -1
+
+
 def _import_runtime() -> ModuleType:
     try:
         return importlib.import_module("runtime")
@@ -133,6 +171,8 @@ class LocalBackend(BaseBackend):
         cache_salt: str | None = None,
         dtype: str = "float32",
         device: str = "cpu",
+        chunk_reuse: Literal["exact", "blend"] | None = None,
+        recompute_fraction: float = 0.15,
     ) -> None:
         """Load the model (or use ``engine``).
 
@@ -146,16 +186,30 @@ class LocalBackend(BaseBackend):
                 empty string is refused, as the server refuses it.
             dtype: ``float32``, ``float16`` or ``bfloat16``.
             device: torch device string.
+            chunk_reuse: Opt-in reuse of each ``Document``'s KV in any order (the engine's chunk
+                store, ``runtime.chunk_reuse``): ``"exact"`` answers as under a block attention
+                mask (documents do not see each other), ``"blend"`` approximates the usual
+                answer. ``None`` (default): the exact prefix cache only.
+            recompute_fraction: Blend only: the share of document tokens recomputed.
 
         Raises:
-            ConfigError: ``cache_salt`` is an empty string.
+            ConfigError: ``cache_salt`` is an empty string, or ``chunk_reuse`` /
+                ``recompute_fraction`` is out of range.
             BackendUnavailableError: torch/transformers are missing or the model cannot load.
         """
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise ConfigError(
                 f"cache_salt must be a non-empty str or None (no salt), got {cache_salt!r}"
             )
+        if chunk_reuse not in (None, "exact", "blend") or not 0.0 <= recompute_fraction <= 1.0:
+            raise ConfigError(
+                f"chunk_reuse must be None, 'exact' or 'blend' and recompute_fraction in [0, 1], "
+                f"got {chunk_reuse!r}, {recompute_fraction!r}"
+            )
+        self.chunk_reuse = chunk_reuse
+        self.recompute_fraction = recompute_fraction
         runtime = _import_runtime()
+        self._chunk_plan = runtime.ChunkReuse
         self._sampling_params = runtime.SamplingParams
         self._engine_error: type[Exception] = runtime.RuntimeEngineError
         """The runtime's root exception: what the engine raises for a request it refuses."""
@@ -269,7 +323,8 @@ class LocalBackend(BaseBackend):
         """
         options = options or GenerationOptions()
         start = time.perf_counter()
-        text = self.render(as_prompt(prompt))
+        prompt = as_prompt(prompt)
+        text = self.render(prompt)
         ids = self.prompt_ids(text)
         stop = list(dict.fromkeys([*options.stop, *self._stop_strings]))
         params = self._sampling_params(
@@ -281,7 +336,9 @@ class LocalBackend(BaseBackend):
         first_s: float | None = None
         completion: Completion | None = None
         try:
-            for delta in self.engine.stream(ids, params, cache_salt=self.cache_salt):
+            plan = self._plan(prompt, ids)
+            stream = self.engine.stream(ids, params, cache_salt=self.cache_salt, chunk_reuse=plan)
+            for delta in stream:
                 if first_s is None:
                     first_s = time.perf_counter()
                 if delta.text:
@@ -294,18 +351,37 @@ class LocalBackend(BaseBackend):
         ttft = (first_s or time.perf_counter()) - start
         yield StreamEvent("", self._response(completion, ttft))
 
+    def _plan(self, prompt: Any, ids: list[int]) -> Any:
+        """The engine's ``ChunkReuse`` for the prompt's documents, or None (off, or none found).
+
+        Each document's text is tokenized alone and looked for in ``ids`` (in order, after the
+        previous one); where the tokens at its edges merged with the template's, its interior
+        is used. A document not found is simply computed as usual.
+        """
+        if self.chunk_reuse is None:
+            return None
+        spans = document_spans(
+            ids, [self._encode(d.text) for d in getattr(prompt, "documents", ())]
+        )
+        if not spans:
+            return None
+        return self._chunk_plan(spans, self.chunk_reuse, self.recompute_fraction)
+
     def _remember(self, text: str, ids: list[int], generated: list[int]) -> None:
         self._prev_prompt_text = text
         self._prev_generated = generated
         self._prev_ids = ids + generated
 
     def _response(self, completion: Completion, ttft_s: float) -> ModelResponse:
+        chunk = completion.usage.chunk_reuse
         usage = Usage(
             prompt_tokens=completion.usage.prompt_tokens,
             completion_tokens=completion.usage.completion_tokens,
             cached_tokens=completion.usage.cached_tokens,
             ttft_s=ttft_s,
             decode_tokens_per_s=completion.metrics.decode_tokens_per_s,
+            chunk_reused_tokens=None if chunk is None else chunk.reused_tokens,
+            chunk_reuse_mode=None if chunk is None else chunk.mode,
         )
         return ModelResponse(
             text=completion.text,

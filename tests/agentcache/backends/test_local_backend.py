@@ -221,3 +221,40 @@ def test_an_empty_cache_salt_is_refused_like_the_server_does(model_dir: Path) ->
 
     with pytest.raises(ConfigError, match="cache_salt"):
         LocalBackend(str(model_dir), cache_salt="")
+
+
+def test_chunk_reuse_finds_documents_and_reuses_them_in_another_set(model_dir: Path) -> None:
+    """Opt-in: each Document's KV is reused when the retrieved set changes (prefix breaks)."""
+    docs = [Document(s.source, s.text[:400]) for s in stdlib_sources(max_files=12)[:4]]
+    backend = LocalBackend(str(model_dir), chunk_reuse="exact")
+    options = GenerationOptions(max_tokens=2)
+    first = backend.complete(PromptBuilder().documents(docs[1:]).user("Which?").build(), options)
+    backend.reset()
+    # docs[0] sorts first: the prefix breaks at once, but docs 1..3 come from the chunk store.
+    second = backend.complete(PromptBuilder().documents(docs).user("Which?").build(), options)
+    assert first.usage.chunk_reuse_mode == "exact" and first.usage.chunk_reused_tokens == 0
+    assert second.usage.chunk_reused_tokens is not None
+    doc_tokens = [len(backend._encode(d.text)) for d in docs[1:]]
+    assert second.usage.chunk_reused_tokens >= sum(doc_tokens) - 2 * len(doc_tokens)
+    plain = LocalBackend(engine=backend.engine)
+    assert plain.complete("hi", options).usage.chunk_reused_tokens is None
+
+
+def test_document_spans_are_ordered_disjoint_and_tolerate_merged_edges() -> None:
+    from agentcache.backends.local import document_spans
+
+    ids = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert document_spans(ids, [[2, 3], [6, 7]]) == ((1, 3), (5, 7))
+    assert document_spans(ids, [[99, 4, 5, 98]]) == ((3, 5),)  # edges merged: the interior
+    assert document_spans(ids, [[6, 7], [2, 3]]) == ((5, 7),)  # in order only
+    assert document_spans(ids, [[8, 9]]) == ()  # would cover the last prompt token
+    assert document_spans(ids, [[42]]) == ()
+
+
+def test_chunk_reuse_options_are_checked(model_dir: Path) -> None:
+    from agentcache.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="chunk_reuse"):
+        LocalBackend(str(model_dir), chunk_reuse="fuzzy")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="recompute_fraction"):
+        LocalBackend(str(model_dir), chunk_reuse="blend", recompute_fraction=2.0)
