@@ -103,10 +103,20 @@ class KeyRing:
         return key
 
     def check_metrics(self, request: Request) -> None:
-        """Raises ApiError 401 unless the caller may read ``/metrics``."""
+        """Allow ``/metrics`` to the metrics key, else as ``/v1`` routes.
+
+        Raises:
+            ApiError: 403 when a metrics key is set and the caller sent an API key instead
+                (a valid key, just not this one: 401 would say it is wrong); 401 when the
+                bearer token is no key the rule accepts.
+        """
+        key = _bearer(request)
         allowed = self._metrics or self._api
-        if allowed and not _is_one_of(_bearer(request), allowed):
-            self._refuse()
+        if not allowed or _is_one_of(key, allowed):
+            return
+        if self._metrics and _is_one_of(key, self._api):
+            self._forbid("an API key may not read /metrics (it shows every tenant's counts)")
+        self._refuse()
 
     def check_admin(self, request: Request) -> None:
         """Allow the admin routes (cache reset) to the metrics key, else as ``/v1`` routes.
@@ -123,15 +133,19 @@ class KeyRing:
         if _is_one_of(key, self._metrics):
             return
         if _is_one_of(key, self._api):
-            self._on_refused()
-            raise ApiError(
-                403,
-                "an API key may not reset the server's cache (it holds every tenant's prefixes); "
-                "use the metrics key (--metrics-key)",
-                type="permission_error",
-                code="insufficient_permissions",
+            self._forbid(
+                "an API key may not reset the server's cache (it holds every tenant's prefixes)"
             )
         self._refuse()
+
+    def _forbid(self, what: str) -> None:
+        self._on_refused()
+        raise ApiError(
+            403,
+            f"{what}; use the metrics key (--metrics-key)",
+            type="permission_error",
+            code="insufficient_permissions",
+        )
 
     def _refuse(self) -> None:
         self._on_refused()

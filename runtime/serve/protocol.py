@@ -37,6 +37,7 @@ __all__ = [
     "StreamOptions",
     "TokenizeRequest",
     "ToolSpec",
+    "NO_OP_PARAMS",
     "UNSUPPORTED_PARAMS",
     "error_body",
     "usage_dict",
@@ -66,9 +67,13 @@ UNSUPPORTED_PARAMS: dict[str, tuple[object, ...]] = {
 """OpenAI and vLLM request fields this server does not honour, with the values that mean "off".
 
 Any other value is refused with a 400 naming the field (never silently ignored); ``best_of``
-equal to ``n`` is also accepted (it then means nothing more than ``n``). Fields not listed here
-and not modelled (``user``, ``metadata``, ``store``, ``prompt_cache_key``, ...) change nothing
-about generation and are ignored."""
+equal to ``n`` is also accepted (it then means nothing more than ``n``). The fields of
+``NO_OP_PARAMS`` are accepted and change nothing; any other top-level field is a 400 naming it
+(a misspelt ``temprature`` must not be dropped in silence)."""
+NO_OP_PARAMS = ("user", "metadata", "store", "prompt_cache_key", "safety_identifier")
+"""OpenAI request fields that are bookkeeping for the provider (end-user id, tags, storing the
+completion, prompt-cache routing key) and change nothing about generation: accepted (type-checked)
+and otherwise unused."""
 MAX_N = 128
 """Largest ``n`` accepted (OpenAI's limit); the engine may refuse fewer (its batch rows)."""
 MAX_PROMPTS = 256
@@ -128,15 +133,20 @@ def validation_error(exc: ValidationError) -> ApiError:
     matched furthest; the messages of every error at that path are joined.
     """
     errors = [
-        (_param_path(e["loc"], is_extra=e["type"] == "extra_forbidden"), _clean_message(e["msg"]))
+        (
+            _param_path(e["loc"], is_extra=e["type"] == "extra_forbidden"),
+            _UNKNOWN_FIELD if e["type"] == "extra_forbidden" else _clean_message(e["msg"]),
+        )
         for e in exc.errors()
     ]
     param = max((path for path, _ in errors), key=_depth)
     hints = list(dict.fromkeys(msg for path, msg in errors if path == param))
     message = "; or ".join(hints[:3])
-    return ApiError(
-        400, f"{param}: {message}" if param else message, param=param, code="invalid_value"
-    )
+    code = "unknown_parameter" if hints == [_UNKNOWN_FIELD] else "invalid_value"
+    return ApiError(400, f"{param}: {message}" if param else message, param=param, code=code)
+
+
+_UNKNOWN_FIELD = "unrecognized request argument: this server does not honour it, so omit it"
 
 
 def _param_path(loc: tuple[int | str, ...], *, is_extra: bool = False) -> str | None:
@@ -303,6 +313,9 @@ _Bias = Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX)]
 
 
 class _SamplingFields(_Lenient):
+    # NOTE: top level only: an unknown field is a 400 naming it (nested objects such as messages
+    # stay lenient, as clients echo back assistant messages with fields like ``refusal``).
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
@@ -329,6 +342,12 @@ class _SamplingFields(_Lenient):
     """Per-tenant prefix-cache namespace (vLLM's field); combined with the API key server-side."""
     chunk_reuse: ChunkReuseSpec | None = None
     """Document spans whose KV comes from the chunk store (opt-in extension; one prompt only)."""
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    """(``user`` .. ``safety_identifier``: ``NO_OP_PARAMS``, accepted and unused.)"""
 
     @model_validator(mode="before")
     @classmethod
@@ -339,9 +358,11 @@ class _SamplingFields(_Lenient):
         """
         if not isinstance(body, dict):
             return body
+        body = dict(body)  # NOTE: an "off" value is dropped below, so extra="forbid" passes it
         for name, off in UNSUPPORTED_PARAMS.items():
             value = body.get(name)
             if name == "best_of" and value is not None and value == body.get("n", 1):
+                del body[name]
                 continue
             if name in body and not any(value == o and type(value) is type(o) for o in off):
                 raise ApiError(
@@ -350,6 +371,7 @@ class _SamplingFields(_Lenient):
                     param=name,
                     code="unsupported_parameter",
                 )
+            body.pop(name, None)
         return body
 
     def logit_bias_ids(self) -> dict[int, float]:

@@ -170,7 +170,7 @@ def test_served_keys_never_reach_stdout_or_logs(
         wrong = httpx.post(f"{url}/v1/chat/completions", json=body, headers=_bearer("wrong-9x"))
         assert wrong.status_code == 401 and "wrong-9x" not in wrong.text
         assert httpx.get(f"{url}/metrics", headers=_bearer(secrets[3])).status_code == 200
-        assert httpx.get(f"{url}/metrics", headers=_bearer(secrets[0])).status_code == 401
+        assert httpx.get(f"{url}/metrics", headers=_bearer(secrets[0])).status_code == 403
     finally:
         uv.should_exit = True
         thread.join(timeout=30)

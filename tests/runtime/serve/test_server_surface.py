@@ -76,8 +76,42 @@ def test_deeply_nested_json_is_a_400_and_the_connection_stays_open(raw: bytes) -
 
 def test_nesting_at_the_limit_is_parsed() -> None:
     client = TestClient(create_app(ScriptedEngine()))
-    deep = json.loads("[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1))
-    assert client.post("/v1/chat/completions", json=chat_body(metadata=deep)).status_code == 200
+    deep = json.loads("[" * (MAX_JSON_DEPTH - 2) + "]" * (MAX_JSON_DEPTH - 2))
+    body = chat_body(metadata={"k": deep})  # body, metadata, then the lists: MAX_JSON_DEPTH
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", chat_body(temprature=0.2)),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "temprature": 0.2}),
+    ],
+)
+def test_an_unknown_parameter_is_a_400_naming_it(path: str, body: dict[str, Any]) -> None:
+    engine = ScriptedEngine()
+    error = error_of(TestClient(create_app(engine)).post(path, json=body), 400)
+    assert error["param"] == "temprature" and error["code"] == "unknown_parameter"
+    assert "temprature" in error["message"] and not engine.seen
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"user": "u1", "metadata": {"app": "x"}, "store": False, "prompt_cache_key": "k"},
+        {"safety_identifier": "h"},
+        {"best_of": 1, "use_beam_search": False},  # unsupported fields set to their off value
+    ],
+)
+def test_no_op_fields_and_off_values_are_accepted(extra: dict[str, Any]) -> None:
+    client = TestClient(create_app(ScriptedEngine()))
+    assert client.post("/v1/chat/completions", json=chat_body(**extra)).status_code == 200
+
+
+def test_a_no_op_field_of_the_wrong_type_is_a_400() -> None:
+    client = TestClient(create_app(ScriptedEngine()))
+    error = error_of(client.post("/v1/chat/completions", json=chat_body(user=5)), 400)
+    assert error["param"] == "user"
 
 
 def test_unexpected_error_is_a_500_that_keeps_the_keep_alive_connection() -> None:
@@ -120,9 +154,11 @@ def test_each_of_several_keys_is_a_tenant_and_metrics_need_a_key() -> None:
 
 def test_a_metrics_key_alone_opens_metrics() -> None:
     client = TestClient(create_app(ScriptedEngine(), api_key="tenant", metrics_key="ops"))
-    error_of(client.get("/metrics", headers=bearer("tenant")), 401)
+    refused = error_of(client.get("/metrics", headers=bearer("tenant")), 403)
+    assert refused["type"] == "permission_error"  # a valid key, not the metrics key: not a 401
+    error_of(client.get("/metrics", headers=bearer("wrong")), 401)
     text = client.get("/metrics", headers=bearer("ops")).text
-    assert 'outcome="unauthorized"} 1.0' in text
+    assert 'outcome="unauthorized"} 2.0' in text
     error_of(client.post("/v1/chat/completions", json=chat_body(), headers=bearer("ops")), 401)
     open_api = TestClient(create_app(ScriptedEngine(), metrics_key="ops"))
     assert open_api.post("/v1/chat/completions", json=chat_body()).status_code == 200
