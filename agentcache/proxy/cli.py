@@ -8,12 +8,13 @@ Exit codes: 0 after a clean stop, 2 for a bad option (said in one line before an
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 from urllib.parse import urlsplit
 
 from agentcache.proxy.rewrite import RewriteOptions
 
-__all__ = ["run_proxy"]
+__all__ = ["run_proxy", "show_proxy_log"]
 
 
 def _fail(message: str, *, status: int = 2) -> int:
@@ -43,6 +44,23 @@ def _listen(host: str, port: int) -> socket.socket:
     """
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
     return socket.create_server((host, port), family=family, backlog=2048)
+
+
+def show_proxy_log() -> None:
+    """Print the ``agentcache.proxy`` logger's records (prefix breaks at INFO) to stderr.
+
+    NOTE: uvicorn's logging config covers only its own loggers; without this the INFO lines
+    that name each prefix break (``SessionTracker``) would fall through to Python's last-resort
+    handler, which drops everything below WARNING.
+    """
+    log = logging.getLogger("agentcache.proxy")
+    if not any(getattr(h, "_agentcache_proxy", False) for h in log.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     agentcache proxy: %(message)s"))
+        handler._agentcache_proxy = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 def run_proxy(args: argparse.Namespace) -> int:
@@ -100,6 +118,7 @@ def _proxy(args: argparse.Namespace) -> int:
     with sock:
         print(f"agentcache proxy: http://{args.host}:{port} -> {args.upstream}", flush=True)
         server = uvicorn.Server(uvicorn.Config(app, log_level="info"))
+        show_proxy_log()
         # NOTE: uvicorn shuts down gracefully on SIGINT, then re-raises the signal, which
         # arrives in run_proxy as KeyboardInterrupt (exit status 130), the socket closed.
         server.run(sockets=[sock])

@@ -7,6 +7,7 @@ break needs it); the records are the ones ``diff`` on the bodies gives.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from agentcache.prompt import _view
 from agentcache.prompt.diff import diff
 from agentcache.proxy import sessions
+from agentcache.proxy.cli import show_proxy_log
 from agentcache.proxy.rewrite import RewriteOptions, rewrite
 from agentcache.proxy.sessions import SessionLog
 
@@ -102,3 +104,19 @@ def test_each_body_is_viewed_once_and_forwarded_bodies_only_on_a_break(
     assert len(viewed) == 5  # the break: the new body, and both forwarded bodies
     log.observe("s", REQUESTS[3], forwarded(REQUESTS[3]))
     assert len(viewed) == 6
+
+
+def test_the_proxy_cli_prints_each_break_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    logger = logging.getLogger("agentcache.proxy")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    try:
+        show_proxy_log()
+        show_proxy_log()  # a second call adds no second handler (one line per break)
+        log = SessionLog()
+        for request in REQUESTS[1:3]:  # an extension, then the tools reordered
+            log.observe("s", request, forwarded(request))
+    finally:
+        logger.handlers[:], logger.propagate = saved[0], saved[2]
+        logger.setLevel(saved[1])
+    lines = [line for line in capsys.readouterr().err.splitlines() if "prefix break" in line]
+    assert len(lines) == 1 and "reason=tools reordered" in lines[0] and "fixed=True" in lines[0]
