@@ -28,8 +28,8 @@ class EngineHints:
     """Per-request hints for self-hosted engines (vLLM, SGLang, ``agentcache serve``) and routers.
 
     Raises:
-        ConfigError: ``session_header`` is not a valid header name, or ``salt_secret`` is given
-            without ``cache_salt``.
+        ConfigError: ``cache_salt`` is not a bool, ``session_header`` is not a valid header
+            name, or ``salt_secret`` is given without ``cache_salt``.
     """
 
     cache_salt: bool = False
@@ -47,6 +47,11 @@ class EngineHints:
     prefix-aware routing (vLLM production-stack router, SGLang router). ``None``: no header."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.cache_salt, bool):
+            raise ConfigError(
+                f"cache_salt is a switch (True: salt by the cache_scope tenant), got "
+                f"{self.cache_salt!r}; the salt comes from cache_scope(tenant=...)"
+            )
         header = self.session_header
         if header is not None and (not isinstance(header, str) or not _HEADER_NAME.match(header)):
             raise ConfigError(f"session_header must be an HTTP header name, got {header!r}")

@@ -148,6 +148,9 @@ def test_bad_hints_are_refused() -> None:
         EngineHints(session_header="x session")
     with pytest.raises(ConfigError, match="salt_secret"):
         EngineHints(salt_secret="s")
+    for salt in ("", "acme", 1):  # a salt string is not the switch: the tenant is the salt
+        with pytest.raises(ConfigError, match="cache_salt is a switch"):
+            EngineHints(cache_salt=salt)  # type: ignore[arg-type]
 
 
 @respx.mock
