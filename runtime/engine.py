@@ -334,12 +334,14 @@ class Engine:
             )
 
     def flush_cache(self, *, include_disk: bool = False) -> int:
-        """Drop every cached block not pinned by a running request; returns blocks freed.
+        """Drop every cached block not pinned by a running request; returns prefix blocks freed.
 
         With a disk tier the dropped blocks spill to it (as any eviction does), unless
-        ``include_disk``, which also deletes every block file.
+        ``include_disk``, which also deletes every block file. The chunk store's documents are
+        dropped too (a cache reset leaves no stored KV behind).
         """
         with self._lock:
+            self.chunk_store.flush()
             return self.prefix_cache.flush(include_disk=include_disk)
 
     def drain_disk(self) -> None:

@@ -243,3 +243,15 @@ def test_chunks_can_start_at_zero_and_n_choices_share_usage(compact: Engine) -> 
     want = masked_prefill_logits(compact.runner.model, ids, spans)[-1]
     assert_logits_close(want, req.logits_log[0], 0)
     compact.check_integrity()
+
+
+def test_flush_cache_drops_stored_chunks(compact: Engine) -> None:
+    ids, spans = rag_prompt([0, 1])
+    run(compact, ids, ChunkReuse(spans), n=1)
+    assert compact.chunk_store.num_entries >= 2
+    compact.flush_cache()
+    assert compact.chunk_store.num_entries == 0
+    again, _ = run(compact, ids, ChunkReuse(spans), n=1)
+    assert again.usage.chunk_reuse is not None
+    assert again.usage.chunk_reuse.missed_tokens == len(DOCS[0]) + len(DOCS[1])
+    compact.check_integrity()
