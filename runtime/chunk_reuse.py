@@ -183,7 +183,8 @@ class ChunkAssembler:
             self.runner.forward(ids[kv.length : plan.head_len], kv)
         start = kv.length  # NOTE: the compact path runs the rest of the head with the question
         kv.reserve(len(ids))
-        num_missed = sum(self._place(namespace, ids, s, e, kv) for s, e in plan.spans)
+        missed = [(s, e) for s, e in plan.spans if self._place(namespace, ids, s, e, kv)]
+        num_missed = sum(e - s for s, e in missed)
         in_span = self._span_rows(plan.spans, start, len(ids))
         num_recomputed = 0
         if compact is None:  # NOTE: exact only (chunk_reuse_blocker)
@@ -195,7 +196,9 @@ class ChunkAssembler:
             num_pick = math.ceil(plan.recompute_fraction * int(in_span.sum()))
             fwd = RowForward(compact, kv.span(0, len(ids)), ids, start)
             logits, rows = fwd.blend(in_span, num_pick)
-            num_recomputed = int(in_span[rows].sum())
+            # NOTE: a missed chunk's tokens count as missed, recomputed or not.
+            stored = in_span & ~self._span_rows(missed, start, len(ids))
+            num_recomputed = int(stored[rows].sum())
         kv.length = len(ids)
         num_span = sum(end - start for start, end in plan.spans)
         usage = ChunkReuseUsage(
@@ -226,13 +229,13 @@ class ChunkAssembler:
         return in_span
 
     def _place(self, namespace: Namespace, ids: list[int], start: int, end: int,
-               kv: RequestKVCache) -> int:  # fmt: skip
-        """Write chunk ``ids[start:end]``'s stored KV at ``[start, end)``; 1 miss -> its length."""
+               kv: RequestKVCache) -> bool:  # fmt: skip
+        """Write chunk ``ids[start:end]``'s stored KV at ``[start, end)``; True on a miss."""
         tokens = ids[start:end]
         stored = self.store.get(namespace, tokens)
-        missed = 0
+        missed = stored is None
         if stored is None:
-            stored, missed = self._compute_alone(namespace, tokens), len(tokens)
+            stored = self._compute_alone(namespace, tokens)
         span = kv.span(start, end)  # [L, 2, H_kv, n, D]
         span[:, 1].copy_(stored[:, 1])
         span[:, 0].copy_(rerotate(self.runner.model, stored[:, 0], start))

@@ -142,6 +142,15 @@ def compact(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 def test_blend_full_recompute_equals_causal_prefill(compact: Engine) -> None:
     ids, spans = rag_prompt([2, 0, 1])
+    compact.chunk_store.flush()
+    cold, _ = run(compact, ids, ChunkReuse(spans, "blend", 1.0), n=1)
+    num_span = sum(len(d) for d in DOCS)
+    # Each span token counted once: computed on a store miss (then recomputed, still "missed").
+    assert cold.usage.chunk_reuse is not None
+    assert (cold.usage.chunk_reuse.missed_tokens, cold.usage.chunk_reuse.recomputed_tokens) == (
+        num_span,
+        0,
+    )
     run(compact, ids, ChunkReuse(spans, "exact"), n=1)  # store the chunks
     completion, logits = run(compact, ids, ChunkReuse(spans, "blend", 1.0))
     for step, got in enumerate(logits):
