@@ -68,7 +68,8 @@ class SchedulerConfig:
     """Most prompt tokens one prefill forward runs, and the prefill budget of a loop iteration
     while requests are decoding: a longer prompt is prefilled in chunks with one decode step of
     the running requests between them, so an arriving long prompt does not stall every stream
-    (smaller: steadier inter-token latency, slower admission of long prompts)."""
+    (smaller: steadier inter-token latency, slower admission of long prompts). NOTE: a request
+    with chunk reuse is assembled whole in one iteration (its computed rows are few)."""
     max_prefill_batch: int = 16
     """Most requests whose prefill chunks run packed in one forward (at most
     ``prefill_chunk_tokens`` tokens in all; compact forward only). Short prompts arriving
@@ -318,6 +319,8 @@ class Scheduler:
         if self.debug_integrity:
             self.check_integrity()
             self.prefix_cache.check_integrity()
+            if self.chunks is not None:
+                self.chunks.store.check_integrity()
 
     def _admit(self) -> None:
         """Prefill up to this iteration's budget: the request mid-prefill first, then new ones,
