@@ -266,6 +266,14 @@ class ChatMessage(_Lenient):
                     raise ValueError("only text content parts are supported")
         return value
 
+    @model_validator(mode="after")
+    def _content_unless_assistant(self) -> ChatMessage:
+        # NOTE: OpenAI requires content on every role but assistant (which may carry only
+        # tool_calls); rendering a missing user message as "" would hide the client's bug.
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
     def to_template(self) -> dict[str, Any]:
         """The message as the chat template expects it (text parts joined, developer=system)."""
         content = self.content
@@ -348,6 +356,17 @@ class _SamplingFields(_Lenient):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     """(``user`` .. ``safety_identifier``: ``NO_OP_PARAMS``, accepted and unused.)"""
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> _SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(
+                400,
+                "stream_options is only allowed with stream=true",
+                param="stream_options",
+                code="invalid_value",
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

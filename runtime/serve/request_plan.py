@@ -164,7 +164,11 @@ def sampling_params(
             prompt_logprobs=req.num_prompt_logprobs(),
         )
     except InvalidRequestError as exc:
-        param = "min_tokens" if "min_tokens" in str(exc) else None
+        # NOTE: SamplingParams' messages start with the field they refuse ("stop must be ...").
+        first = str(exc).split(" ", 1)[0]
+        param = first if first in type(req).model_fields else None
+        if param is None and "min_tokens" in str(exc):
+            param = "min_tokens"
         raise ApiError(400, str(exc), param=param, code="invalid_value") from exc
 
 

@@ -114,6 +114,31 @@ def test_a_no_op_field_of_the_wrong_type_is_a_400() -> None:
     assert error["param"] == "user"
 
 
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (chat_body(stream_options={"include_usage": True}), "stream_options"),  # without stream
+        (chat_body(messages=[{"role": "user"}]), "messages[0]"),  # no content
+        (chat_body(stop=""), "stop"),  # refused by SamplingParams, named all the same
+    ],
+)
+def test_what_would_be_ignored_is_a_400_naming_it(body: dict[str, Any], param: str) -> None:
+    engine = ScriptedEngine()
+    error = error_of(TestClient(create_app(engine)).post("/v1/chat/completions", json=body), 400)
+    assert error["param"] == param and not engine.seen
+
+
+def test_an_assistant_message_may_carry_only_tool_calls() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    client = TestClient(create_app(ScriptedEngine()))
+    assert client.post("/v1/chat/completions", json=chat_body(messages=messages)).status_code == 200
+
+
 def test_unexpected_error_is_a_500_that_keeps_the_keep_alive_connection() -> None:
     engine = ScriptedEngine(fail_at=0)
     counter = ConnectionCounter()
