@@ -27,7 +27,11 @@ install --no-binary llama-cpp-python llama-cpp-python`, then pass --llama-cpp /o
 venv or its python). The f32 GGUF of the W1 weights is made with the sdist's vendored
 vendor/llama.cpp/convert_hf_to_gguf.py (`pip download --no-deps --no-binary :all:
 llama-cpp-python` and unpack it): pass that file as --llama-cpp-convert; it runs in this
-interpreter (torch, transformers) with its own gguf-py, and needs no sentencepiece here."""
+interpreter (torch, transformers) with its own gguf-py, and needs no sentencepiece here.
+Both engines use --threads (default: torch's count). On a machine where other work competes for
+the cores prefer --threads 1: llama.cpp's worker threads spin at each barrier, so oversubscribed
+they lose far more than torch does (measured on a loaded 2-core machine: 2 threads, llama.cpp
+decoded 0.5-3.4 tok/s and this engine 3.9-6.7; 1 thread, 5.1-8.5 and 6.2-9.5)."""
 
 _CONVERT = r"""
 import sys
