@@ -137,7 +137,7 @@ class Request:
             token_ids=list(self.output_ids),
             text=self.detokenizer.text,
             finish_reason=self.finish_reason or "length",
-            usage=Usage(len(self.prompt_ids), self.cached_len, n_out, self.chunk_usage),
+            usage=self.usage,
             metrics=Metrics(
                 ttft_s=self.t_first - self.t_start,
                 decode_tokens_per_s=(n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0,
@@ -146,6 +146,11 @@ class Request:
             logprobs=None if self.output_logprobs is None else list(self.output_logprobs),
             prompt_logprobs=self.prompt_logprobs,
         )
+
+    @property
+    def usage(self) -> Usage:
+        """Token counts so far (final once finished; ``cached_len`` is set at admission)."""
+        return Usage(len(self.prompt_ids), self.cached_len, len(self.output_ids), self.chunk_usage)
 
     def _num_computed(self) -> int:
         reused = 0 if self.chunk_usage is None else self.chunk_usage.reused_tokens

@@ -32,7 +32,7 @@ from runtime.exceptions import (
     PromptTooLongError,
     SamplingError,
 )
-from runtime.outputs import Completion, StreamDelta
+from runtime.outputs import StreamDelta
 from runtime.serve.auth import KeyRing
 from runtime.serve.engine_call import EngineCall
 from runtime.serve.engine_protocol import ServingEngine
@@ -188,15 +188,14 @@ class _Server:
             if plan.stream:
                 stream = ChoiceStream(plan, call, first)
                 is_handed_off = True
-                return _SSEResponse(
-                    stream, call, lambda out: self._record(call.completions, out, plan.n)
-                )
+                return _SSEResponse(stream, call, lambda out: self._record(call, out, plan.n))
             completions = await _unless_disconnected(request, lambda: call.drain(first))
             body, finish = final_json(plan, completions)
-            self._record(list(completions), finish, plan.n)
+            self._record(call, finish, plan.n)
             return JSONResponse(body)
         except _Disconnected:
-            self.metrics.count("cancelled")
+            await call.aclose()
+            self._record(call, None, plan.n)
             return Response(status_code=499)
         except EngineBusyError as exc:
             self.metrics.count("rejected")
@@ -245,15 +244,19 @@ class _Server:
             raise
         return streams
 
-    def _record(
-        self, completions: list[Completion | None], outcome: Outcome | None, n: int
-    ) -> None:
+    def _record(self, call: EngineCall, outcome: Outcome | None, n: int) -> None:
         """Count one answered request: its outcome as returned by whoever answered it.
 
-        The ``n`` choices of a prompt share its prefill: its prompt tokens are counted once.
+        The ``n`` choices of a prompt share its prefill: its prompt tokens are counted once. A
+        cancelled request's prompt tokens count once its prefill ran (``call`` closed), as the
+        engine's prefix-cache queries/hits do, so the two stay comparable.
         """
+        completions = call.completions
         if outcome is None:
             self.metrics.count("cancelled")
+            for index, usage in enumerate(call.prefilled_usages):
+                if usage is not None and index % n == 0:
+                    self.metrics.observe_prompt(usage)
             return
         if not completions or any(c is None for c in completions) or outcome == "error":
             self.metrics.count("error")

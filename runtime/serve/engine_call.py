@@ -19,7 +19,7 @@ from typing import NamedTuple
 import anyio
 from anyio.to_thread import run_sync
 
-from runtime.outputs import Completion, StreamDelta
+from runtime.outputs import Completion, StreamDelta, Usage
 from runtime.request_stream import RequestStream
 
 __all__ = ["ChoiceDelta", "EngineCall"]
@@ -51,6 +51,9 @@ class EngineCall:
         self._is_closed = False
         self.completions: list[Completion | None] = []
         """Each choice's Completion once its last delta was read."""
+        self.prefilled_usages: list[Usage | None] = []
+        """Set by ``aclose``: each choice's Usage once its prefill ran (so the engine counted its
+        prefix-cache query and hits), else None; a cancelled choice's output count is partial."""
 
     @property
     def num_choices(self) -> int:
@@ -148,3 +151,16 @@ class EngineCall:
                 close = getattr(it, "close", None)
                 if close is not None:
                     await run_sync(close)
+            self.prefilled_usages = [
+                _prefilled_usage(it, done) for it, done in zip(its, self.completions, strict=True)
+            ]
+
+
+def _prefilled_usage(it: Iterator[StreamDelta], completion: Completion | None) -> Usage | None:
+    """A closed choice's Usage: its Completion's, or read from its prefilled engine request."""
+    if completion is not None:
+        return completion.usage
+    # NOTE: read only after ``close``, which waits until the scheduler released the request.
+    if isinstance(it, RequestStream) and it.request.t_first > 0:
+        return it.request.usage
+    return None

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from runtime.outputs import CacheStats, Completion, DiskTierStats
+from runtime.outputs import CacheStats, Completion, DiskTierStats, Usage
 
 __all__ = ["CONTENT_TYPE", "Outcome", "ServerMetrics"]
 
@@ -98,13 +98,14 @@ class ServerMetrics:
         reg = self.registry
         self.prompt_tokens = Counter(
             f"{PREFIX}_prompt_tokens",
-            "Prompt tokens of finished requests (cached tokens included)",
+            "Prompt tokens of finished (or prefilled, then cancelled) requests "
+            "(cached tokens included)",
             registry=reg,
         )
         self.cached_tokens = Counter(
             f"{PREFIX}_cached_tokens",
-            "Prompt tokens of finished requests served from the prefix cache "
-            "(a part of prompt_tokens)",
+            "Prompt tokens of finished (or prefilled, then cancelled) requests served from the "
+            "prefix cache (a part of prompt_tokens)",
             registry=reg,
         )
         self.prefill_tokens = Counter(
@@ -145,6 +146,11 @@ class ServerMetrics:
         if timing.decode_tokens_per_s > 0:
             self.tpot.observe(1.0 / timing.decode_tokens_per_s)
         self.outcomes.labels(outcome=outcome).inc()
+
+    def observe_prompt(self, usage: Usage) -> None:
+        """Count the prompt and cached tokens of a request cancelled after its prefill."""
+        self.prompt_tokens.inc(usage.prompt_tokens)
+        self.cached_tokens.inc(usage.cached_tokens)
 
     def count(self, outcome: Outcome) -> None:
         """Count a request that ended without a completion (cancelled, rejected, invalid)."""

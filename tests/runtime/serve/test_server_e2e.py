@@ -254,3 +254,37 @@ def test_tokenize_counts_what_a_chat_is_billed_and_reset_empties_the_cache(
     again = httpx.post(f"{url}/v1/chat/completions", json=body).json()["usage"]
     assert again["prompt_tokens_details"]["cached_tokens"] == 0
     engine.check_integrity()
+
+
+def _metric(text: str, name: str) -> float:
+    [value] = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} ")]
+    return value
+
+
+def test_a_hung_up_stream_counts_its_prompt_tokens_as_the_cache_counts_its_query(
+    model_dir: Path,
+) -> None:
+    engine = make_engine(model_dir)
+    with ServerThread(create_app(engine)) as url:
+
+        async def run() -> list[bool]:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+                # One after the other: the second hits the first's cached system prompt.
+                return [
+                    await _hang_up_after_first_token(client, engine.model_id, i) for i in (1, 2)
+                ]
+
+        assert all(asyncio.run(run()))
+        deadline = time.monotonic() + 60
+        text = httpx.get(f"{url}/metrics").text
+        while time.monotonic() < deadline and (
+            'agentcache_request_outcomes_total{outcome="cancelled"} 2.0' not in text
+        ):
+            time.sleep(0.05)
+            text = httpx.get(f"{url}/metrics").text
+    hits = _metric(text, "agentcache_prefix_cache_hits_total")
+    assert hits > 0
+    assert _metric(text, "agentcache_cached_tokens_total") == hits
+    queried = _metric(text, "agentcache_prefix_cache_queries_total")
+    assert _metric(text, "agentcache_prompt_tokens_total") == queried > 2 * len(SYSTEM)
+
