@@ -9,6 +9,7 @@ arrives. It knows nothing about HTTP, chat templates, the prefix cache or the ba
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -133,7 +134,8 @@ class GrammarCompiler:
         """The compiled grammar of ``spec`` (cached; the first call also indexes the vocabulary).
 
         Raises:
-            InvalidRequestError: the schema or structural tag is invalid or unsupported.
+            InvalidRequestError: the schema or structural tag is invalid or unsupported; the
+                message is ``"<json_schema|json_object|structural_tag>: <reason>"``.
         """
         with self._lock:
             found = self._cache.get(spec)
@@ -143,7 +145,7 @@ class GrammarCompiler:
         try:
             compiled = _compile(compiler, spec)
         except (ValueError, RuntimeError, TypeError) as exc:
-            raise InvalidRequestError(f"cannot build a grammar for this request: {exc}") from exc
+            raise InvalidRequestError(f"{_kind(spec)}: {_message(exc)}") from exc
         grammar = Grammar(compiled, self._vocab_size)
         with self._lock:
             if len(self._cache) >= _MAX_CACHED:
@@ -164,6 +166,22 @@ class GrammarCompiler:
 
 _MAX_CACHED = 256
 """Compiled grammars kept per engine (oldest dropped first)."""
+
+
+_LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
+"""xgrammar's C++ log prefix on its errors: ``[11:36:30] /project/cpp/file.cc:5082: ``."""
+
+
+def _message(exc: Exception) -> str:
+    """The reason alone, without xgrammar's timestamp and source location; lower-cased start."""
+    text = _LOG_PREFIX.sub("", str(exc).strip())
+    return text[:1].lower() + text[1:] if text else type(exc).__name__
+
+
+def _kind(spec: GrammarSpec) -> str:
+    if isinstance(spec, JsonSchemaSpec):
+        return "json_schema" if spec.schema is not None else "json_object"
+    return "structural_tag"
 
 
 def _compile(compiler: Any, spec: GrammarSpec) -> Any:

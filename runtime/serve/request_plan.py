@@ -219,8 +219,10 @@ async def _chat_grammar(engine: ServingEngine, req: ChatCompletionRequest) -> Gr
     try:
         return await run_sync(engine.compile_grammar, spec)
     except InvalidRequestError as exc:
+        # NOTE: the message starts with the spec kind (``json_schema: ...``), a response_format key
         param = "response_format" if req.response_format is not None else "tools"
-        raise ApiError(400, str(exc), param=param, code="invalid_value") from exc
+        message = f"response_format.{exc}" if param == "response_format" else f"tools: {exc}"
+        raise ApiError(400, message, param=param, code="invalid_value") from exc
 
 
 async def chat_plan(

@@ -288,3 +288,15 @@ def test_a_hung_up_stream_counts_its_prompt_tokens_as_the_cache_counts_its_query
     queried = _metric(text, "agentcache_prefix_cache_queries_total")
     assert _metric(text, "agentcache_prompt_tokens_total") == queried > 2 * len(SYSTEM)
 
+
+def test_an_unsupported_json_schema_is_a_400_naming_it_without_xgrammar_internals(
+    served: tuple[Engine, str],
+) -> None:
+    engine, url = served
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}
+    body = {"model": engine.model_id, "messages": chat("x"), "response_format": fmt}
+    resp = httpx.post(f"{url}/v1/chat/completions", json=body)
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert error["message"] == 'response_format.json_schema: unsupported type "wat"'
+    assert error["param"] == "response_format"
