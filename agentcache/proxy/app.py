@@ -21,6 +21,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentcache.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from agentcache.proxy.response_cache import ResponseCache
@@ -171,10 +172,26 @@ def _json_object(raw: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _error(status: int, message: str, *, type: str, code: str | None) -> JSONResponse:
+    """An error the proxy itself answers, in OpenAI's four-key shape (``param`` null)."""
+    body = {"error": {"message": message, "type": type, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
 def _bad_gateway(exc: Exception) -> Response:
     message = f"agentcache proxy: upstream unreachable or broke off: {type(exc).__name__}"
-    body = {"error": {"message": message, "type": "upstream_error", "code": "bad_gateway"}}
-    return JSONResponse(body, status_code=502)
+    return _error(502, message, type="upstream_error", code="bad_gateway")
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (e.g. 405 for a method no route takes) in the same shape."""
+    assert isinstance(exc, StarletteHTTPException), "registered for HTTPException only"
+    headers = getattr(exc, "headers", None)
+    message = f"agentcache proxy: {exc.detail}"
+    answer = _error(exc.status_code, message, type="invalid_request_error", code=None)
+    if headers:
+        answer.headers.update(headers)
+    return answer
 
 
 def create_proxy_app(
@@ -208,6 +225,7 @@ def create_proxy_app(
     proxy = _Proxy(upstream, client, options or RewriteOptions(), response_cache, routes)
     app = FastAPI(title="agentcache proxy", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = proxy
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.router.on_shutdown.append(client.aclose)
 
     @app.get("/agentcache/metrics")

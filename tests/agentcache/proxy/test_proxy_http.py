@@ -152,7 +152,15 @@ def test_upstream_errors_and_bad_bodies_pass_through(
         assert models.status_code == 200 and models.json() == httpx.get(f"{url}/v1/models").json()
     with ServerThread(create_proxy_app("http://127.0.0.1:9/v1")) as dead_proxy:
         gone = _post(dead_proxy, body)
-        assert gone.status_code == 502 and gone.json()["error"]["type"] == "upstream_error"
+        assert gone.status_code == 502
+        assert gone.json()["error"] == {
+            "message": "agentcache proxy: upstream unreachable or broke off: ConnectError",
+            "type": "upstream_error", "param": None, "code": "bad_gateway",
+        }  # fmt: skip
+        head = httpx.head(f"{dead_proxy}/v1/models")  # no route takes HEAD: the proxy's own 405
+        assert head.status_code == 405
+        error = httpx.request("TRACE", f"{dead_proxy}/v1/models").json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["param"] is None
 
 
 def test_response_cache_replays_deterministic_answers_per_tenant(
