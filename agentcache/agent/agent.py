@@ -120,6 +120,10 @@ class Agent:
             planner: Chooses tool calls before the model answers (for models that cannot plan
                 tool calls); they run through the same path and cache as the model's calls.
             config: Loop options.
+
+        Raises:
+            ConfigError: ``tool_scope`` is not a scope kind (checked with or without a
+                ``tool_cache``).
         """
         self.backend = backend
         self.system = system

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from agentcache.cache.scope import validate_scope_kind
 from agentcache.cache.tool import cached_tool_scope
 from agentcache.canonical import canonical_json
 from agentcache.exceptions import AgentCacheError, ConfigError
@@ -59,10 +60,14 @@ class ToolRegistry:
         Args:
             tool_cache: Wraps tools registered with ``cache=True``.
             scope: Default scope of the tools it wraps (rule in ``agentcache.cache.scope``).
+
+        Raises:
+            ConfigError: ``scope`` is not a scope kind (the valid ones are named).
         """
         self._tools: dict[str, Tool] = {}
         self.tool_cache = tool_cache
-        self.scope = scope
+        # NOTE: checked even without a tool_cache, so a typo fails here, not once one is added.
+        self.scope = validate_scope_kind(scope)
 
     def add(
         self,

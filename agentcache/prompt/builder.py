@@ -159,8 +159,14 @@ class PromptBuilder:
         Tools are sorted by name unless ``pinned_order`` keeps the given order.
 
         Raises:
+            PromptTypeError: ``tools`` is one tool (a function, class, dict or str), not a list.
             PromptError: a tool has no schema, or two tools share a name.
         """
+        if callable(tools) or isinstance(tools, (str, bytes, Mapping)):
+            raise PromptTypeError(
+                f"tools must be a list of tools, got one {type(tools).__name__}; "
+                "pass a list, e.g. .tools([get_weather])"
+            )
         specs = [tool_spec(tool) for tool in tools]
         counts = collections.Counter(spec.name for spec in specs)
         duplicates = sorted(name for name, n in counts.items() if n > 1)

@@ -34,6 +34,8 @@ Message: TypeAlias = dict[str, JSONValue]
 _CACHE_SIZE = 4096
 _MESSAGE_CACHE: dict[str, Message] = {}
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+_REQUIRED: Any = object()
+"""Default of Document's required fields: marks one the caller left out."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,10 @@ class Document:
         metadata: Caller data (scores, timestamps); never rendered into the prompt, only linted.
     """
 
-    id: str
-    text: str
+    # NOTE: the _REQUIRED defaults only let a missing id/text raise PromptTypeError (like a
+    # wrong one) instead of dataclass's bare TypeError; both are still required.
+    id: str = _REQUIRED
+    text: str = _REQUIRED
     source: str | None = None
     metadata: dict[str, Any] | None = field(default=None, compare=False)
 
@@ -57,9 +61,14 @@ class Document:
         """Check field types now, not when the prompt is built.
 
         Raises:
-            PromptTypeError: ``id`` is not a non-empty str, ``text`` is not a str, or
-                ``source`` is neither None nor a str.
+            PromptTypeError: ``id`` or ``text`` is missing, ``id`` is not a non-empty str,
+                ``text`` is not a str, or ``source`` is neither None nor a str.
         """
+        for name in ("id", "text"):
+            if getattr(self, name) is _REQUIRED:
+                raise PromptTypeError(
+                    f"Document needs an {name}, e.g. Document(id='notes.md#chunk-3', text='...')"
+                )
         if not isinstance(self.id, str) or not self.id:
             raise PromptTypeError(f"Document id must be a non-empty str, got {self.id!r}")
         if not isinstance(self.text, str):

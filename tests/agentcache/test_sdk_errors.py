@@ -7,11 +7,18 @@ from typing import Any
 
 import pytest
 
+from agentcache.agent import Agent
 from agentcache.agent.tools import ToolRegistry
 from agentcache.backends.base import as_prompt
 from agentcache.backends.fake import FakeBackend
 from agentcache.cache import DiskStore
-from agentcache.exceptions import CacheError, EmptyCorpusError, PromptError, PromptTypeError
+from agentcache.exceptions import (
+    CacheError,
+    ConfigError,
+    EmptyCorpusError,
+    PromptError,
+    PromptTypeError,
+)
 from agentcache.prompt import Document, PromptBuilder
 from agentcache.rag import DocumentIndex
 
@@ -38,6 +45,23 @@ def test_history_given_one_message_instead_of_a_list() -> None:
 def test_document_fields_are_checked_at_construction(args: tuple[Any, ...], match: str) -> None:
     with pytest.raises(PromptTypeError, match=match):
         Document(*args)
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [({}, "id"), ({"id": "a"}, "text")])
+def test_a_missing_document_field_is_a_typed_error(kwargs: dict[str, Any], name: str) -> None:
+    with pytest.raises(PromptTypeError, match=f"Document needs an {name}"):
+        Document(**kwargs)
+
+
+@pytest.mark.parametrize("tools", [len, {"type": "function"}, "get_weather"])
+def test_one_tool_instead_of_a_list_asks_for_a_list(tools: Any) -> None:
+    with pytest.raises(PromptTypeError, match=r"tools must be a list.*\.tools\(\[get_weather\]\)"):
+        PromptBuilder().tools(tools)
+
+
+def test_an_unknown_tool_scope_is_refused_without_a_tool_cache() -> None:
+    with pytest.raises(ConfigError, match="scope must be one of.*'planet'"):
+        Agent(FakeBackend([]), tool_scope="planet")  # type: ignore[arg-type]
 
 
 def test_document_type_error_is_also_a_type_error() -> None:
