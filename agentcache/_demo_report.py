@@ -118,7 +118,8 @@ def print_summary(console: Console, reports: Sequence[TurnReport], wall_s: float
     table = Table(
         title="agentcache demo: what the caches saved (tokens, ms)",
         caption=(
-            "speedup: the same prompt's TTFT with the cache off / on (- when nothing was reused); "
+            "TTFT off, speedup: the same prompt's TTFT with the cache off, and off / on (— when "
+            "there is no comparison: nothing reused, or no local engine); "
             "retrieval, tools: cache hits/misses"
         ),
         box=box.SIMPLE_HEAD,
@@ -135,8 +136,9 @@ def print_summary(console: Console, reports: Sequence[TurnReport], wall_s: float
             _fmt_tokens(u.cached_tokens),
             _fmt_pct(u),
             _fmt_ms(u.ttft_s, unit=""),
-            _fmt_ms(r.cold_ttft_s, unit=""),
-            "-" if r.speedup is None else f"{r.speedup:.1f}x",
+            # NOTE: "—" in both columns when there is no comparison, as the turn line says.
+            "—" if r.speedup is None else _fmt_ms(r.cold_ttft_s, unit=""),
+            "—" if r.speedup is None else f"{r.speedup:.1f}x",
             f"{r.retrieval_hits}/{r.retrieval_misses}",
             f"{r.tool_hits}/{r.tool_misses}",
         )

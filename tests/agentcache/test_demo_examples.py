@@ -17,7 +17,7 @@ import pytest
 import respx
 
 from agentcache import demo
-from agentcache._demo_report import TurnReport, print_turn, summary_line
+from agentcache._demo_report import TurnReport, print_summary, print_turn, summary_line
 from agentcache.backends import ToolCall
 from agentcache.backends.fake import FakeBackend
 from agentcache.usage import Usage
@@ -156,6 +156,21 @@ def test_demo_turn_line_without_reuse_shows_no_speedup() -> None:
     assert "turn 1: 0 of 900 prompt tokens cached (0.0%): first turn, nothing to reuse yet" in line
     assert "TTFT 300 ms (nothing reused, so no cache-off comparison)" in line
     assert "faster" not in line and "x" not in line.split("TTFT")[1].split(")")[0]
+
+
+def test_demo_table_shows_no_cache_off_figures_where_the_turn_line_has_no_comparison() -> None:
+    from rich.console import Console
+
+    console = Console(record=True, width=300)
+    reports = [
+        turn_report(ttft_s=0.3, cold_ttft_s=0.31, prompt=900, cached=0),  # nothing reused
+        turn_report(ttft_s=0.098, cold_ttft_s=0.310, prompt=2000, cached=1800),
+    ]
+    print_summary(console, reports, wall_s=1.0)
+    rows = {line.split()[0]: line.split() for line in console.export_text().splitlines()
+            if line.strip()[:1] in {"1", "2"}}  # fmt: skip
+    assert rows["1"][4:7] == ["300", "—", "—"]  # TTFT, TTFT off, speedup
+    assert rows["2"][4:7] == ["98", "310", "3.2x"]
 
 
 def test_demo_turn_line_explains_reuse_within_the_previous_prompt() -> None:
