@@ -88,18 +88,34 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run the OpenAI-compatible server on the local runtime")
-    p.add_argument("--model", default="tiny", help="bundled model name, local path or HF hub id")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    # NOTE: every value is checked here (usage error, exit 2) before the model loads.
-    p.add_argument("--port", type=port_number, default=8000, help="TCP port, 1..65535")
+    # NOTE: defaults are spelled out in each help (what a None default means, in units); the
+    # runtime's own constants are not imported here, so that --help never imports torch.
     p.add_argument(
-        "--kv-cache-bytes", type=non_negative_int, default=None, help="prefix cache budget, bytes"
+        "--model",
+        default="tiny",
+        help="bundled model name, local path or HF hub id (default: %(default)s)",
     )
-    p.add_argument("--no-prefix-cache", action="store_true", help="force-miss: never reuse KV")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default: %(default)s, loopback only)"
+    )
+    # NOTE: every value is checked here (usage error, exit 2) before the model loads.
+    p.add_argument(
+        "--port", type=port_number, default=8000, help="TCP port, 1..65535 (default: %(default)s)"
+    )
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=non_negative_int,
+        default=None,
+        help="prefix cache budget, bytes (default: 1 GiB)",
+    )
+    p.add_argument(
+        "--no-prefix-cache", action="store_true", help="force-miss: never reuse KV (default: reuse)"
+    )
     p.add_argument(
         "--kv-disk-dir",
         default=None,
-        help="disk tier below the KV pool: evicted blocks spill here and survive restarts",
+        help="disk tier below the KV pool: evicted blocks spill here and survive restarts "
+        "(default: no disk tier)",
     )
     p.add_argument(
         "--kv-disk-bytes",
@@ -111,13 +127,15 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--api-key",
         action="append",
         default=None,
-        help="require this bearer token; repeat for several keys, each its own cache tenant",
+        help="require this bearer token; repeat for several keys, each its own cache tenant "
+        "(default: no key, open to anyone who can reach the address)",
     )
     p.add_argument(
         "--api-key-file",
         action="append",
         default=None,
-        help="file with one API key per line (blank and #-lines skipped); may be repeated",
+        help="file with one API key per line (blank and #-lines skipped); may be repeated "
+        "(default: none)",
     )
     p.add_argument(
         "--metrics-key",
@@ -135,7 +153,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--max-request-bytes",
         type=positive_int,
         default=None,
-        help="largest request body in bytes (413 beyond)",
+        help="largest request body in bytes, 413 beyond (default: 2 MiB = 2097152)",
     )
 
 
@@ -169,24 +187,37 @@ def _add_proxy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser(
         "proxy", help="make unmodified OpenAI/Anthropic apps cache-friendly (HTTP proxy)"
     )
-    p.add_argument("--upstream", required=True, help="e.g. https://api.openai.com/v1")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    p.add_argument("--port", default="8080", help="listen port (1-65535)")
+    p.add_argument("--upstream", required=True, help="e.g. https://api.openai.com/v1 (required)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default: %(default)s, loopback only)"
+    )
+    p.add_argument("--port", default="8080", help="listen port, 1-65535 (default: %(default)s)")
     p.add_argument(
         "--provider",
         choices=["openai", "anthropic"],
         default=None,
         help="rewrite only this API's requests (default: both routes)",
     )
-    p.add_argument("--keep-tool-order", action="store_true", help="do not sort tools by name")
     p.add_argument(
-        "--no-breakpoints", action="store_true", help="Anthropic: never add cache_control"
+        "--keep-tool-order",
+        action="store_true",
+        help="do not sort tools by name (default: sorted)",
     )
-    p.add_argument("--no-prompt-cache-key", action="store_true", help="OpenAI: never set one")
+    p.add_argument(
+        "--no-breakpoints",
+        action="store_true",
+        help="Anthropic: never add cache_control (default: added)",
+    )
+    p.add_argument(
+        "--no-prompt-cache-key",
+        action="store_true",
+        help="OpenAI: never set one (default: set when the app sets none)",
+    )
     p.add_argument(
         "--response-cache-ttl",
         default=None,
-        help="seconds; turns on the exact response cache for temperature-0 / seeded requests",
+        help="seconds; turns on the exact response cache for temperature-0 / seeded requests "
+        "(default: off)",
     )
     p.add_argument(
         "--response-cache-dir", default=None, help="keep that cache on disk (default: memory)"

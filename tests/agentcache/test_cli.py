@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +147,62 @@ def test_ctrl_c_in_any_bench_is_one_line_and_exit_130(
     assert main(["bench", kind]) == 130
     captured = capsys.readouterr()
     assert captured.err == f"agentcache bench {kind}: interrupted\n" and captured.out == ""
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _readme_lint_diff_commands() -> list[tuple[list[str], int]]:
+    """README's ``lint``/``diff`` lines on ``examples/`` files, each with the exit code its
+    comment (on the line or the comment lines right below it) states."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        command = re.match(r"\.venv/bin/agentcache (lint|diff) ((?:examples/\S+ ?)+)", line)
+        if command is None:
+            continue
+        notes = [line.partition("#")[2]]
+        for below in lines[i + 1 :]:
+            if not below.lstrip().startswith("#"):
+                break
+            notes.append(below)
+        stated = re.search(r"exit (\d)", " ".join(notes))
+        assert stated is not None, f"README line {i + 1} states no exit code"
+        found.append(([command[1], *command[2].split()], int(stated[1])))
+    return found
+
+
+def test_readme_lint_and_diff_examples_exist_and_exit_as_stated(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commands = _readme_lint_diff_commands()
+    assert {args[0] for args, _ in commands} == {"lint", "diff"}
+    assert {code for _, code in commands} == {0, 1}
+    monkeypatch.chdir(ROOT)
+    for args, code in commands:
+        assert main(args) == code, (args, capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("name", ["serve", "proxy"])
+def test_serve_and_proxy_help_state_every_default(name: str) -> None:
+    [sub] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    parser = sub.choices[name]
+    for action in parser._actions:
+        if action.help == argparse.SUPPRESS or action.required or "-h" in action.option_strings:
+            continue
+        assert "default" in (action.help or ""), f"{name} {action.option_strings} hides its default"
+
+
+def test_serve_help_defaults_match_the_runtime() -> None:
+    pytest.importorskip("torch")
+    from runtime.engine import DEFAULT_KV_CACHE_BYTES
+    from runtime.serve.app import DEFAULT_MAX_REQUEST_BYTES
+
+    args = build_parser().parse_args(["serve"])  # the defaults that run
+    assert (args.model, args.port, args.kv_cache_bytes, args.max_request_bytes) == (
+        "tiny", 8000, None, None  # None: the runtime's constants below
+    )  # fmt: skip
+    [sub] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = sub.choices["serve"].format_help().replace("\n", " ")
+    assert DEFAULT_KV_CACHE_BYTES == 1 << 30 and "(default: 1 GiB)" in helps
+    assert f"2 MiB = {DEFAULT_MAX_REQUEST_BYTES})" in " ".join(helps.split())
