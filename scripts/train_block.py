@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mask", choices=["block", "causal"], default="block")
     parser.add_argument("--steps", type=int, default=BlockConfig().num_steps)
+    parser.add_argument("--lr", type=float, default=BlockConfig().lr, help="peak learning rate")
     parser.add_argument("--max-minutes", type=float, default=BlockConfig().max_minutes)
     parser.add_argument("--base", type=Path, default=BASE)
     parser.add_argument("--out", type=Path, help="folder for the fine-tuned model")
@@ -190,7 +191,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(SEED)
-    config = BlockConfig(mask=args.mask, num_steps=args.steps, max_minutes=args.max_minutes)
+    config = BlockConfig(
+        mask=args.mask,
+        num_steps=args.steps,
+        lr=args.lr,
+        min_lr=args.lr / 10,
+        max_minutes=args.max_minutes,
+    )
     windows = train_tiny.validation_windows(args.base, max_windows=args.max_windows)
     model = load(args.base)
     stats: dict[str, Any] = {
