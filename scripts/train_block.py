@@ -9,7 +9,8 @@ document spans at the start (2-5 spans of 24-64 tokens) followed by a free tail 
 tokens (where a question and answer go), loss on all tokens. ``--mask causal`` is the control:
 the same steps and data with the ordinary causal mask. Evaluation uses train_tiny's held-out
 validation windows cut into spans the same seeded way. Never imported at run time; downloads
-nothing. Figures (and why no ``tiny-block`` model ships): ``docs/figures/train_block.json``, from
+nothing. Figures, and why no ``tiny-block`` model ships: ``docs/training/block_attention.json``,
+from
 
     python scripts/train_block.py --eval-only --threads 1 --stats base.json
     python scripts/train_block.py --mask block --threads 1 --out /tmp/block --stats block.json
