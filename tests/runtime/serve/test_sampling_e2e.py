@@ -249,8 +249,12 @@ def test_unhonoured_or_invalid_parameters_are_a_400_naming_them(
 
 
 def test_best_of_equal_to_n_is_accepted(served: tuple[Engine, OpenAI]) -> None:
+    # NOTE: greedy: a sampled draw can pick the fixture's poison token (NaN embedding) and fail
+    # the request with a 500 (seen once in a full-suite run), which is another test's subject.
     engine, client = served
-    out = client.completions.create(model=engine.model_id, prompt=[5, 6], max_tokens=2, best_of=1)
+    out = client.completions.create(
+        model=engine.model_id, prompt=[5, 6], max_tokens=2, best_of=1, temperature=0
+    )
     assert out.choices[0].finish_reason in {"stop", "length"}
 
 
