@@ -20,6 +20,16 @@ __all__ = ["CliProcess", "free_port"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# NOTE: a process started in the background by a non-interactive shell (`cmd &`, as a CI runner may
+# start the suite) inherits SIGINT *ignored*, and so would every CLI child: uvicorn still shuts down
+# on it but exits 0, the demo's prompt never sees it. The child resets SIGINT to the default before
+# exec'ing the CLI (a default disposition survives exec; Python then installs its Ctrl-C handler),
+# so these tests check the CLI as a terminal user runs it, however the suite was started.
+_WITH_DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'agentcache.cli', *sys.argv[1:]])"
+)
+
 
 def free_port() -> int:
     """A loopback TCP port nobody listens on right now."""
@@ -35,7 +45,7 @@ class CliProcess:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
         env.pop("AGENTCACHE_BASE_URL", None)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agentcache.cli", *argv],
+            [sys.executable, "-c", _WITH_DEFAULT_SIGINT, *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -91,7 +101,7 @@ class CliProcess:
         try:
             status = self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            self.close()  # NOTE: kills and closes the pipes, so no warning leaks into later tests.
             raise
         self.close()
         return status
