@@ -112,6 +112,26 @@ def test_damaged_value_file_is_dropped_not_returned(tmp_path: Path) -> None:
     store.check_integrity()
 
 
+def test_leftovers_of_a_killed_writer_pass_but_a_lost_value_file_does_not(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    store = DiskStore(folder)
+    store.set("big", b"a" * 100_000)  # lives in a .val file
+    (value_file,) = folder.rglob("*.val")
+    # What SIGKILL inside diskcache's set() can leave (each kill point forced in a child process):
+    # an empty value folder (killed after makedirs, or after deleting a replaced value file but
+    # before removing its folder), a half-made one, and an orphan file with no committed row.
+    free = [f"{i:02x}" for i in range(256) if f"{i:02x}" != value_file.parent.parent.name]
+    (folder / free[0] / "ab").mkdir(parents=True)
+    (folder / free[1]).mkdir()
+    (folder / free[2] / "cd").mkdir(parents=True)
+    (folder / free[2] / "cd" / "orphan.val").write_bytes(b"partial")
+    store.check_integrity()
+    assert store.get("big") == b"a" * 100_000
+    value_file.unlink()  # a committed row whose file is gone is damage
+    with pytest.raises(CacheIntegrityError, match="file not found"):
+        store.check_integrity()
+
+
 _ROUNDS = 4
 """Passes each hammering process makes over the 50 inputs."""
 
