@@ -37,8 +37,11 @@ class ServerThread:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = self._sock.getsockname()[:2]
+        # NOTE: lifespan on, so an app's shutdown hooks run when the server stops (the proxy closes
+        # its upstream httpx client there; with lifespan off its pooled socket outlived the
+        # server and was garbage collected, with a ResourceWarning, in whatever test ran next).
         config = uvicorn.Config(
-            app, log_level="warning", ws="none", lifespan="off", timeout_graceful_shutdown=5
+            app, log_level="warning", ws="none", lifespan="on", timeout_graceful_shutdown=5
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="uvicorn", daemon=True)

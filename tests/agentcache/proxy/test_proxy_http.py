@@ -73,6 +73,14 @@ def test_shuffling_app_hits_more_through_the_proxy(tiny_url: str) -> None:
     assert proxied > direct + 0.2
 
 
+def test_proxy_closes_its_upstream_connections_when_the_server_stops(tiny_url: str) -> None:
+    app = create_proxy_app(f"{tiny_url}/v1")
+    with ServerThread(app) as proxy_url:
+        assert httpx.get(f"{proxy_url}/v1/models").status_code == 200  # pools one connection
+        assert not app.state.proxy.client.is_closed
+    assert app.state.proxy.client.is_closed  # else its socket waits for the garbage collector
+
+
 def test_stream_passes_through_with_usage(tiny_url: str) -> None:
     with ServerThread(create_proxy_app(f"{tiny_url}/v1")) as proxy_url:
         client = OpenAI(base_url=f"{proxy_url}/v1", api_key="k")
