@@ -9,6 +9,7 @@ request carries its tenant's `cache_salt` and a stable `x-session-id` for a pref
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ HINTS = EngineHints(cache_salt=True, session_header="x-session-id")
 def release_notes(product: str) -> str:
     """A slow tool (an API call, a database query) whose result every worker of a tenant shares."""
     time.sleep(0.5)
-    return f"{product} 2.1 notes, fetched at {time.time():.3f}"
+    return f"{product} 2.1 notes, fetched by pid {os.getpid()} at {time.time():.3f}"
 
 
 def worker(tenant: str, session: str) -> str:
