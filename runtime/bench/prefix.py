@@ -36,7 +36,7 @@ from runtime.bench.llama_cpp_peer import BUILD_HELP, LlamaCppPeer, export_gguf, 
 from runtime.engine import Engine
 from runtime.model_runner import ForwardPath
 
-__all__ = ["prefix_main"]
+__all__ = ["agreement_warnings", "prefix_main"]
 
 
 def _hf_forward(model: Any, ids: list[int], cache: Any) -> int:
@@ -166,6 +166,28 @@ def _same_prefix_len(a: list[int], b: list[int]) -> float:
     """How many leading greedy tokens two engines agree on."""
     return float(next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
                       min(len(a), len(b))))  # fmt: skip
+
+
+def agreement_warnings(same: list[float], num_tokens: int) -> list[str]:
+    """Warnings for peers whose greedy tokens leave compact's (``same``: one count per path).
+
+    NOTE: the engines run the same weights on the same ids, so a peer that disagrees from the first
+    token ran other work (seen: a ``--gguf`` of a 2-layer model gave 0 of 32 and a 15x "faster"
+    llama.cpp); a later divergence can be near-tied logits.
+    """
+    out = []
+    for path, n in zip(_PEER_PATHS[1:], same[1:], strict=True):
+        if n == 0:
+            out.append(
+                f"{path}'s first greedy token differs from compact's: it ran other weights "
+                "(a --gguf of another model?), so its figures compare different work"
+            )
+        elif n < num_tokens:
+            out.append(
+                f"{path}'s greedy tokens leave compact's after {int(n)} of {num_tokens} "
+                "(near-tied logits, or other weights)"
+            )
+    return out
 
 
 def _peer_tables(raw: dict[str, list[float]], args: argparse.Namespace) -> list[Any]:
@@ -368,6 +390,7 @@ def prefix_main(argv: list[str]) -> int:
     ]
     if args.llama_cpp is not None:
         tables += _peer_tables(raw, args)
+        warnings += agreement_warnings(raw["same_ids_as_compact"], args.decode_tokens)
     print_tables(tables, warnings)
     if args.json:
         spread = {s.name: s.as_json() for s in (*timings, *ratios, *decode)}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime.bench.llama_cpp_peer import LlamaCppPeer, peer_python
-from runtime.bench.prefix import prefix_main
+from runtime.bench.prefix import agreement_warnings, prefix_main
 
 FAKE_LLAMA_CPP = """
 class Llama:
@@ -81,3 +81,12 @@ def test_help_says_how_to_build_the_peer(capsys: pytest.CaptureFixture[str]) -> 
         prefix_main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "pip install --no-binary llama-cpp-python" in out and "convert_hf_to_gguf.py" in out
+
+
+def test_a_peer_that_disagrees_from_the_first_token_is_named_as_other_weights() -> None:
+    # counts per path: compact (itself), transformers, llama.cpp
+    assert agreement_warnings([32.0, 32.0, 32.0], 32) == []
+    (other,) = agreement_warnings([32.0, 32.0, 0.0], 32)
+    assert other.startswith("llama.cpp's first greedy token differs") and "other weights" in other
+    (late,) = agreement_warnings([32.0, 20.0, 32.0], 32)
+    assert late.startswith("transformers's greedy tokens leave compact's after 20 of 32")
