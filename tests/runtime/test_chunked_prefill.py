@@ -23,6 +23,7 @@ from runtime.sampling import SamplingParams
 from runtime.scheduler import SchedulerConfig
 from tests.conftest import ARCHS, VOCAB_SIZE, save_tiny_model
 from tests.runtime.test_engine_exactness import assert_same_answer
+from tests.runtime.test_scheduler import completion_of
 
 CHUNK = 5
 LONG = [(7 * i + 5) % (VOCAB_SIZE - 3) + 3 for i in range(43)]
@@ -64,15 +65,6 @@ def answer(engine: Engine, ids: list[int], n: int, *, use_cache: bool = False) -
     list(it)
     assert req.logits_log is not None
     return req.output_ids, req.logits_log
-
-
-def drain(req: Request) -> None:
-    while True:
-        item = req.outbox.get(timeout=60)
-        if isinstance(item, BaseException):
-            raise item
-        if item.completion is not None:
-            return
 
 
 def test_chunked_matches_whole_prompt(engines: tuple[Engine, Engine]) -> None:
@@ -117,7 +109,7 @@ def test_running_stream_decodes_between_chunks(engines: tuple[Engine, Engine]) -
     try:
         short_req, short_it = start(chunked, SHORT, 20)
         list(short_it)
-        drain(long_req)
+        completion_of(long_req)
     finally:
         del chunked.runner.forward, chunked.runner.decode
     first = events.index(f"prefill {CHUNK}", 2)
@@ -159,7 +151,7 @@ def test_mid_prefill_end_is_alone_and_unpins(engines: tuple[Engine, Engine], end
         list(short_it)
         if ending == "fail":
             with pytest.raises(RuntimeError, match="mid-prefill"):
-                drain(long_req)
+                completion_of(long_req)
         assert long_req.released.wait(60)  # NOTE: a cancelled request posts nothing
     finally:
         del chunked.runner.forward, chunked.runner.decode
@@ -194,7 +186,7 @@ def test_n_choices_prefilled_in_chunks_while_a_stream_decodes(
         short_req, short_it = start(chunked, SHORT, 16)
         list(short_it)
         for req in [*ref, *got]:
-            drain(req)
+            completion_of(req)
     finally:
         del chunked.runner.decode
     for a, b in zip(ref, got, strict=True):

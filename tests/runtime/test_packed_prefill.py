@@ -22,6 +22,7 @@ from runtime.sampling import SamplingParams
 from runtime.scheduler import SchedulerConfig
 from tests.conftest import ARCHS, VOCAB_SIZE, save_tiny_model
 from tests.runtime.test_engine_exactness import TOL, assert_same_answer
+from tests.runtime.test_scheduler import completion_of
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -56,21 +57,12 @@ def request(engine: Engine, ids: list[int], n: int = 6, *, use_cache: bool = Fal
     return engine.make_request(ids, params, use_prefix_cache=use_cache, record_logits=True)
 
 
-def drain(req: Request) -> None:
-    while True:
-        item = req.outbox.get(timeout=60)
-        if isinstance(item, BaseException):
-            raise item
-        if item.completion is not None:
-            return
-
-
 def burst(engine: Engine, reqs: list[Request]) -> list[Request]:
     """Submit ``reqs`` at once (one admission sees them all) and wait for every choice."""
     engine.scheduler.submit_all(reqs)
     members = [m for r in reqs for m in (r, *r.forks)]
     for member in members:
-        drain(member)
+        completion_of(member)
     return members
 
 
@@ -225,10 +217,10 @@ def test_a_request_ends_alone_in_a_packed_group(
     try:
         packed.scheduler.submit_all([reqs[0], victim, *reqs[1:]])
         for req in reqs:
-            drain(req)
+            completion_of(req)
         if ending == "fail":
             with pytest.raises(RuntimeError, match="forward failed"):
-                drain(victim)
+                completion_of(victim)
         assert victim.released.wait(60)
     finally:
         del packed.runner.forward_packed, packed.runner.forward
