@@ -2,41 +2,20 @@
 
 Keys are compared in constant time and never appear in error messages or logs (only their
 position in the list or file). It knows request headers and the OpenAI error shape; how a key
-becomes a prefix-cache namespace is ``app.tenant_salt``'s business.
+becomes a prefix-cache namespace is ``app.tenant_salt``'s business; reading key files is the
+CLI's (``cli.read_key_file``, which must not import torch as this module does).
 """
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from starlette.requests import Request
 
 from runtime.serve.protocol import ApiError
 
-__all__ = ["KeyRing", "read_key_file"]
-
-
-def read_key_file(path: str | Path) -> list[str]:
-    """API keys from a file: one per line; blank lines and lines starting with ``#`` skipped.
-
-    Raises:
-        OSError: the file cannot be read.
-        ValueError: no key in the file, or a line with whitespace inside a key (the message
-            gives the line number, never the line).
-    """
-    keys: list[str] = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        key = line.strip()
-        if not key or key.startswith("#"):
-            continue
-        if any(c.isspace() for c in key):
-            raise ValueError(f"{str(path)!r} line {number}: a key must not contain whitespace")
-        keys.append(key)
-    if not keys:
-        raise ValueError(f"{str(path)!r} holds no API key (one key per line)")
-    return keys
+__all__ = ["KeyRing"]
 
 
 def _bearer(request: Request) -> str | None:

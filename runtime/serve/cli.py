@@ -1,14 +1,15 @@
 """``agentcache serve``: bind the port, load the engine, serve the app with uvicorn until stopped.
 
 The only place that loads a model for serving; the app itself takes any ``ServingEngine``.
-NOTE: the app and its protocol import torch (seconds), so they are imported only after the model
-name has been checked.
+NOTE: the app, its protocol and its auth import torch (seconds; ~15 s on a busy machine), so they
+are imported only after every option (model name, key files, port) has been checked.
 """
 
 from __future__ import annotations
 
 import argparse
 import socket
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.exceptions import ModelLoadError
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
     from runtime.serve.engine_protocol import ServingEngine
 
-__all__ = ["api_keys", "bind_socket", "make_server", "run_cli"]
+__all__ = ["api_keys", "bind_socket", "make_server", "read_key_file", "run_cli"]
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -43,6 +44,27 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def read_key_file(path: str | Path) -> list[str]:
+    """API keys from a file: one per line; blank lines and lines starting with ``#`` skipped.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: no key in the file, or a line with whitespace inside a key (the message
+            gives the line number, never the line).
+    """
+    keys: list[str] = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        key = line.strip()
+        if not key or key.startswith("#"):
+            continue
+        if any(c.isspace() for c in key):
+            raise ValueError(f"{str(path)!r} line {number}: a key must not contain whitespace")
+        keys.append(key)
+    if not keys:
+        raise ValueError(f"{str(path)!r} holds no API key (one key per line)")
+    return keys
+
+
 def api_keys(args: argparse.Namespace) -> list[str]:
     """The keys of ``--api-key`` (repeatable) and ``--api-key-file`` (one per line), deduplicated.
 
@@ -58,8 +80,6 @@ def api_keys(args: argparse.Namespace) -> list[str]:
             raise ValueError(f"--api-key #{i} is empty or contains whitespace")
         keys.append(key)
     for path in getattr(args, "api_key_file", None) or []:
-        from runtime.serve.auth import read_key_file  # NOTE: imports torch (see module doc).
-
         keys.extend(read_key_file(path))
     metrics_key = getattr(args, "metrics_key", None)
     if metrics_key is not None and (not metrics_key or any(c.isspace() for c in metrics_key)):
@@ -92,6 +112,11 @@ def _serve(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         print(f"agentcache serve: {exc}")
         return 2
+    disk_dir = getattr(args, "kv_disk_dir", None)
+    disk_bytes = getattr(args, "kv_disk_bytes", None)
+    if disk_bytes is not None and disk_dir is None:
+        print("agentcache serve: --kv-disk-bytes needs --kv-disk-dir")
+        return 2
     try:
         keys = api_keys(args)
     except (OSError, ValueError) as exc:
@@ -109,11 +134,6 @@ def _serve(args: argparse.Namespace) -> int:
         kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}
         if args.kv_cache_bytes is not None:
             kwargs["kv_cache_bytes"] = args.kv_cache_bytes
-        disk_dir = getattr(args, "kv_disk_dir", None)
-        disk_bytes = getattr(args, "kv_disk_bytes", None)
-        if disk_bytes is not None and disk_dir is None:
-            print("agentcache serve: --kv-disk-bytes needs --kv-disk-dir")
-            return 2
         if disk_dir is not None:
             kwargs["kv_disk_dir"] = disk_dir
             if disk_bytes is not None:

@@ -8,7 +8,9 @@ command does (in a thread) and checks that no key appears in its stdout or logs.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -21,6 +23,7 @@ import pytest
 from agentcache.cli import build_parser
 from runtime.engine import Engine
 from runtime.serve import cli as server
+from tests.cli_process import ROOT
 
 
 def serve_args(port: int, model: str = "tiny") -> argparse.Namespace:
@@ -142,6 +145,40 @@ def test_bad_key_options_are_exit_2_without_echoing_keys(
     assert server.run_cli(args) == 2
     out = capsys.readouterr().out
     assert message in out and "secret" not in out and "good" not in out
+
+
+@pytest.mark.parametrize(
+    ("setup", "says"),
+    [
+        ("missing", "No such file or directory"),
+        ("folder", "Is a directory"),
+        ("empty", "holds no API key"),
+        ("malformed", "line 2: a key must not contain whitespace"),
+    ],
+)
+def test_a_bad_key_file_is_one_line_and_exit_2_without_torch(
+    tmp_path: Path, setup: str, says: str
+) -> None:
+    keys_file = tmp_path / "keys.txt"
+    if setup == "folder":
+        keys_file.mkdir()
+    elif setup != "missing":
+        keys_file.write_text({"empty": "# none\n", "malformed": "ok\nsecret with-space\n"}[setup])
+    # NOTE: a None entry in sys.modules makes `import torch` fail, as if it were not installed:
+    # the key file must be checked before torch loads (seconds; ~15 s on a busy machine).
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "sys.modules['transformers'] = None\n"
+        "from agentcache.cli import main\n"
+        f"sys.exit(main(['serve', '--api-key-file', {str(keys_file)!r}]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 2, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("agentcache serve: bad API key option: ")
+    assert says in lines[0] and "secret" not in lines[0], lines
 
 
 def test_served_keys_never_reach_stdout_or_logs(
