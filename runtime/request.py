@@ -152,6 +152,15 @@ class Request:
         """Token counts so far (final once finished; ``cached_len`` is set at admission)."""
         return Usage(len(self.prompt_ids), self.cached_len, len(self.output_ids), self.chunk_usage)
 
+    def num_prompt_computed(self) -> int:
+        """Prompt tokens this request ran through the model so far: those in its KV row past
+        the cached prefix, less chunk-reused ones (all of ``_num_computed`` once prefilled,
+        fewer when cancelled mid-prefill); 0 for a fork (it copies its head's KV) or no row."""
+        if self.is_fork or self.kv is None:
+            return 0
+        reused = 0 if self.chunk_usage is None else self.chunk_usage.reused_tokens
+        return min(self.kv.length, len(self.prompt_ids)) - self.cached_len - reused
+
     def _num_computed(self) -> int:
         reused = 0 if self.chunk_usage is None else self.chunk_usage.reused_tokens
         return len(self.prompt_ids) - self.cached_len - reused

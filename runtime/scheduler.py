@@ -99,6 +99,11 @@ class SchedulerStats(NamedTuple):
     batch_kv_bytes: int
     """Bytes of the running requests' KV rows now allocated."""
     max_batch_size: int
+    prefill_tokens_computed: int = 0
+    """Prompt tokens run through the model by every request released so far: finished,
+    cancelled or failed (cached and chunk-reused tokens excluded; work done is counted)."""
+    generation_tokens: int = 0
+    """Tokens sampled by every request released so far, cancelled or failed ones included."""
 
 
 class Scheduler:
@@ -148,6 +153,8 @@ class Scheduler:
         self._is_closed = False
         self._is_paused = False
         """Set by ``pause``: the loop thread runs no iteration (``step`` runs them instead)."""
+        self._num_prefill_computed = 0
+        self._num_generated = 0
 
     # --- called from consumer threads ------------------------------------------------------
 
@@ -282,6 +289,8 @@ class Scheduler:
             num_blocks_pinned=self.prefix_cache.radix.num_in_use_blocks,
             batch_kv_bytes=self.batch.bytes_allocated,
             max_batch_size=self.max_batch_size,
+            prefill_tokens_computed=self._num_prefill_computed,
+            generation_tokens=self._num_generated,
         )
 
     def check_integrity(self) -> None:
@@ -653,7 +662,9 @@ class Scheduler:
             return
         if self._prefilling is req:
             self._prefilling = None
+        self._num_generated += len(req.output_ids)
         if req.status is RequestStatus.RUNNING:
+            self._num_prefill_computed += req.num_prompt_computed()
             if keep and req.kv is not None:
                 req.node = self.prefix_cache.insert(
                     req.namespace, req.cacheable_ids, req.kv, req.node

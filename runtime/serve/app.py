@@ -117,7 +117,7 @@ class _Server:
             raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes!r}")
         self.engine = engine
         self.max_request_bytes = max_request_bytes
-        self.metrics = ServerMetrics(engine.cache_stats, self.queue_counts)
+        self.metrics = ServerMetrics(engine.cache_stats, engine.scheduler_stats)
         self.keys = KeyRing(
             api_keys, metrics_key=metrics_key, on_refused=lambda: self.metrics.count("unauthorized")
         )

@@ -1,7 +1,9 @@
 """Prometheus metrics of the HTTP server, in a per-app ``CollectorRegistry``.
 
-Per-request counters and histograms are fed by the server; prefix-cache figures are read from
-``engine.cache_stats()`` at scrape time (the engine keeps the totals). Names follow vLLM/SGLang
+Per-request counters and histograms are fed by the server; prefix-cache figures, the queue and
+the work counters (prefill tokens computed, tokens generated: cancelled requests' work included)
+are read from ``engine.cache_stats()`` / ``engine.scheduler_stats()`` at scrape time (the engine
+keeps the totals). Names follow vLLM/SGLang
 (prompt/cached tokens, prefix cache queries/hits, TTFT, TPOT, running/waiting requests) under
 the ``agentcache_`` prefix. It knows no HTTP and no tensors.
 """
@@ -11,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from runtime.outputs import CacheStats, Completion, DiskTierStats, Usage
+from runtime.scheduler import SchedulerStats
 
 __all__ = ["CONTENT_TYPE", "Outcome", "ServerMetrics"]
 
@@ -59,6 +62,29 @@ class _CacheCollector(Collector):
             yield from _disk_metrics(stats.disk)
 
 
+class _SchedulerCollector(Collector):
+    """Reads the engine's queue and its cumulative work counters on every scrape."""
+
+    def __init__(self, read: Callable[[], SchedulerStats]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._read()
+        yield _gauge("num_requests_running", "Requests admitted", stats.num_running)
+        yield _gauge("num_requests_waiting", "Requests queued", stats.num_waiting)
+        yield _counter(
+            "prefill_tokens_computed",
+            "Prompt tokens actually computed by prefill (cached tokens excluded), by every "
+            "released request: finished, cancelled or failed",
+            stats.prefill_tokens_computed,
+        )
+        yield _counter(
+            "generation_tokens",
+            "Generated tokens, cancelled and failed requests' included",
+            stats.generation_tokens,
+        )
+
+
 def _disk_metrics(disk: DiskTierStats) -> Iterator[Metric]:
     yield _gauge("kv_disk_bytes_used", "Bytes of KV block files on disk", disk.bytes_used)
     yield _gauge("kv_disk_bytes_total", "Disk tier byte budget", disk.bytes_total)
@@ -86,13 +112,13 @@ class ServerMetrics:
 
     Args:
         read_cache_stats: returns the engine's current ``CacheStats``; called per scrape.
-        read_queue: returns ``(num_running, num_waiting)`` requests; called per scrape.
+        read_scheduler_stats: returns the engine's current ``SchedulerStats``; called per scrape.
     """
 
     def __init__(
         self,
         read_cache_stats: Callable[[], CacheStats],
-        read_queue: Callable[[], tuple[int, int]],
+        read_scheduler_stats: Callable[[], SchedulerStats],
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
@@ -108,15 +134,6 @@ class ServerMetrics:
             "prefix cache (a part of prompt_tokens)",
             registry=reg,
         )
-        self.prefill_tokens = Counter(
-            f"{PREFIX}_prefill_tokens_computed",
-            "Prompt tokens of finished requests actually computed by prefill (cached tokens "
-            "excluded)",
-            registry=reg,
-        )
-        self.generation_tokens = Counter(
-            f"{PREFIX}_generation_tokens", "Generated tokens", registry=reg
-        )
         self.outcomes = Counter(
             f"{PREFIX}_request_outcomes", "Finished requests by outcome", ["outcome"], registry=reg
         )
@@ -129,19 +146,14 @@ class ServerMetrics:
             buckets=_TPOT_BUCKETS,
             registry=reg,
         )
-        running = Gauge(f"{PREFIX}_num_requests_running", "Requests admitted", registry=reg)
-        waiting = Gauge(f"{PREFIX}_num_requests_waiting", "Requests queued", registry=reg)
-        running.set_function(lambda: float(read_queue()[0]))
-        waiting.set_function(lambda: float(read_queue()[1]))
         reg.register(_CacheCollector(read_cache_stats))
+        reg.register(_SchedulerCollector(read_scheduler_stats))
 
     def observe_completion(self, completion: Completion, outcome: Outcome) -> None:
         """Count one finished request's tokens and timings."""
         usage, timing = completion.usage, completion.metrics
         self.prompt_tokens.inc(usage.prompt_tokens)
         self.cached_tokens.inc(usage.cached_tokens)
-        self.prefill_tokens.inc(timing.prefill_tokens_computed)
-        self.generation_tokens.inc(usage.completion_tokens)
         self.ttft.observe(timing.ttft_s)
         if timing.decode_tokens_per_s > 0:
             self.tpot.observe(1.0 / timing.decode_tokens_per_s)

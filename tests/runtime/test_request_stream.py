@@ -120,3 +120,41 @@ def test_a_poll_after_the_end_merges_every_token(engine: Engine) -> None:
     assert first.token_ids + rest.token_ids == expected.token_ids
     assert first.text + rest.text == expected.text
     assert stream.poll() is None
+
+
+def test_a_cancelled_stream_counts_the_prefill_and_tokens_it_computed(engine: Engine) -> None:
+    # NOTE: a prompt no other test sends, so nothing of it is cached: all of it is computed.
+    prompt = [(11 * i + 5) % (VOCAB_SIZE - 3) + 3 for i in range(24)]
+    before = engine.scheduler_stats()
+    engine.scheduler.pause()
+    try:
+        stream = engine.stream(prompt, SamplingParams(ignore_eos=True, max_tokens=40))
+        assert stream.poll() is None  # submitted; the paused loop ran nothing yet
+        delivered: list[int] = []
+        for _ in range(3):  # admission + prefill, then decode steps
+            engine.scheduler.step()
+            delta = stream.poll()
+            delivered += [] if delta is None else delta.token_ids
+        engine.scheduler.cancel(stream.request, wait=False)
+        engine.scheduler.step()  # releases it
+    finally:
+        engine.scheduler.resume()
+    assert stream.request.released.wait(timeout=60)
+    stream.close()
+    after = engine.scheduler_stats()
+    assert 2 <= len(delivered) < 40 and stream.request.cached_len == 0
+    assert after.prefill_tokens_computed - before.prefill_tokens_computed == len(prompt)
+    assert after.generation_tokens - before.generation_tokens == len(delivered)
+    assert after.num_blocks_pinned == 0
+    engine.check_integrity()
+
+
+def test_finished_streams_count_as_their_completions_say(engine: Engine) -> None:
+    before = engine.scheduler_stats()
+    params = SamplingParams(ignore_eos=True, max_tokens=5)
+    done = [engine.generate(PROMPT, params) for _ in range(2)]  # the second hits the first
+    after = engine.scheduler_stats()
+    computed = sum(c.metrics.prefill_tokens_computed for c in done)
+    assert done[1].usage.cached_tokens > 0
+    assert after.prefill_tokens_computed - before.prefill_tokens_computed == computed
+    assert after.generation_tokens - before.generation_tokens == 10

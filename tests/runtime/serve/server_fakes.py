@@ -79,6 +79,8 @@ class ScriptedEngine:
         self._lock = threading.Lock()
         self._queried = 0
         self._hits = 0
+        self._computed = 0
+        self._generated = 0
 
     def render_chat(
         self,
@@ -163,6 +165,7 @@ class ScriptedEngine:
             self.seen.append((salt, ids))
             self._queried += len(ids)
             self._hits += cached
+            self._computed += len(ids) - cached
         finished = False
         try:
             pieces = self.script[: params.max_tokens]
@@ -170,6 +173,8 @@ class ScriptedEngine:
                 time.sleep(self.step_s)
                 if i == self.fail_at:
                     raise RuntimeError("engine exploded mid-stream")
+                with self._lock:
+                    self._generated += 1
                 yield StreamDelta([i], piece)
             reason: FinishReason = "length" if len(self.script) > params.max_tokens else "stop"
             completion = Completion(
@@ -180,6 +185,8 @@ class ScriptedEngine:
                 metrics=Metrics(time.perf_counter() - t0, 100.0, len(ids) - cached),
             )
             finished = True
+            with self._lock:
+                self._generated += 1
             yield StreamDelta([len(pieces) - 1], pieces[-1], reason, completion)
         finally:
             with self._lock:
@@ -187,7 +194,7 @@ class ScriptedEngine:
                 self.num_closed_early += 0 if finished else 1
 
     def scheduler_stats(self) -> SchedulerStats:
-        return SchedulerStats(self.num_open, 0, 0, 0, 1)
+        return SchedulerStats(self.num_open, 0, 0, 0, 1, self._computed, self._generated)
 
     def flush_cache(self) -> int:
         with self._lock:

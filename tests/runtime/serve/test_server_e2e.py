@@ -261,7 +261,7 @@ def _metric(text: str, name: str) -> float:
     return value
 
 
-def test_a_hung_up_stream_counts_its_prompt_tokens_as_the_cache_counts_its_query(
+def test_a_hung_up_stream_counts_its_prompt_and_its_work_as_the_cache_counts_its_query(
     model_dir: Path,
 ) -> None:
     engine = make_engine(model_dir)
@@ -287,6 +287,9 @@ def test_a_hung_up_stream_counts_its_prompt_tokens_as_the_cache_counts_its_query
     assert _metric(text, "agentcache_cached_tokens_total") == hits
     queried = _metric(text, "agentcache_prefix_cache_queries_total")
     assert _metric(text, "agentcache_prompt_tokens_total") == queried > 2 * len(SYSTEM)
+    # Work done is work done: the hung-up requests' prefill and tokens count too.
+    assert _metric(text, "agentcache_prefill_tokens_computed_total") == queried - hits
+    assert _metric(text, "agentcache_generation_tokens_total") >= 2
 
 
 def test_an_unsupported_json_schema_is_a_400_naming_it_without_xgrammar_internals(
