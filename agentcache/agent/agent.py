@@ -123,7 +123,8 @@ class Agent:
 
         Raises:
             ConfigError: ``tool_scope`` is not a scope kind (checked with or without a
-                ``tool_cache``).
+                ``tool_cache``), or ``tools`` is not a list of tools (one function given bare:
+                the message says ``tools=[fn]``).
         """
         self.backend = backend
         self.system = system

@@ -8,9 +8,9 @@ tool, bad JSON, wrong arguments, an exception in the tool) into a message for th
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from agentcache.cache.scope import validate_scope_kind
 from agentcache.cache.tool import cached_tool_scope
@@ -130,8 +130,13 @@ class ToolRegistry:
         return tool
 
     def extend(self, fns: Iterable[Callable[..., Any]]) -> None:
-        """Register several functions with default options."""
-        for fn in fns:
+        """Register several functions with default options.
+
+        Raises:
+            ConfigError: ``fns`` is not a collection of tools: one tool (a function, a pydantic
+                model class, a schema dict), a string or None (the message shows the fix).
+        """
+        for fn in _tool_list(fns):
             self.add(fn)
 
     def specs(self) -> list[ToolSpec]:
@@ -185,3 +190,22 @@ def _to_text(result: Any) -> str:
     if len(text) > MAX_RESULT_CHARS:
         text = text[:MAX_RESULT_CHARS] + f"\n[truncated: {len(text)} characters in total]"
     return text
+
+
+def _tool_list(fns: object) -> list[Callable[..., Any]]:
+    """``fns`` as a list, or a ConfigError for the usual slips: one tool given bare (LangChain,
+    pydantic-ai and the OpenAI Agents SDK take lists too), a tool's name, None."""
+    fix = "tools= takes a list of tools (functions, pydantic model classes or schema dicts)"
+    if isinstance(fns, str):
+        raise ConfigError(f"{fix}; got the string {fns!r}; pass the function itself in a list")
+    if isinstance(fns, Mapping):
+        raise ConfigError(f"{fix}; got a dict; pass tools=[...] with one entry per tool")
+    if callable(fns):
+        name = getattr(fns, "__name__", type(fns).__name__)
+        raise ConfigError(f"{fix}; got the single tool {name!r}; pass tools=[{name}]")
+    if fns is None:
+        raise ConfigError(f"{fix}; got None; pass tools=[] for no tools")
+    try:
+        return list(cast("Iterable[Callable[..., Any]]", fns))
+    except TypeError:
+        raise ConfigError(f"{fix}; got a {type(fns).__name__}") from None

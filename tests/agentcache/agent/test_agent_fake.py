@@ -9,7 +9,7 @@ from agentcache.agent.parsing import MarkupFilter
 from agentcache.backends import ToolCall
 from agentcache.backends.fake import FakeBackend, prompt_units
 from agentcache.cache import MemoryStore, ToolCache
-from agentcache.exceptions import AgentError
+from agentcache.exceptions import AgentError, ConfigError
 from agentcache.prompt import Document
 
 CALLS: list[str] = []
@@ -150,3 +150,23 @@ def test_streamed_text_never_shows_tool_call_markup_from_a_native_backend() -> N
     result = Agent(FakeBackend([text])).run("q", on_text=shown.append)
     assert "".join(shown) == "Let me look. "
     assert result.output == text  # the answer record keeps what the model wrote
+
+
+@pytest.mark.parametrize(
+    ("tools", "says"),
+    [
+        (get_weather, "got the single tool 'get_weather'; pass tools=[get_weather]"),
+        ("get_weather", "got the string 'get_weather'; pass the function itself in a list"),
+        ({"name": "f", "parameters": {}}, "got a dict; pass tools=[...] with one entry per tool"),
+        (None, "got None; pass tools=[] for no tools"),
+    ],
+)
+def test_tools_not_given_as_a_list_is_a_config_error_naming_the_fix(
+    tools: object, says: str
+) -> None:
+    # NOTE: a single function is the common slip; it used to fail with "'function' object is
+    # not iterable", and a string registered its characters as tools ("tool 'g' is not ...").
+    with pytest.raises(ConfigError) as exc:
+        Agent(FakeBackend(["hi"]), tools=tools)  # type: ignore[arg-type]
+    assert says in str(exc.value)
+    assert Agent(FakeBackend(["hi"]), tools=(get_weather,)).registry.names() == ["get_weather"]
