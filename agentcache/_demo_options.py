@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Literal, cast
 
 from agentcache import env
 from agentcache.backends.local import check_model_name
 from agentcache.cache.disk import file_on_path
 from agentcache.exceptions import ConfigError
 
-__all__ = ["cache_dir_of", "check_options"]
+__all__ = ["base_url_of", "cache_dir_of", "check_options", "chunk_reuse_of"]
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -24,7 +25,8 @@ def check_options(args: argparse.Namespace) -> None:
     Raises:
         ConfigError: ``--max-tokens`` below 1, ``--docs`` without questions on a non-terminal
             stdin, an empty ``--question``, a cache directory that cannot be created, or a
-            local model name that is neither bundled, a folder nor a hub id.
+            local model name that is neither bundled, a folder nor a hub id, or
+            ``--chunk-reuse`` with an endpoint (``--base-url`` / ``AGENTCACHE_BASE_URL``).
     """
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
@@ -34,14 +36,35 @@ def check_options(args: argparse.Namespace) -> None:
         raise ConfigError(
             "with --docs, give your questions: --question TEXT (repeatable) or --interactive"
         )
+    base_url = base_url_of(args)
+    mode = chunk_reuse_of(args)
+    if mode is not None and base_url:
+        # NOTE: spans are token offsets the local backend finds in its own rendering; the SDK's
+        # HTTP backends do not send them (the server's `chunk_reuse` field takes them raw).
+        raise ConfigError(
+            f"--chunk-reuse {mode} needs the local engine, but the demo would use the endpoint "
+            f"{base_url!r}: drop --chunk-reuse, or drop --base-url and unset AGENTCACHE_BASE_URL"
+        )
     cache_dir_of(args)
-    if not base_url_of(args):
+    if not base_url:
         check_model_name(args.model or "tiny")
 
 
 def base_url_of(args: argparse.Namespace) -> str | None:
     """``--base-url``, else ``AGENTCACHE_BASE_URL``, else None (the local engine)."""
     return args.base_url or env.base_url()
+
+
+def chunk_reuse_of(args: argparse.Namespace) -> Literal["exact", "blend"] | None:
+    """``--chunk-reuse`` (``"exact"`` or ``"blend"``), or None when off (the default).
+
+    Raises:
+        ConfigError: Any other value (argparse's ``choices`` refuse it first on the CLI).
+    """
+    mode = getattr(args, "chunk_reuse", None)
+    if mode not in (None, "exact", "blend"):
+        raise ConfigError(f"--chunk-reuse must be exact or blend, got {mode!r}")
+    return cast('Literal["exact", "blend"] | None', mode)
 
 
 def cache_dir_of(args: argparse.Namespace) -> Path:

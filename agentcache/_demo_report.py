@@ -15,7 +15,14 @@ from rich.table import Table
 
 from agentcache.usage import Usage
 
-__all__ = ["TurnReport", "print_summary", "print_turn"]
+__all__ = [
+    "CHUNK_LABELS",
+    "TurnReport",
+    "chunk_line",
+    "print_summary",
+    "print_turn",
+    "summary_line",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +44,26 @@ class TurnReport:
     def speedup(self) -> float | None:
         """Cache-off TTFT / this turn's TTFT for the same prompt.
 
-        ``None`` when not measured, or when nothing was reused (then both runs did the same
-        work and their ratio is only noise).
+        ``None`` when not measured, or when nothing was reused from the prefix cache or the
+        chunk store (then both runs did the same work and their ratio is only noise).
         """
         warm, cold = self.usage.ttft_s, self.cold_ttft_s
-        if not self.usage.cached_tokens or not warm or cold is None:
+        if not self.reused_tokens or not warm or cold is None:
             return None
         return cold / warm
+
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens not computed: prefix-cached plus reused from the chunk store."""
+        return (self.usage.cached_tokens or 0) + (self.usage.chunk_reused_tokens or 0)
+
+
+CHUNK_LABELS: dict[str, str] = {
+    "blend": "blend: approximate, answers may differ from a full prefill",
+    "exact": "exact block mask: answers differ from a full prefill unless the model was "
+    "trained with block attention",
+}
+"""How each chunk-reuse mode is named wherever the demo shows chunk-reused tokens."""
 
 
 def _fmt_tokens(value: int | None) -> str:
@@ -67,7 +87,12 @@ def _fmt_ttft(report: TurnReport) -> str:
     if report.speedup is None:
         return f"{text} (nothing reused, so no cache-off comparison)"
     cold = _fmt_ms(report.cold_ttft_s)
-    return f"{text} vs {cold} for the same prompt with the cache off ({report.speedup:.1f}x faster)"
+    return f"{text} vs {cold} for the same prompt with the cache off ({_fmt_ratio(report.speedup)})"
+
+
+def _fmt_ratio(speedup: float) -> str:
+    """``3.2x faster``, or ``1.4x slower`` for a ratio below 1 (never "0.7x faster")."""
+    return f"{speedup:.1f}x faster" if speedup >= 1 else f"{1 / speedup:.1f}x slower"
 
 
 def _fmt_cached(usage: Usage, previous: TurnReport | None, number: int) -> str:
@@ -78,6 +103,8 @@ def _fmt_cached(usage: Usage, previous: TurnReport | None, number: int) -> str:
     head = f"{cached} of {prompt} prompt tokens cached ({_fmt_pct(usage)})"
     if cached == 0:
         return f"{head}: {'first turn, nothing to reuse yet' if previous is None else 'no reuse'}"
+    if usage.chunk_reuse_mode is not None:
+        return f"{head}: the text before the first document (chunk reuse stops the prefix there)"
     before = previous.usage.prompt_tokens if previous is not None else None
     if before is None:
         return f"{head}, from earlier requests to this model"
@@ -90,7 +117,18 @@ def _fmt_prefill(usage: Usage) -> str:
     """Prompt tokens that went through the model."""
     if usage.prompt_tokens is None or usage.cached_tokens is None:
         return "n/a"
-    return str(usage.prompt_tokens - usage.cached_tokens)
+    return str(usage.prompt_tokens - usage.cached_tokens - (usage.chunk_reused_tokens or 0))
+
+
+def _fmt_chunks(usage: Usage, previous: TurnReport | None) -> str | None:
+    """Document tokens reused from the chunk store, and the mode; None when chunk reuse is off."""
+    reused, mode = usage.chunk_reused_tokens, usage.chunk_reuse_mode
+    if reused is None or mode is None:
+        return None
+    text = f"chunk store reused {reused} document tokens ({CHUNK_LABELS.get(mode, mode)})"
+    if reused == 0 and previous is None:
+        text += "; first turn: each document computed alone and stored"
+    return text
 
 
 def print_turn(
@@ -101,9 +139,11 @@ def print_turn(
     if report.sources:
         console.print(f"[dim]sources: {', '.join(report.sources[:6])}[/dim]", soft_wrap=True)
     u = report.usage
+    chunks = _fmt_chunks(u, previous)
     console.print(
-        f"[cyan]turn {number}: {_fmt_cached(u, previous, number)}; prefill computed "
-        f"{_fmt_prefill(u)} tokens; {_fmt_ttft(report)}[/cyan]",
+        f"[cyan]turn {number}: {_fmt_cached(u, previous, number)}; "
+        f"{'' if chunks is None else chunks + '; '}prefill computed {_fmt_prefill(u)} tokens; "
+        f"{_fmt_ttft(report)}[/cyan]",
         soft_wrap=True,
     )
     console.print(
@@ -124,16 +164,20 @@ def print_summary(console: Console, reports: Sequence[TurnReport], wall_s: float
         ),
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        collapse_padding=True,
     )
-    columns = ("turn", "prompt", "cached", "hit", "TTFT", "TTFT off", "speedup", "retrieval")
-    for name in (*columns, "tools"):
+    has_chunks = any(r.usage.chunk_reused_tokens is not None for r in reports)
+    columns = ("turn", "prompt", "cached", *(("chunk",) if has_chunks else ()), "hit", "TTFT")
+    for name in (*columns, "TTFT off", "speedup", "retrieval", "tools"):
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
     for i, r in enumerate(reports, start=1):
         u = r.usage
+        chunk = (_fmt_tokens(u.chunk_reused_tokens),) if has_chunks else ()
         table.add_row(
             str(i),
             _fmt_tokens(u.prompt_tokens),
             _fmt_tokens(u.cached_tokens),
+            *chunk,
             _fmt_pct(u),
             _fmt_ms(u.ttft_s, unit=""),
             # NOTE: "—" in both columns when there is no comparison, as the turn line says.
@@ -145,6 +189,9 @@ def print_summary(console: Console, reports: Sequence[TurnReport], wall_s: float
     console.print()
     console.print(table)
     console.print(summary_line(reports), soft_wrap=True)
+    chunks = chunk_line(reports)
+    if chunks is not None:
+        console.print(chunks, soft_wrap=True)
     console.print(f"demo wall time: {wall_s:.1f}s")
 
 
@@ -164,7 +211,25 @@ def summary_line(reports: Sequence[TurnReport]) -> str:
     median = statistics.median(later)
     last = len(reports)
     turns = "turn 2" if last == 2 else f"turns 2-{last}"
+    modes = sorted({r.usage.chunk_reuse_mode for r in reports if r.usage.chunk_reuse_mode})
+    caches = "prefix cache" + "".join(f" + chunk store ({mode})" for mode in modes)
     return (
-        f"prefix cache: {turns} reached the first token {median:.1f}x faster (median) than the "
+        f"{caches}: {turns} reached the first token {_fmt_ratio(median)} (median) than the "
         "same prompts with the cache forced off"
+    )
+
+
+def chunk_line(reports: Sequence[TurnReport]) -> str | None:
+    """Document tokens reused from the chunk store over the run, apart from the prefix cache's;
+    None when chunk reuse was off."""
+    used = [r.usage for r in reports if r.usage.chunk_reused_tokens is not None]
+    if not used:
+        return None
+    reused = sum(u.chunk_reused_tokens or 0 for u in used)
+    cached = sum(u.cached_tokens or 0 for u in used)
+    prompt = sum(u.prompt_tokens or 0 for u in used)
+    labels = "; ".join(sorted({CHUNK_LABELS.get(m, m) for u in used if (m := u.chunk_reuse_mode)}))
+    return (
+        f"chunk store: {reused} document tokens reused over {len(used)} turn(s) ({labels}), "
+        f"apart from {cached} prefix-cached, of {prompt} prompt tokens in all"
     )

@@ -84,6 +84,14 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--interactive", action="store_true", help="ask your own questions")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens generated per answer")
     p.add_argument("--cache-dir", default=None, help="tool/retrieval cache directory")
+    p.add_argument(
+        "--chunk-reuse",
+        choices=("exact", "blend"),
+        default=None,
+        help="local engine only, opt-in (default: off): reuse each pinned document's KV from the "
+        "chunk store in any order; blend approximates the usual answer, exact answers as under "
+        "a block attention mask (differs from a full prefill unless the model was trained so)",
+    )
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

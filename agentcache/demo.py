@@ -2,7 +2,8 @@
 
 Indexes the installed standard library's docstrings (or ``--docs PATH``), then runs a short
 multi-turn session on the local engine (or ``--base-url``), streaming answers and printing
-per-turn prompt-cache, retrieval-cache and tool-cache figures. Knows no model internals.
+per-turn prompt-cache, retrieval-cache and tool-cache figures (and, with ``--chunk-reuse``, the
+document tokens reused from the engine's chunk store). Knows no model internals.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentcache import env
-from agentcache._demo_options import base_url_of, cache_dir_of, check_options
+from agentcache._demo_options import base_url_of, cache_dir_of, check_options, chunk_reuse_of
 from agentcache._demo_report import TurnReport, print_summary, print_turn
 from agentcache.agent import Agent, AgentConfig, PlannedCall
 from agentcache.backends import BaseBackend, GenerationOptions, create_backend
@@ -267,7 +268,8 @@ def make_backend(args: argparse.Namespace) -> BaseBackend:
     base_url = base_url_of(args)
     if base_url:
         return create_backend(base_url, model=args.model or env.default_model())
-    return create_backend("local", model=args.model or "tiny")
+    # NOTE: chunk_reuse=None (the default) is the exact prefix cache alone.
+    return create_backend("local", model=args.model or "tiny", chunk_reuse=chunk_reuse_of(args))
 
 
 def is_toy(backend: BaseBackend) -> bool:
@@ -281,7 +283,45 @@ def needs_planner(backend: BaseBackend) -> bool:
 
 
 def describe(backend: BaseBackend, args: argparse.Namespace) -> str:
-    """The one-line model note printed before the session."""
+    """The model note printed before the session (and what ``--chunk-reuse`` does, when on)."""
+    mode = chunk_reuse_of(args)
+    note = _describe_model(backend, args)
+    if mode is None:
+        return note
+    fraction = getattr(backend, "recompute_fraction", 0.15)
+    return f"{note}\n{chunk_reuse_note(mode, is_toy_model=is_toy(backend), fraction=fraction)}"
+
+
+def chunk_reuse_note(mode: str, *, is_toy_model: bool, fraction: float) -> str:
+    """What ``--chunk-reuse MODE`` changes in the demo, in words (printed once, before turn 1).
+
+    The demo pins its documents ahead of the conversation, so under chunk reuse the prefix
+    cache covers only the text before the first document (``runtime.chunk_reuse``: reused or
+    approximate KV never enters the exact prefix cache) and everything after the documents is
+    recomputed each turn. Chunk reuse pays where documents change order under a short question
+    (``agentcache bench rag``); the demo shows its mechanics and says so.
+    """
+    if mode == "blend":
+        how = (
+            f"blend (approximate: answers may differ from a full prefill; {fraction:.0%} of "
+            "document tokens recomputed, CacheBlend's selection)"
+        )
+    else:
+        trained = (
+            "the bundled tiny was not trained with block attention, so answers differ from a "
+            "full prefill"
+            if is_toy_model
+            else "answers differ from a full prefill unless the model was trained with it"
+        )
+        how = f"exact under the block attention mask (documents see only themselves; {trained})"
+    return (
+        f"chunk reuse: {how}. Each pinned document's KV comes from the chunk store in any order; "
+        "the prefix cache then stops at the first document, so the conversation after the "
+        "documents is recomputed every turn (bench rag shows where chunk reuse pays)."
+    )
+
+
+def _describe_model(backend: BaseBackend, args: argparse.Namespace) -> str:
     if is_toy(backend):
         return TOY_NOTE
     planner = "the demo's planner picks" if needs_planner(backend) else "the model plans its own"
