@@ -314,7 +314,7 @@ class Engine:
         return self.grammars.compile(spec)
 
     def cache_stats(self) -> CacheStats:
-        """Prefix cache counters and occupancy."""
+        """Prefix cache counters and occupancy, with the chunk store's (``chunk_store``)."""
         pc = self.prefix_cache
         with self._lock:
             used, disk = pc.radix.num_blocks, pc.disk
@@ -331,6 +331,7 @@ class Engine:
                 is_enabled=pc.is_enabled,
                 disabled_reason=pc.disabled_reason,
                 num_blocks_pinned=pc.radix.num_in_use_blocks,
+                chunk_store=self.chunk_store.snapshot(),
             )
 
     def flush_cache(self, *, include_disk: bool = False) -> int:

@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from runtime.cache.chunk_store import ChunkStoreStats
 from runtime.cache.disk_tier import DiskTierStats
 
 __all__ = [
     "CacheStats",
     "ChunkReuseUsage",
+    "ChunkStoreStats",
     "Completion",
     "DiskTierStats",
     "FinishReason",
@@ -146,6 +148,8 @@ class CacheStats:
     """Of ``hit_tokens``, those whose blocks were loaded back from the disk tier."""
     disk: DiskTierStats | None = None
     """The disk tier's figures (None without one)."""
+    chunk_store: ChunkStoreStats | None = None
+    """The chunk store's figures (``runtime.chunk_reuse``; None from an engine without one)."""
 
     @property
     def memory_hit_tokens(self) -> int:

@@ -23,7 +23,7 @@ from runtime.cache.eviction import EvictionHeap, EvictionPolicy
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.radix_cache import Namespace
 
-__all__ = ["ChunkKey", "ChunkStore", "chunk_key"]
+__all__ = ["ChunkKey", "ChunkStore", "ChunkStoreStats", "chunk_key"]
 
 ChunkKey = NewType("ChunkKey", bytes)
 """sha256 over (version tag, namespace, token ids as little-endian int64)."""
@@ -37,6 +37,28 @@ def chunk_key(namespace: Namespace, tokens: Sequence[int]) -> ChunkKey:
     assert ids.itemsize == 8, "chunk keys need 8-byte int64 arrays"
     digest = hashlib.sha256(_KEY_VERSION + namespace.encode() + b"\0" + ids.tobytes())
     return ChunkKey(digest.digest())
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkStoreStats:
+    """The chunk store's counters since the engine started, occupancy now (``CacheStats``).
+
+    Lookups count chunks (one per document span of a request), not tokens; the tokens a request
+    reused are in its ``Usage.chunk_reuse``.
+    """
+
+    num_entries: int
+    """Chunks stored now."""
+    bytes_used: int
+    """Bytes of the blocks holding stored chunks."""
+    bytes_total: int
+    """The store's byte budget as allocated (whole blocks)."""
+    num_hits: int
+    """Chunk lookups served from the store."""
+    num_misses: int
+    """Chunk lookups not in the store (computed alone, then stored when it fits)."""
+    num_evictions: int
+    """Chunks evicted to make room."""
 
 
 class _Root:
@@ -100,6 +122,14 @@ class ChunkStore:
     def bytes_used(self) -> int:
         """Bytes of the blocks holding stored chunks."""
         return (self.pool.num_blocks - self.pool.num_free) * self.pool.block_bytes
+
+    def snapshot(self) -> ChunkStoreStats:
+        """The counters and occupancy now (the caller holds the engine lock)."""
+        return ChunkStoreStats(
+            num_entries=len(self._entries), bytes_used=self.bytes_used,
+            bytes_total=self.pool.bytes_total, num_hits=self.num_hits,
+            num_misses=self.num_misses, num_evictions=self.num_evictions,
+        )  # fmt: skip
 
     def get(self, namespace: Namespace, tokens: Sequence[int]) -> torch.Tensor | None:
         """A copy of a stored chunk's KV, or None (a miss).

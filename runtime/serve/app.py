@@ -264,7 +264,9 @@ class _Server:
         for index, completion in enumerate(completions):
             assert completion is not None
             if index % n:
-                usage = dataclasses.replace(completion.usage, prompt_tokens=0, cached_tokens=0)
+                usage = dataclasses.replace(
+                    completion.usage, prompt_tokens=0, cached_tokens=0, chunk_reuse=None
+                )
                 completion = dataclasses.replace(completion, usage=usage)
             self.metrics.observe_completion(completion, outcome)
 

@@ -1,8 +1,9 @@
 """Prometheus metrics of the HTTP server, in a per-app ``CollectorRegistry``.
 
-Per-request counters and histograms are fed by the server; prefix-cache figures, the queue and
-the work counters (prefill tokens computed, tokens generated: cancelled requests' work included)
-are read from ``engine.cache_stats()`` / ``engine.scheduler_stats()`` at scrape time (the engine
+Per-request counters and histograms are fed by the server (chunk-reuse tokens from each
+request's usage); prefix-cache and chunk-store figures, the queue and the work counters
+(prefill tokens computed, tokens generated: cancelled requests' work included) are read
+from ``engine.cache_stats()`` / ``engine.scheduler_stats()`` at scrape time (the engine
 keeps the totals). Names follow vLLM/SGLang
 (prompt/cached tokens, prefix cache queries/hits, TTFT, TPOT, running/waiting requests) under
 the ``agentcache_`` prefix. It knows no HTTP and no tensors.
@@ -17,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from runtime.outputs import CacheStats, Completion, DiskTierStats, Usage
+from runtime.outputs import CacheStats, ChunkStoreStats, Completion, DiskTierStats, Usage
 from runtime.scheduler import SchedulerStats
 
 __all__ = ["CONTENT_TYPE", "Outcome", "ServerMetrics"]
@@ -60,6 +61,19 @@ class _CacheCollector(Collector):
         yield tiers
         if stats.disk is not None:
             yield from _disk_metrics(stats.disk)
+        if stats.chunk_store is not None:
+            yield from _chunk_store_metrics(stats.chunk_store)
+
+
+def _chunk_store_metrics(store: ChunkStoreStats) -> Iterator[Metric]:
+    yield _counter("chunk_store_hits", "Chunk lookups served from the chunk store", store.num_hits)
+    yield _counter("chunk_store_misses", "Chunk lookups not in the chunk store (computed alone)",
+                   store.num_misses)  # fmt: skip
+    yield _counter("chunk_store_evictions", "Chunks evicted from the chunk store",
+                   store.num_evictions)  # fmt: skip
+    yield _gauge("chunk_store_entries", "Chunks stored now", store.num_entries)
+    yield _gauge("chunk_store_bytes_used", "Bytes of stored chunks' KV blocks", store.bytes_used)
+    yield _gauge("chunk_store_bytes_total", "Chunk store byte budget", store.bytes_total)
 
 
 class _SchedulerCollector(Collector):
@@ -134,6 +148,14 @@ class ServerMetrics:
             "prefix cache (a part of prompt_tokens)",
             registry=reg,
         )
+        self.chunk_tokens = Counter(
+            f"{PREFIX}_chunk_reuse_tokens",
+            "Document-span tokens of requests with chunk_reuse, by mode and by what happened to "
+            "their KV: reused from the chunk store, recomputed (blend) or missed (computed alone "
+            "and stored); apart from cached_tokens",
+            ["mode", "kind"],
+            registry=reg,
+        )
         self.outcomes = Counter(
             f"{PREFIX}_request_outcomes", "Finished requests by outcome", ["outcome"], registry=reg
         )
@@ -154,6 +176,7 @@ class ServerMetrics:
         usage, timing = completion.usage, completion.metrics
         self.prompt_tokens.inc(usage.prompt_tokens)
         self.cached_tokens.inc(usage.cached_tokens)
+        self._observe_chunks(usage)
         self.ttft.observe(timing.ttft_s)
         if timing.decode_tokens_per_s > 0:
             self.tpot.observe(1.0 / timing.decode_tokens_per_s)
@@ -163,6 +186,17 @@ class ServerMetrics:
         """Count the prompt and cached tokens of a request cancelled after its prefill."""
         self.prompt_tokens.inc(usage.prompt_tokens)
         self.cached_tokens.inc(usage.cached_tokens)
+        self._observe_chunks(usage)
+
+    def _observe_chunks(self, usage: Usage) -> None:
+        """Count a chunk-reuse request's span tokens (nothing for other requests)."""
+        chunk = usage.chunk_reuse
+        if chunk is None:
+            return
+        kinds = (("reused", chunk.reused_tokens), ("recomputed", chunk.recomputed_tokens),
+                 ("missed", chunk.missed_tokens))  # fmt: skip
+        for kind, value in kinds:
+            self.chunk_tokens.labels(mode=chunk.mode, kind=kind).inc(value)
 
     def count(self, outcome: Outcome) -> None:
         """Count a request that ended without a completion (cancelled, rejected, invalid)."""

@@ -303,3 +303,56 @@ def test_an_unsupported_json_schema_is_a_400_naming_it_without_xgrammar_internal
     error = resp.json()["error"]
     assert error["message"] == 'response_format.json_schema: unsupported type "wat"'
     assert error["param"] == "response_format"
+
+
+def scrape(url: str) -> dict[str, float]:
+    """``/metrics`` as {series (with labels): value}, our series only."""
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in httpx.get(f"{url}/metrics").text.splitlines()
+        if line.startswith("agentcache_")
+    }
+
+
+def test_metrics_report_the_chunk_store(model_dir: Path, served: tuple[Engine, str]) -> None:
+    # A chunk store of exactly two blocks: each document fits one block, so a third evicts.
+    block_bytes = served[0].chunk_store.pool.block_bytes
+    engine = Engine.from_pretrained(str(model_dir), kv_cache_bytes=8 << 20,
+                                    chunk_cache_bytes=2 * block_bytes)  # fmt: skip
+    block_size = engine.chunk_store.pool.block_size
+    docs = {k: engine.tokenize(f"doc {k}: teal.")[-block_size:] for k in "abc"}
+    question = engine.tokenize(" Which colour?")
+    with ServerThread(create_app(engine)) as url:
+        before = scrape(url)
+        assert before["agentcache_chunk_store_hits_total"] == 0
+        assert before["agentcache_chunk_store_bytes_total"] == 2 * block_bytes
+        usages = []
+        for order, mode in (("ab", "exact"), ("ba", "exact"), ("ca", "blend")):
+            first, second = docs[order[0]], docs[order[1]]
+            body = {
+                "model": engine.model_id, "prompt": first + second + question, "max_tokens": 1,
+                "temperature": 0,
+                "chunk_reuse": {"spans": [[0, len(first)], [len(first), len(first) + len(second)]],
+                                "mode": mode, "recompute_fraction": 0.0},
+            }  # fmt: skip
+            answer = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert answer.status_code == 200, answer.text
+            usages.append(answer.json()["usage"]["chunk_reuse"])
+        after = scrape(url)
+    # ab: two misses (stored); ba: two hits; ca: c misses and evicts one of a, b.
+    assert usages[0]["missed_tokens"] == len(docs["a"]) + len(docs["b"])
+    assert usages[1]["reused_tokens"] == len(docs["a"]) + len(docs["b"])
+    assert after["agentcache_chunk_store_hits_total"] >= 2
+    assert (
+        after["agentcache_chunk_store_hits_total"] + after["agentcache_chunk_store_misses_total"]
+        == 6
+    )  # one lookup per span
+    assert after["agentcache_chunk_store_evictions_total"] >= 1
+    assert after["agentcache_chunk_store_entries"] == 2
+    assert after["agentcache_chunk_store_bytes_used"] == 2 * block_bytes
+    for mode, used in (("exact", usages[:2]), ("blend", usages[2:])):
+        for kind in ("reused", "recomputed", "missed"):
+            series = f'agentcache_chunk_reuse_tokens_total{{kind="{kind}",mode="{mode}"}}'
+            assert after[series] == sum(u[f"{kind}_tokens"] for u in used), series
+    engine.check_integrity()
+    engine.close()
