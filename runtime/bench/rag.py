@@ -14,6 +14,7 @@ A script, never a timed test.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import math
@@ -78,24 +79,22 @@ def _figure_ttft(args: argparse.Namespace) -> tuple[dict[str, Any], list[Spread]
     for doc in docs:  # NOTE: warm-up: every document once in the chunk store
         ids, spans = _rag_request(rng, [doc], head, 1, args.question_len)
         _ttft(eng, ids, "exact", _plan("exact", spans, 0.0))
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    reused: dict[str, list[int]] = {mode: [] for mode in MODES}
+    done: dict[str, list[Completion]] = {mode: [] for mode in MODES}
     for i in range(args.requests):
         ids, spans = _rag_request(rng, docs, head, args.docs_per_request, args.question_len)
         order = MODES[i % 4 :] + MODES[: i % 4]  # NOTE: rotate so no mode always goes first
         for mode in order:
-            done = _ttft(eng, ids, mode, _plan(mode, spans, args.fraction))
-            times[mode].append(done.metrics.ttft_s)
-            chunk = done.usage.chunk_reuse
-            reused[mode].append(done.usage.cached_tokens + (chunk.reused_tokens if chunk else 0))
+            done[mode].append(_ttft(eng, ids, mode, _plan(mode, spans, args.fraction)))
     eng.check_integrity()
+    store = eng.cache_stats().chunk_store
     eng.close()
-    prompt_len = len(ids)
-    out: dict[str, Any] = {"prompt_tokens": prompt_len}
+    times = {mode: [c.metrics.ttft_s for c in done[mode]] for mode in MODES}
+    out: dict[str, Any] = {"prompt_tokens": len(ids)}
+    out["chunk_store"] = None if store is None else dataclasses.asdict(store)
     for mode in MODES:
         key = mode.replace(" ", "_")
         out[f"{key}_ttft_ms_mean"] = 1e3 * statistics.fmean(times[mode])
-        out[f"{key}_reused_tokens_mean"] = statistics.fmean(reused[mode])
+        out.update({f"{key}_{name}_mean": value for name, value in _usage_means(done[mode])})
     for mode in ("blend", "exact"):
         key = mode.replace(" ", "_")
         out[f"prefix_only_over_{key}"] = (
@@ -108,6 +107,23 @@ def _figure_ttft(args: argparse.Namespace) -> tuple[dict[str, Any], list[Spread]
         for m in ("blend", "exact")
     ]  # fmt: skip
     return out, [*spreads, *ratios]
+
+
+def _usage_means(done: list[Completion]) -> list[tuple[str, float]]:
+    """Mean tokens per request: prefix-cached, chunk-store reused/recomputed/missed, and
+    ``reused_tokens`` (cached + chunk-reused, the tokens not computed)."""
+    chunks = [c.usage.chunk_reuse for c in done]
+    cached = [c.usage.cached_tokens for c in done]
+    reused = [0 if u is None else u.reused_tokens for u in chunks]
+    return [
+        ("cached_tokens", statistics.fmean(cached)),
+        ("chunk_reused_tokens", statistics.fmean(reused)),
+        ("chunk_recomputed_tokens", statistics.fmean(0 if u is None else u.recomputed_tokens
+                                                     for u in chunks)),
+        ("chunk_missed_tokens", statistics.fmean(0 if u is None else u.missed_tokens
+                                                 for u in chunks)),
+        ("reused_tokens", statistics.fmean(c + r for c, r in zip(cached, reused, strict=True))),
+    ]  # fmt: skip
 
 
 def _doc_texts(tokenizer: Any, args: argparse.Namespace) -> list[list[int]]:
@@ -251,7 +267,8 @@ def main(argv: list[str]) -> int:
         for mode in MODES:
             key = mode.replace(" ", "_")
             print(f"mean TTFT {mode:12s} {result[f'{key}_ttft_ms_mean']:9.2f} ms   "
-                  f"reused tokens {result[f'{key}_reused_tokens_mean']:.0f}")  # fmt: skip
+                  f"prefix-cached {result[f'{key}_cached_tokens_mean']:.0f}, chunk-reused "
+                  f"{result[f'{key}_chunk_reused_tokens_mean']:.0f} tokens")  # fmt: skip
         print(f"prefix only / exact: {result['prefix_only_over_exact']:.2f}x   "
               f"prefix only / blend: {result['prefix_only_over_blend']:.2f}x (means)")  # fmt: skip
     if not args.skip_quality:

@@ -97,6 +97,22 @@ def test_rag_prints_ttft_per_mode_and_quality(capsys: pytest.CaptureFixture[str]
     assert report["spread"]["TTFT, no cache"]["n"] == 2
     assert report["no_cache_reused_tokens_mean"] == 0
     assert report["exact_reused_tokens_mean"] >= 4 * 24  # every document from the store
+    # Prefix-cached and chunk-reused tokens apart (4 documents x 24 tokens per request).
+    assert report["exact_chunk_reused_tokens_mean"] == 4 * 24
+    assert report["exact_chunk_missed_tokens_mean"] == 0
+    blend = report["blend_chunk_reused_tokens_mean"] + report["blend_chunk_recomputed_tokens_mean"]
+    assert blend == 4 * 24 and report["blend_chunk_recomputed_tokens_mean"] > 0
+    assert report["prefix_only_chunk_reused_tokens_mean"] == 0
+    for mode in ("no_cache", "prefix_only", "blend", "exact"):
+        cached, chunk = (
+            report[f"{mode}_cached_tokens_mean"],
+            report[f"{mode}_chunk_reused_tokens_mean"],
+        )
+        assert report[f"{mode}_reused_tokens_mean"] == cached + chunk
+    # The warm-up stored each document once; then 2 requests x 2 modes x 4 documents hit.
+    assert {k: report["chunk_store"][k] for k in ("num_misses", "num_hits", "num_entries")} == {
+        "num_misses": 4, "num_hits": 16, "num_entries": 4,
+    }  # fmt: skip
     # 100% recompute is the causal prefill: same greedy tokens.
     assert report["blend_100pct_top1"] == 1.0 and report["blend_100pct_kl"] < 1e-6
     assert report["exact_vs_masked_max_logit_diff"] < 1e-4
