@@ -193,8 +193,9 @@ class LocalBackend(BaseBackend):
             recompute_fraction: Blend only: the share of document tokens recomputed.
 
         Raises:
-            ConfigError: ``cache_salt`` is an empty string, or ``chunk_reuse`` /
-                ``recompute_fraction`` is out of range.
+            ConfigError: ``cache_salt`` is an empty string, ``chunk_reuse`` /
+                ``recompute_fraction`` is out of range, or the model cannot reuse chunks in that
+                mode (no composable RoPE, sliding windows; blend: no compact forward).
             BackendUnavailableError: torch/transformers are missing or the model cannot load.
         """
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
@@ -227,12 +228,29 @@ class LocalBackend(BaseBackend):
                 raise BackendUnavailableError(f"cannot load local model {model!r}: {exc}") from exc
         self.engine: Engine = engine
         self._owns_engine = owns_engine
+        if chunk_reuse is not None:
+            self._check_chunk_reuse(chunk_reuse)
         self._stop_strings, self._stop_ids = _turn_stops(engine.tokenizer)
         self.cache_salt = cache_salt
         self._prev_ids: list[int] = []
         self._prev_prompt_text = ""
         self._prev_generated: list[int] = []
         self.last_carry = Carry(0, 0)
+
+    def _check_chunk_reuse(self, mode: str) -> None:
+        """Refuse ``mode`` now, not at the first request, when the model cannot do it.
+
+        Raises:
+            ConfigError: with the runtime's reason (``runtime.chunk_reuse.chunk_reuse_blocker``);
+                an engine this backend loaded is closed first.
+        """
+        chunk_reuse: Any = importlib.import_module("runtime.chunk_reuse")
+        why = chunk_reuse.chunk_reuse_blocker(self.engine.runner, mode)
+        if why is None:
+            return
+        if self._owns_engine:
+            self.engine.close()
+        raise ConfigError(f"chunk_reuse={mode!r} is not available for model {self._model!r}: {why}")
 
     @property
     def capabilities(self) -> Capabilities:

@@ -258,3 +258,20 @@ def test_chunk_reuse_options_are_checked(model_dir: Path) -> None:
         LocalBackend(str(model_dir), chunk_reuse="fuzzy")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="recompute_fraction"):
         LocalBackend(str(model_dir), chunk_reuse="blend", recompute_fraction=2.0)
+
+
+@pytest.mark.parametrize(("arch", "why"), [("gpt2", "no rotary position embedding"),
+                                           ("mistral_sliding", "sliding_window")])  # fmt: skip
+def test_chunk_reuse_on_a_model_that_cannot_is_refused_at_construction(
+    arch: str, why: str, tmp_path: Path
+) -> None:
+    from agentcache.exceptions import ConfigError
+    from runtime import Engine
+    from tests.conftest import save_tiny_model
+
+    engine = Engine.from_pretrained(str(save_tiny_model(arch, tmp_path)))
+    for mode in ("exact", "blend"):
+        with pytest.raises(ConfigError, match=f"chunk_reuse='{mode}' is not available.*{why}"):
+            LocalBackend(arch, engine=engine, chunk_reuse=mode)  # type: ignore[arg-type]
+    assert LocalBackend(arch, engine=engine).chunk_reuse is None  # off: nothing to refuse
+    engine.close()
