@@ -70,14 +70,14 @@ class RowForward:
         if num_pick:
             keep[torch.topk(dev, num_pick).indices] = True
         rows = keep.nonzero().squeeze(1)
-        h, cos, sin = h[:, rows], cos[:, :, rows], sin[:, :, rows]
+        h, cos, sin = h[:, rows], cos[:, rows], sin[:, rows]
         qkv: _QKV = (qs[:, :, rows], ks[:, :, rows], vs[:, :, rows])
         for i in range(1, len(self.model.layers)):
             h = self._layer(i, h, rows, qkv if i == 1 else self.model.qkv(i, h, cos, sin))
         return self.model.logits(h[:, -1:])[0, -1], rows
 
     def _embed(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Hidden states ``[1, r, hidden]`` of ``rows`` and their ``[1, 1, r, D]`` cos/sin."""
+        """Hidden states ``[1, r, hidden]`` of ``rows`` and their ``[1, r, 1, D]`` RoPE pair."""
         h = F.embedding(self.ids[:, rows], self.model.embed)
         cos, sin = self.model.rope(h, self.positions[rows].unsqueeze(0))
         return h, cos, sin

@@ -135,36 +135,53 @@ class CompactLlama:
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """SDPA with grouped KV heads; 16-bit inputs are attended in fp32.
+        """Attention with grouped KV heads; 16-bit inputs are attended in fp32.
+
+        One query per row (a decode step) takes two batched matrix products and a softmax
+        (``_decode_attention``); longer queries take SDPA. ``mask``: boolean (True = attend) or
+        additive float, broadcast to ``[B, 1, q, kv_len]``.
 
         NOTE: torch's bf16 attention on CPU runs about 6x slower than fp32 (measured in issue
         19's profile: ~35 ms vs ~6 ms per decode step on W1), while the upcast of one layer's
         K/V is a cheap copy; weights and the KV cache stay 16-bit, so memory traffic still halves.
         """
-        if q.dtype == torch.float32:
-            return _sdpa(q, k, v, mask, self.scale)
-        if mask is not None and mask.dtype != torch.bool:
-            mask = mask.float()
-        return _sdpa(q.float(), k.float(), v.float(), mask, self.scale).to(q.dtype)
+        dtype = q.dtype
+        if dtype != torch.float32:
+            q, k, v = q.float(), k.float(), v.float()
+            if mask is not None and mask.dtype != torch.bool:
+                mask = mask.float()
+        if q.shape[2] == 1:
+            out = _decode_attention(q, k, v, mask, self.scale)
+        else:
+            out = _sdpa(q, k, v, mask, self.scale)
+        return out if dtype == torch.float32 else out.to(dtype)
 
     def rope(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)``, each ``[B, 1, q, D]``, for hidden states ``h`` at ``positions``."""
+        """``(cos, signed_sin)``, each ``[B, q, 1, D]``, for hidden states ``h`` at ``positions``.
+
+        ``signed_sin`` carries rotate-half's sign (``-sin`` on the first half), so rotating is
+        ``x * cos + x.roll(D / 2) * signed_sin``; ``qkv`` consumes the pair.
+        """
         cos, sin = self.rotary(h, positions)  # [B, q, D] each
-        return cos.unsqueeze(1), sin.unsqueeze(1)
+        half = sin.shape[-1] // 2
+        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        return cos.unsqueeze(2), signed.unsqueeze(2)
 
     def qkv(
         self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Layer ``i``'s rotated queries ``[B, H, q, D]``, keys and values ``[B, H_kv, q, D]``."""
+        """Layer ``i``'s rotated queries ``[B, H, q, D]``, keys and values ``[B, H_kv, q, D]``.
+
+        ``cos`` / ``sin``: the pair ``rope`` returns. Queries and keys rotate in one op set.
+        """
         layer, (b, q, _) = self.layers[i], h.shape
-        d = self.head_dim
-        nq, nkv = self.num_heads * d, self.num_kv_heads * d
+        d, nh, nkv = self.head_dim, self.num_heads, self.num_kv_heads
         x = F.rms_norm(h, (h.shape[-1],), layer.ln1, self.eps)
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [B, q, nq + 2 nkv]
-        qs = qkv[..., :nq].view(b, q, self.num_heads, d).transpose(1, 2)  # [B, H, q, D]
-        ks = qkv[..., nq : nq + nkv].view(b, q, self.num_kv_heads, d).transpose(1, 2)
-        vs = qkv[..., nq + nkv :].view(b, q, self.num_kv_heads, d).transpose(1, 2)
-        return _rope(qs, cos, sin), _rope(ks, cos, sin), vs
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [B, q, (H + 2 H_kv) D]
+        qk = qkv[..., : (nh + nkv) * d].view(b, q, nh + nkv, d)
+        qk = torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), sin)  # rotate-half RoPE
+        vs = qkv[..., (nh + nkv) * d :].view(b, q, nkv, d).transpose(1, 2)
+        return qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2), vs
 
     def finish(self, i: int, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Layer ``i``'s output projection and MLP over ``attn`` (``[B, H, q, D]``): new ``h``."""
@@ -172,7 +189,7 @@ class CompactLlama:
         h = h + F.linear(attn.transpose(1, 2).reshape(b, q, -1), layer.o, layer.o_bias)
         x = F.rms_norm(h, (h.shape[-1],), layer.ln2, self.eps)
         gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-        return h + F.linear(F.silu(gate) * up, layer.down)
+        return h + F.linear(F.silu(gate).mul_(up), layer.down)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: ``[B, q, hidden]`` -> ``[B, q, vocab]``."""
@@ -202,6 +219,8 @@ class CompactLlama:
         """
         h = F.embedding(ids, self.embed)  # [B, q, hidden]
         cos, sin = self.rope(h, positions)
+        if mask is not None and ids.shape[1] == 1 and mask.dtype == torch.bool:
+            mask = _decode_mask(mask)
         for i in range(len(self.layers)):
             qs, ks, vs = self.qkv(i, h, cos, sin)
             keys, values = write_kv(i, ks, vs)  # [B, H_kv, kv_len, D]
@@ -243,17 +262,42 @@ class CompactLlama:
         return self.logits(h[:, [end - 1 for end in ends]])[0]  # [G, vocab]
 
 
+def _decode_mask(allowed: torch.Tensor) -> torch.Tensor | None:
+    """A decode step's boolean mask as what ``_decode_attention`` reads fastest: None when every
+    row attends to every key (one sequence, or rows of equal length), else additive (0 / -inf),
+    built once per step instead of once per layer."""
+    if bool(allowed.all()):
+        return None
+    return torch.zeros(allowed.shape, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
 def _sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, the rotate-half convention of transformers' Llama (``[B, H, q, D]``)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def _decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """One query per row over grouped KV heads: ``[B, H, 1, D]`` -> ``[B, H, 1, D]``.
+
+    The ``H / H_kv`` queries sharing a KV head form one ``[G, D] x [D, kv_len]`` product, so K/V
+    are read once per KV head and never expanded. NOTE: measured on W1 (30 layers, 2,000 cached
+    tokens, 2 threads) at ~125 us per layer against ~245 us for SDPA's CPU flash kernel, which
+    blocks a single query poorly.
+    """
+    b, nh, _, d = q.shape
+    nkv = k.shape[1]
+    scores = torch.matmul(q.reshape(b, nkv, nh // nkv, d), k.transpose(-1, -2))  # [B, H_kv, G, T]
+    scores.mul_(scale)
+    if mask is not None:  # [B, 1, 1, T] -> one row per KV head group
+        if mask.dtype == torch.bool:
+            scores.masked_fill_(~mask, float("-inf"))
+        else:
+            scores.add_(mask)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v).view(b, nh, 1, d)
 
 
 def prefill_mask(start: int, q: int, device: torch.device) -> torch.Tensor | None:

@@ -84,3 +84,30 @@ def test_bf16_compact_within_its_tolerance_of_fp32(arch: str, tmp_path: Path) ->
         assert_close_bf16(miss[:2], hit[:2])  # the prefix cache within the bf16 tolerance too
     reference.close()
     bf16.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_equals_sdpa_over_rows_of_different_lengths(dtype: torch.dtype) -> None:
+    """One query per row (the decode step's own kernel) against SDPA with expanded KV heads: rows
+    of different lengths under one boolean mask, and the additive form of the same mask."""
+    from runtime.compact_llama import CompactLlama
+
+    torch.manual_seed(0)
+    self = CompactLlama.__new__(CompactLlama)  # NOTE: ``attend`` reads only ``scale``
+    self.scale = 64**-0.5
+    rows, heads, kv_heads, length = 3, 6, 2, 40
+    q = torch.randn(rows, heads, 1, 64).to(dtype)
+    k = torch.randn(rows, kv_heads, length, 64).to(dtype)
+    v = torch.randn(rows, kv_heads, length, 64).to(dtype)
+    lengths = torch.tensor([40, 7, 23])
+    allowed = (torch.arange(length) < lengths.unsqueeze(1)).view(rows, 1, 1, length)
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(3, 1), v.float().repeat_interleave(3, 1),
+        attn_mask=allowed, scale=self.scale,
+    )  # fmt: skip
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for mask in (allowed, additive):
+        got = CompactLlama.attend(self, q, k, v, mask)
+        assert got.dtype == dtype and got.shape == (rows, heads, 1, 64)
+        torch.testing.assert_close(got.float(), want.to(dtype).float(), atol=tol, rtol=tol)
