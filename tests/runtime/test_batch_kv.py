@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import torch
 
 from runtime.batch_kv import BatchKV
@@ -35,3 +38,21 @@ def test_one_row_buffer_is_kept_between_requests() -> None:
     kept = batch.bytes_allocated
     batch.remove_row(0)
     assert batch.bytes_allocated == kept > 0 and batch.num_shrinks == 0
+
+
+def test_a_burst_buffer_is_freed_without_the_cyclic_gc() -> None:
+    # NOTE: the cyclic GC is off, so only reference counting can free what the burst held: a
+    # reference cycle through a row view would keep the whole buffer alive until it ran.
+    batch = make_batch()
+    rows = [batch.add_row(10) for _ in range(3)]
+    buffer = weakref.ref(batch.buffer)
+    views = [weakref.ref(kv) for kv in rows]
+    gc.disable()
+    try:
+        for _ in range(3):
+            batch.remove_row(0)
+        del rows
+        assert [view() for view in views] == [None, None, None]
+        assert buffer() is None
+    finally:
+        gc.enable()
