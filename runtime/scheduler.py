@@ -104,6 +104,10 @@ class SchedulerStats(NamedTuple):
     cancelled or failed (cached and chunk-reused tokens excluded; work done is counted)."""
     generation_tokens: int = 0
     """Tokens sampled by every request released so far, cancelled or failed ones included."""
+    decode_steps_by_rows: tuple[int, ...] = ()
+    """Decode steps run so far by batch size: entry ``i`` counts the steps that decoded ``i``
+    rows (length ``max_batch_size + 1``). Counted by the loop itself, so a reader that diffs
+    two snapshots gets a phase's peak and mean decode batch without sampling the engine."""
 
 
 class Scheduler:
@@ -155,6 +159,7 @@ class Scheduler:
         """Set by ``pause``: the loop thread runs no iteration (``step`` runs them instead)."""
         self._num_prefill_computed = 0
         self._num_generated = 0
+        self._decode_steps_by_rows = [0] * (self.max_batch_size + 1)
 
     # --- called from consumer threads ------------------------------------------------------
 
@@ -291,6 +296,7 @@ class Scheduler:
             max_batch_size=self.max_batch_size,
             prefill_tokens_computed=self._num_prefill_computed,
             generation_tokens=self._num_generated,
+            decode_steps_by_rows=tuple(self._decode_steps_by_rows),
         )
 
     def check_integrity(self) -> None:
@@ -610,6 +616,7 @@ class Scheduler:
         reqs = [self.running[i] for i in rows]
         if not reqs:
             return
+        self._decode_steps_by_rows[len(reqs)] += 1
         try:
             tokens = [None if _is_prefilling(r) else r.output_ids[-1] for r in self.running]
             logits = self.runner.decode(tokens, self.batch)

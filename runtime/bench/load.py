@@ -3,7 +3,7 @@
 Starts the server in-process on 127.0.0.1 (or targets ``--url``), sends chat requests that share
 one system prompt from 16 and 64 concurrent streaming clients, then the same number of requests
 one by one, and reports throughput ratio, TTFT p50/p99, hit rate, errors, pinned blocks and (for
-an in-process server) the peak decode batch, sampled from the engine's scheduler stats.
+an in-process server) the peak and mean decode batch, counted by the engine's scheduler.
 Clients run in a separate process (spawned once) so they do not share the server's GIL.
 ``--hf`` (transformers' ``generate_batch``) was dropped: see ``HF_DROPPED``.
 A benchmark script, never a timed test; it knows the HTTP API, not the engine's internals.
@@ -19,7 +19,6 @@ import os
 import resource
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -182,29 +181,29 @@ def _report(name: str, concurrency: int, results: list[_Result], wall_s: float) 
     )
 
 
-class _PeakBatch:
-    """Samples ``engine.scheduler_stats().num_running`` every ``period_s`` in a thread; max seen."""
+def _decode_steps(engine: Any) -> tuple[int, ...] | None:
+    """The engine's cumulative decode-step counts by batch size; None for a remote server."""
+    if engine is None or not hasattr(engine, "scheduler_stats"):
+        return None
+    return tuple(engine.scheduler_stats().decode_steps_by_rows)
 
-    def __init__(self, engine: Any, period_s: float = 0.002) -> None:
-        self._engine = engine
-        self._period_s = period_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.peak = 0
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._period_s):
-            self.peak = max(self.peak, int(self._engine.scheduler_stats().num_running))
+def _decode_batch(
+    before: tuple[int, ...] | None, after: tuple[int, ...] | None
+) -> tuple[int | None, float | None]:
+    """``(peak, mean)`` decode batch (rows per step) between two ``_decode_steps`` snapshots.
 
-    def __enter__(self) -> _PeakBatch:
-        if self._engine is not None:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+    NOTE: the scheduler counts its own steps; sampling ``scheduler_stats`` from a thread instead
+    took the engine lock hundreds of times a second and perturbed the phase it measured.
+    """
+    if before is None or after is None:
+        return None, None
+    steps = [b - a for a, b in zip(before, after, strict=True)]
+    if not any(steps):
+        return 0, 0.0
+    peak = max(rows for rows, count in enumerate(steps) if count)
+    mean = sum(rows * count for rows, count in enumerate(steps)) / sum(steps)
+    return peak, round(mean, 2)
 
 
 def _rss_mb() -> tuple[float, float | None]:
@@ -237,7 +236,8 @@ def run_load(url: str, model: str, args: argparse.Namespace, engine: Any = None)
     this process, and its GIL, with an in-process server).
 
     Returns:
-        ``{"levels": [...], "errors": int, "pinned_blocks_after": int | None}``.
+        ``{"levels": [...], "errors": int, "pinned_blocks_after": int | None,
+        "rss_before_mb": float | None}`` (RSS of the in-process server after the warm-up).
     """
     if args.in_process_clients:
         return _run_levels(url, model, args, engine, run_phase)
@@ -255,14 +255,18 @@ def _run_levels(
 ) -> dict[str, Any]:
     system = _system_prompt(args.system_words)
     warm, _ = phase(url, _bodies(model, system, "warm", 1, 4), 1, args.timeout_s)
+    rss_before = _rss_mb()[1] if engine is not None else None
+    if rss_before is not None:
+        print(f"server process RSS after the warm-up request: {rss_before:.0f} MB")
     levels: list[dict[str, Any]] = []
     pinned: int | None = None
     for level in args.concurrency:
         n = level * args.rounds
         tag = f"c{level}"
         bodies = _bodies(model, system, tag, n, args.max_tokens)
-        with _PeakBatch(engine) as peak:
-            results = phase(url, bodies, level, args.timeout_s)
+        steps = _decode_steps(engine)
+        results = phase(url, bodies, level, args.timeout_s)
+        peak_batch, mean_batch = _decode_batch(steps, _decode_steps(engine))
         conc = _report(f"{level} concurrent", level, *results)
         unpacked = None
         if args.compare_packed_prefill:
@@ -279,7 +283,8 @@ def _run_levels(
                 "sequential": asdict(seq),
                 "throughput_ratio": round(ratio, 3),
                 "unpacked": None if unpacked is None else asdict(unpacked),
-                "peak_batch": peak.peak if engine is not None else None,
+                "peak_batch": peak_batch,
+                "mean_batch": mean_batch,
                 "pinned_blocks_after": pinned,
                 "peak_rss_mb": peak_rss,
                 "rss_after_mb": rss,
@@ -288,7 +293,12 @@ def _run_levels(
         _print_level(levels[-1])
     errors = sum(lv["concurrent"]["num_errors"] + lv["sequential"]["num_errors"] for lv in levels)
     errors += sum(r.error is not None for r in warm)
-    return {"levels": levels, "errors": errors, "pinned_blocks_after": pinned}
+    return {
+        "levels": levels,
+        "errors": errors,
+        "pinned_blocks_after": pinned,
+        "rss_before_mb": rss_before,
+    }
 
 
 def _unpacked_phase(
@@ -306,6 +316,10 @@ def _unpacked_phase(
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.1f}"
+
+
+def _na(value: object) -> str:
+    return "n/a" if value is None else str(value)
 
 
 def _print_level(level: dict[str, Any]) -> None:
@@ -326,7 +340,7 @@ def _print_level(level: dict[str, Any]) -> None:
     shown = "n/a (a remote server does not say)" if pinned is None else str(pinned)
     print(
         f"{'':>14}  throughput concurrent/sequential = {level['throughput_ratio']:.2f}x  "
-        f"peak batch: {'n/a' if level['peak_batch'] is None else level['peak_batch']}  "
+        f"decode batch peak/mean: {_na(level['peak_batch'])}/{_na(level['mean_batch'])}  "
         f"pinned blocks after: {shown}"
     )
     if level["peak_rss_mb"] is not None:

@@ -175,6 +175,30 @@ def test_cancel_between_steps_releases_pins(model_path: Path) -> None:
     engine.close()
 
 
+def test_the_loop_counts_its_decode_steps_by_batch_size(model_path: Path) -> None:
+    engine = make_engine(model_path, max_batch_size=4)
+    scheduler = engine.scheduler
+    assert engine.scheduler_stats().decode_steps_by_rows == (0,) * 5
+    scheduler.pause()
+    params = SamplingParams(ignore_eos=True, max_tokens=50)
+    streams = [engine.stream(SHARED + [i + 3], params) for i in range(3)]
+    for stream in streams:
+        assert stream.poll() is None  # submitted; the paused loop ran nothing
+    scheduler.step()  # prefills all three (their first tokens), then one decode step of 3 rows
+    scheduler.cancel(streams[1].request, wait=False)
+    scheduler.step()  # releases the cancelled one, then one decode step of 2 rows
+    scheduler.step()
+    assert engine.scheduler_stats().decode_steps_by_rows == (0, 0, 2, 1, 0)
+    for stream in streams:
+        scheduler.cancel(stream.request, wait=False)
+    scheduler.step()  # releases the rest: no rows, no decode step
+    assert engine.scheduler_stats().decode_steps_by_rows == (0, 0, 2, 1, 0)
+    scheduler.resume()
+    for stream in streams:
+        stream.close()
+    engine.close()
+
+
 def test_step_runs_only_while_paused(model_path: Path) -> None:
     engine = make_engine(model_path)
     with pytest.raises(RuntimeEngineError, match="pause"):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.bench.load import main
+from runtime.bench.load import _decode_batch, main
 from runtime.serve.app import create_app
 from runtime.serve.server_thread import ServerThread
 from tests.runtime.serve.server_fakes import ScriptedEngine
@@ -82,5 +82,15 @@ def test_load_compares_packed_prefill_in_process(capsys: pytest.CaptureFixture[s
     assert main([*argv, "--compare-packed-prefill", "--in-process-clients", "--json"]) == 0
     out = capsys.readouterr().out
     assert "3 unpacked:" in out and "packed / unpacked prefill throughput" in out
-    level = json.loads(out.strip().splitlines()[-1])["levels"][0]
+    report = json.loads(out.strip().splitlines()[-1])
+    level = report["levels"][0]
+    assert 0 < report["rss_before_mb"] <= level["peak_rss_mb"]
     assert level["unpacked"]["num_requests"] == 3 and level["unpacked"]["num_errors"] == 0
+    assert 1 <= level["peak_batch"] <= 3 and 1 <= level["mean_batch"] <= level["peak_batch"]
+
+
+def test_decode_batch_reads_a_phase_from_two_snapshots_of_the_step_counts() -> None:
+    # Before: 5 one-row steps. The phase adds 2 steps of 3 rows and 2 of 1 row.
+    assert _decode_batch((0, 5, 0, 0), (0, 7, 0, 2)) == (3, 2.0)
+    assert _decode_batch((0, 5, 0, 0), (0, 5, 0, 0)) == (0, 0.0)  # no decode step ran
+    assert _decode_batch(None, None) == (None, None)  # a remote server does not say
