@@ -372,6 +372,13 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentcache bench load", description=LOAD_HELP)
     p.add_argument("--model", default="tiny", help="model to serve in-process (ignored with --url)")
     p.add_argument("--url", default=None, help="target a running server instead")
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch threads of the in-process server (default: torch's count); with other work "
+        "on the cores, 1 avoids oversubscribing them (ignored with --url)",
+    )
     p.add_argument("--concurrency", type=positive_int, nargs="+", default=[16, 64])
     p.add_argument("--rounds", type=positive_int, default=2, help="requests per client")
     p.add_argument("--max-tokens", type=positive_int, default=16)
@@ -464,18 +471,27 @@ def _remote_model(url: str) -> str:
 
 
 def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
     from runtime.engine import Engine
     from runtime.serve.app import create_app
     from runtime.serve.server_thread import ServerThread
 
+    default_threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads or default_threads)
     engine = Engine.from_pretrained(args.model)
     app = create_app(engine)
-    with ServerThread(app) as url:
-        print(f"serving {engine.model_id!r} at {url} (max batch {engine.scheduler.max_batch_size})")
-        try:
-            return run_load(url, engine.model_id, args, engine)
-        finally:
-            engine.close()
+    try:
+        with ServerThread(app) as url:
+            threads = torch.get_num_threads()
+            print(
+                f"serving {engine.model_id!r} at {url} (max batch "
+                f"{engine.scheduler.max_batch_size}, {threads} torch threads)"
+            )
+            return {**run_load(url, engine.model_id, args, engine), "threads": threads}
+    finally:
+        engine.close()
+        torch.set_num_threads(default_threads)  # NOTE: main() may run inside another program
 
 
 if __name__ == "__main__":

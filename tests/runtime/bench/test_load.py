@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from runtime.bench.load import _decode_batch, main
 from runtime.serve.app import create_app
@@ -79,11 +80,15 @@ def test_load_script_bad_input_is_one_line_and_exit_2(
 @pytest.mark.slow
 def test_load_compares_packed_prefill_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--concurrency", "3", "--rounds", "1", "--max-tokens", "2", "--system-words", "10"]
-    assert main([*argv, "--compare-packed-prefill", "--in-process-clients", "--json"]) == 0
+    threads = torch.get_num_threads()
+    argv += ["--threads", "1", "--compare-packed-prefill", "--in-process-clients", "--json"]
+    assert main(argv) == 0
+    assert torch.get_num_threads() == threads  # restored for the rest of this process
     out = capsys.readouterr().out
     assert "3 unpacked:" in out and "packed / unpacked prefill throughput" in out
     report = json.loads(out.strip().splitlines()[-1])
     level = report["levels"][0]
+    assert report["threads"] == 1
     assert 0 < report["rss_before_mb"] <= level["peak_rss_mb"]
     assert level["unpacked"]["num_requests"] == 3 and level["unpacked"]["num_errors"] == 0
     assert 1 <= level["peak_batch"] <= 3 and 1 <= level["mean_batch"] <= level["peak_batch"]
