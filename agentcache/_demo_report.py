@@ -103,8 +103,6 @@ def _fmt_cached(usage: Usage, previous: TurnReport | None, number: int) -> str:
     head = f"{cached} of {prompt} prompt tokens cached ({_fmt_pct(usage)})"
     if cached == 0:
         return f"{head}: {'first turn, nothing to reuse yet' if previous is None else 'no reuse'}"
-    if usage.chunk_reuse_mode is not None:
-        return f"{head}: the text before the first document (chunk reuse stops the prefix there)"
     before = previous.usage.prompt_tokens if previous is not None else None
     if before is None:
         return f"{head}, from earlier requests to this model"

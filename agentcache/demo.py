@@ -295,10 +295,10 @@ def describe(backend: BaseBackend, args: argparse.Namespace) -> str:
 def chunk_reuse_note(mode: str, *, is_toy_model: bool, fraction: float) -> str:
     """What ``--chunk-reuse MODE`` changes in the demo, in words (printed once, before turn 1).
 
-    The demo pins its documents ahead of the conversation, so under chunk reuse the prefix
-    cache covers only the text before the first document (``runtime.chunk_reuse``: reused or
-    approximate KV never enters the exact prefix cache) and everything after the documents is
-    recomputed each turn. Chunk reuse pays where documents change order under a short question
+    Assembled prompts are prefix-cached in the mode's own namespace, keyed by ids that spell the
+    document spans (``ChunkReuse.cache_ids``), so a turn that keeps the pinned documents where
+    they were reuses the whole earlier turn; the chunk store serves documents that are new or
+    moved. Chunk reuse pays where documents change order under a short question
     (``agentcache bench rag``); the demo shows its mechanics and says so.
     """
     if mode == "blend":
@@ -315,9 +315,9 @@ def chunk_reuse_note(mode: str, *, is_toy_model: bool, fraction: float) -> str:
         )
         how = f"exact under the block attention mask (documents see only themselves; {trained})"
     return (
-        f"chunk reuse: {how}. Each pinned document's KV comes from the chunk store in any order; "
-        "the prefix cache then stops at the first document, so the conversation after the "
-        "documents is recomputed every turn (bench rag shows where chunk reuse pays)."
+        f"chunk reuse: {how}. Each pinned document's KV comes from the chunk store in any order "
+        "(computed alone on a miss); a later turn with the documents in the same places is "
+        "served by the prefix cache, documents included (bench rag shows where chunk reuse pays)."
     )
 
 

@@ -24,6 +24,7 @@ sampling or HTTP.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +55,10 @@ ChunkMode: TypeAlias = Literal["exact", "blend"]
 CHUNK_MODES: tuple[str, ...] = get_args(ChunkMode)
 
 Span = tuple[int, int]
+
+_SPAN_START = 1 << 40
+_IN_SPAN = 1 << 41
+"""Offsets of span tokens in prefix-cache keys (``ChunkReuse.cache_ids``): far above any vocab."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +112,47 @@ class ChunkReuse:
 
     @property
     def head_len(self) -> int:
-        """Tokens before the first span: exact causal KV, served by the prefix cache."""
+        """Tokens before the first span (their KV is the plain causal KV)."""
         return self.spans[0][0]
+
+    def cache_namespace(self, namespace: Namespace) -> Namespace:
+        """The prefix-cache namespace of assembled prompts in this mode (and blend fraction):
+        their KV is not the causal KV, so it never meets a plain request's."""
+        tag = f"{namespace}\0chunk-{self.mode}"
+        if self.mode == "blend":
+            tag += f"\0{self.recompute_fraction!r}"
+        return Namespace(hashlib.sha256(tag.encode()).hexdigest())
+
+    def cache_ids(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` as the prefix cache's key: a span's first token shifted by ``_SPAN_START``,
+        its other tokens by ``_IN_SPAN``, so a key prefix spells the spans it covers.
+
+        NOTE: in exact mode the KV at position ``p`` depends only on ``ids[: p + 1]`` and the
+        spans within them, which is what a key prefix pins: a later prompt that repeats an
+        assembled prompt's opening (same documents at the same places: the next turn of a
+        conversation) hits it in the prefix cache, whatever follows. Blend's recompute choice
+        looks at the whole prompt, so there a hit reuses the earlier request's blended KV.
+        """
+        key = list(ids)
+        for start, end in self.spans:
+            if start >= len(key):
+                break
+            key[start] += _SPAN_START
+            for i in range(start + 1, min(end, len(key))):
+                key[i] += _IN_SPAN
+        return key
+
+    def cut(self, cached_len: int) -> int:
+        """The longest prefix of ``cached_len`` positions that does not end inside a span (a
+        span is placed whole from the chunk store, or served whole by the prefix cache)."""
+        for start, end in self.spans:
+            if start < cached_len < end:
+                return start
+        return cached_len
+
+    def spans_from(self, position: int) -> tuple[Span, ...]:
+        """The spans at or after ``position`` (``position`` never lies inside one: ``cut``)."""
+        return tuple(span for span in self.spans if span[0] >= position)
 
 
 def chunk_reuse_blocker(runner: ModelRunner, mode: ChunkMode) -> str | None:
@@ -172,24 +216,26 @@ class ChunkAssembler:
     def prefill(
         self, namespace: Namespace, ids: list[int], plan: ChunkReuse, kv: RequestKVCache
     ) -> tuple[torch.Tensor, ChunkReuseUsage]:
-        """Prefill ``ids`` into ``kv`` (which holds a cached head ``[0, kv.length)``).
+        """Prefill ``ids`` into ``kv``, which holds ``[0, kv.length)`` from the prefix cache
+        (the head, or a whole earlier assembled opening; never part of a span: ``ChunkReuse.cut``).
 
         Returns:
-            ``[vocab]`` logits of the last prompt position and the request's chunk usage.
+            ``[vocab]`` logits of the last prompt position and the request's chunk usage (spans
+            the prefix cache served are its cached tokens, not counted here).
         """
-        assert kv.length <= plan.head_len, "only the head comes from the prefix cache"
+        start = kv.length
+        spans = plan.spans_from(start)
+        assert all(end <= start for _, end in plan.spans[: len(plan.spans) - len(spans)]), "cut"
         compact = self.runner.compact
-        if compact is None and kv.length < plan.head_len:
-            self.runner.forward(ids[kv.length : plan.head_len], kv)
-        start = kv.length  # NOTE: the compact path runs the rest of the head with the question
         kv.reserve(len(ids))
-        missed = [(s, e) for s, e in plan.spans if self._place(namespace, ids, s, e, kv)]
+        missed = [(s, e) for s, e in spans if self._place(namespace, ids, s, e, kv)]
         num_missed = sum(e - s for s, e in missed)
-        in_span = self._span_rows(plan.spans, start, len(ids))
+        in_span = self._span_rows(spans, start, len(ids))
         num_recomputed = 0
         if compact is None:  # NOTE: exact only (chunk_reuse_blocker)
-            logits = self._exact_stepwise(ids, plan.spans, kv)
+            logits = self._exact_stepwise(ids, spans, kv)
         elif plan.mode == "exact":
+            # NOTE: the rows outside spans (the head's rest, separators, the question) run here
             fwd = RowForward(compact, kv.span(0, len(ids)), ids, start)
             logits = fwd.run((~in_span).nonzero().squeeze(1))
         else:
@@ -200,7 +246,7 @@ class ChunkAssembler:
             stored = in_span & ~self._span_rows(missed, start, len(ids))
             num_recomputed = int(stored[rows].sum())
         kv.length = len(ids)
-        num_span = sum(end - start for start, end in plan.spans)
+        num_span = sum(end - start for start, end in spans)
         usage = ChunkReuseUsage(
             mode=plan.mode,
             reused_tokens=num_span - num_missed - num_recomputed,
@@ -212,13 +258,16 @@ class ChunkAssembler:
     def _exact_stepwise(
         self, ids: list[int], spans: Sequence[Span], kv: RequestKVCache
     ) -> torch.Tensor:
-        """Exact mode on any forward: the tokens between and after the placed chunks run
-        causally over everything before them, one run of tokens at a time."""
+        """Exact mode on any forward: the tokens before, between and after the placed chunks
+        (``spans``, all at or after ``kv.length``) run causally over everything before them,
+        one run of tokens at a time; ``[vocab]`` logits of the last prompt position."""
         logits = torch.empty(0)
-        for (_, end), (start, _) in zip(spans, [*spans[1:], (len(ids), 0)], strict=True):
-            kv.length = end
-            if end < start:
-                logits = self.runner.forward(ids[end:start], kv)  # NOTE: separators see all
+        pos = kv.length
+        for start, end in [*spans, (len(ids), len(ids))]:
+            kv.length = pos
+            if pos < start:
+                logits = self.runner.forward(ids[pos:start], kv)  # NOTE: these see all before
+            pos = end
         return logits  # NOTE: the last run ends at the last prompt token (ChunkReuse.check)
 
     def _span_rows(self, spans: Sequence[Span], start: int, n: int) -> torch.Tensor:

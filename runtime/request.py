@@ -172,9 +172,16 @@ class Request:
 
     @property
     def cacheable_ids(self) -> list[int]:
-        """Ids whose KV in this request's row is the plain causal KV (what the prefix cache may
-        match and store): all of them, or only the head before the first chunk under chunk reuse
-        (the chunks' KV, and everything after them, depends on the chunk mode)."""
+        """The prefix cache's key of this request's KV row (in ``cache_namespace``): its ids,
+        under chunk reuse spelled with the spans (``ChunkReuse.cache_ids``)."""
         if self.chunk_plan is None:
             return self.all_ids
-        return self.prompt_ids[: self.chunk_plan.head_len]
+        return self.chunk_plan.cache_ids(self.prompt_ids) + self.output_ids
+
+    @property
+    def cache_namespace(self) -> Namespace:
+        """The prefix-cache namespace of this request's KV: ``namespace``, or under chunk reuse
+        its mode's own (assembled KV is not the causal KV)."""
+        if self.chunk_plan is None:
+            return self.namespace
+        return self.chunk_plan.cache_namespace(self.namespace)

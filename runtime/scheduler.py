@@ -396,7 +396,7 @@ class Scheduler:
             return False
         if not req.use_prefix_cache:
             return True
-        hit = self.prefix_cache.peek(req.namespace, req.cacheable_ids, use_cache=True)
+        hit = self.prefix_cache.peek(req.cache_namespace, req.cacheable_ids, use_cache=True)
         need = hit + self.prefix_cache.pool.block_size
         if need >= len(req.prompt_ids):
             return True
@@ -447,7 +447,7 @@ class Scheduler:
         best, best_len = 0, -1
         for i, req in enumerate(itertools.islice(self.waiting, self.config.lookahead)):
             hit = self.prefix_cache.peek(
-                req.namespace, req.cacheable_ids, use_cache=req.use_prefix_cache
+                req.cache_namespace, req.cacheable_ids, use_cache=req.use_prefix_cache
             )
             if hit > best_len:
                 best, best_len = i, hit
@@ -533,7 +533,9 @@ class Scheduler:
         if req.status is RequestStatus.RUNNING:
             # NOTE: stored after the first token went out (not part of TTFT), and before the
             # next admission, so a waiting request that shares this prompt hits it.
-            req.node = self.prefix_cache.insert(req.namespace, req.cacheable_ids, req.kv, req.node)
+            req.node = self.prefix_cache.insert(
+                req.cache_namespace, req.cacheable_ids, req.kv, req.node
+            )
 
     def _start(self, req: Request) -> bool:
         """Admit ``req`` and its live forks (rows, running) and match its cached prefix.
@@ -545,13 +547,16 @@ class Scheduler:
         kv = [self._add_row(member) for member in group][0]
         try:
             hit = self.prefix_cache.match(
-                req.namespace, req.cacheable_ids, kv, use_cache=req.use_prefix_cache
+                req.cache_namespace, req.cacheable_ids, kv, use_cache=req.use_prefix_cache
             )
         except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving
             for member in group:
                 self._fail(member, exc)
             return False
         req.cached_len, req.node = hit.cached_len, hit.node
+        if req.chunk_plan is not None:
+            # NOTE: a hit ending inside a span stops at the span's start (placed whole)
+            kv.length = req.cached_len = req.chunk_plan.cut(hit.cached_len)
         return True
 
     def _add_row(self, req: Request) -> RequestKVCache:
@@ -674,7 +679,7 @@ class Scheduler:
             self._num_prefill_computed += req.num_prompt_computed()
             if keep and req.kv is not None:
                 req.node = self.prefix_cache.insert(
-                    req.namespace, req.cacheable_ids, req.kv, req.node
+                    req.cache_namespace, req.cacheable_ids, req.kv, req.node
                 )
             index = self.running.index(req)
             last = self.running.pop()

@@ -4,7 +4,8 @@ Exact mode equals one transformers forward under the block attention mask (logit
 fp32, at every generated step) on Llama and Qwen2, on both forward paths, whether the chunks
 missed or hit the store and in whatever order they come; blend mode at 100% recompute equals the
 plain causal prefill; models whose keys cannot be moved refuse with the reason; bad spans fail
-the request alone; the prefix cache never stores chunk-dependent KV.
+the request alone; the prefix cache keeps assembled KV in each mode's own namespace, keyed by
+ids that spell the spans, so a later turn hits it and a plain request never does.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.cache.radix_cache import Namespace
 from runtime.chunk_reuse import ChunkReuse, block_attention_mask, masked_prefill_logits
 from runtime.engine import Engine
 from runtime.exceptions import InvalidRequestError
@@ -83,7 +85,7 @@ def test_exact_mode_equals_masked_full_prefill(engine: Engine, order: list[int])
 
 
 def test_exact_mode_reuses_stored_chunks_in_another_order(engine: Engine) -> None:
-    engine.chunk_store.flush()
+    engine.flush_cache()
     first_ids, first_spans = rag_prompt([0, 1, 2])
     first, _ = run(engine, first_ids, ChunkReuse(first_spans, "exact"), n=1)
     num_span = sum(len(d) for d in DOCS)
@@ -101,6 +103,61 @@ def test_exact_mode_reuses_stored_chunks_in_another_order(engine: Engine) -> Non
     want = masked_prefill_logits(engine.runner.model, ids, spans)[-1]
     assert_logits_close(want, logits[0], 0)
     engine.check_integrity()
+
+
+def test_a_later_turn_hits_the_assembled_prompt_in_the_prefix_cache(engine: Engine) -> None:
+    """Turn 2 repeats turn 1 (same chunks at the same places) and adds to it: the prefix cache
+    serves the assembled opening, documents included, and the answer is still exact."""
+    engine.flush_cache()
+    ids, spans = rag_prompt([1, 0, 2])
+    first, _ = run(engine, ids, ChunkReuse(spans, "exact"), n=3)
+    later = ids + first.token_ids + QUESTION
+    completion, logits = run(engine, later, ChunkReuse(spans, "exact"), n=2)
+    usage = completion.usage
+    assert usage.chunk_reuse is not None
+    assert usage.cached_tokens >= spans[-1][1]  # every chunk came from the prefix cache
+    assert usage.cached_tokens == (len(ids) + len(first.token_ids) - 1) // 4 * 4
+    assert (usage.chunk_reuse.reused_tokens, usage.chunk_reuse.missed_tokens) == (0, 0)
+    for step, got in enumerate(logits):
+        full = later + completion.token_ids[:step]
+        want = masked_prefill_logits(engine.runner.model, full, spans)[-1]
+        assert_logits_close(want, got, step)
+    engine.check_integrity()
+
+
+def test_a_hit_ending_inside_a_chunk_stops_at_the_chunk(engine: Engine) -> None:
+    """The same opening up to a chunk whose end differs: the hit stops where that chunk starts
+    (its tokens are another chunk, computed alone), and the answer is exact."""
+    engine.flush_cache()
+    ids, spans = rag_prompt([0, 1, 2])
+    run(engine, ids, ChunkReuse(spans, "exact"), n=1)
+    changed = list(ids)
+    second_start, second_end = spans[1]
+    changed[second_end - 2] = changed[second_end - 2] % (VOCAB_SIZE - 4) + 3  # inside chunk 2
+    assert changed != ids
+    completion, logits = run(engine, changed, ChunkReuse(spans, "exact"), n=1)
+    usage = completion.usage
+    assert usage.chunk_reuse is not None
+    assert usage.cached_tokens == second_start  # the block-aligned hit (36) was cut back to 23
+    assert usage.chunk_reuse.missed_tokens == second_end - second_start
+    assert usage.chunk_reuse.reused_tokens == spans[2][1] - spans[2][0]
+    want = masked_prefill_logits(engine.runner.model, changed, spans)[-1]
+    assert_logits_close(want, logits[0], 0)
+    engine.check_integrity()
+
+
+def test_cache_ids_spell_the_spans() -> None:
+    plan = ChunkReuse(((1, 3), (3, 5)), "exact")
+    key = plan.cache_ids([7, 7, 7, 7, 7, 7])
+    assert len(set(key)) == 3 and key[0] == key[5] == 7  # outside, start, inside: three kinds
+    assert key[1] == key[3] != key[2] == key[4]
+    other = ChunkReuse(((1, 5),), "exact")  # the same tokens as one chunk: another key
+    assert other.cache_ids([7] * 6)[:5] != key[:5] and other.cache_ids([7] * 6)[:3] == key[:3]
+    blend = ChunkReuse(((1, 3),), "blend", 0.15)
+    namespaces = {plan.cache_namespace(Namespace("n")), blend.cache_namespace(Namespace("n")),
+                  ChunkReuse(((1, 3),), "blend", 0.3).cache_namespace(Namespace("n"))}  # fmt: skip
+    assert len(namespaces) == 3 and Namespace("n") not in namespaces
+    assert [plan.cut(n) for n in (0, 1, 2, 3, 4, 5, 9)] == [0, 1, 1, 3, 3, 5, 9]
 
 
 def test_masked_prefill_differs_from_causal(engine: Engine) -> None:
@@ -141,9 +198,9 @@ def compact(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 def test_blend_full_recompute_equals_causal_prefill(compact: Engine) -> None:
-    ids, spans = rag_prompt([2, 0, 1])
-    compact.chunk_store.flush()
-    cold, _ = run(compact, ids, ChunkReuse(spans, "blend", 1.0), n=1)
+    compact.flush_cache()
+    cold_ids, cold_spans = rag_prompt([0, 1, 2])
+    cold, _ = run(compact, cold_ids, ChunkReuse(cold_spans, "blend", 1.0), n=1)
     num_span = sum(len(d) for d in DOCS)
     # Each span token counted once: computed on a store miss (then recomputed, still "missed").
     assert cold.usage.chunk_reuse is not None
@@ -151,8 +208,9 @@ def test_blend_full_recompute_equals_causal_prefill(compact: Engine) -> None:
         num_span,
         0,
     )
-    run(compact, ids, ChunkReuse(spans, "exact"), n=1)  # store the chunks
+    ids, spans = rag_prompt([2, 0, 1])  # NOTE: another first chunk: the prefix cache has the head
     completion, logits = run(compact, ids, ChunkReuse(spans, "blend", 1.0))
+    assert completion.usage.cached_tokens == 8
     for step, got in enumerate(logits):
         full = ids + completion.token_ids[:step]
         with torch.no_grad():
