@@ -4,7 +4,8 @@ A request opens one engine stream per choice (``n`` choices of each prompt) in a
 Admission is the engine's alone: opening submits to the scheduler's bounded queue, which raises
 ``EngineBusyError`` when full (the app answers 429). Deltas of ``RequestStream``s
 (``runtime.Engine``) are read on the event loop itself: the scheduler thread rings a shared
-waker, the loop polls every stream (merged deltas), so no thread hop is paid per token. Any
+waker, the loop polls every stream (merged deltas), so no thread hop is paid per token; the
+rings of one decode step (one per running stream) reach the loop as one callback. Any
 other iterator (a test fake) is read through a worker thread per delta, one stream after the
 other. ``aclose`` is idempotent and shielded: it closes every engine stream (which cancels
 unfinished choices and unpins their blocks). It knows no HTTP and no JSON.
@@ -13,6 +14,8 @@ unfinished choices and unpins their blocks). It knows no HTTP and no JSON.
 from __future__ import annotations
 
 import asyncio
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -33,6 +36,51 @@ class ChoiceDelta(NamedTuple):
     delta: StreamDelta
 
 
+class _LoopWaker:
+    """Wakes readers on one event loop from the scheduler thread, one loop callback per burst.
+
+    A decode step posts a delta to every running stream; waking each reader with its own
+    ``call_soon_threadsafe`` paid one self-pipe write per stream per token. Rings that arrive
+    before the loop ran the pending callback join it instead. Thread-safe.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[asyncio.Event] = []
+        self.num_callbacks = 0
+        """Loop callbacks scheduled so far (one per burst of rings)."""
+
+    def ring(self, ready: asyncio.Event) -> None:
+        """Scheduler thread: have the loop set ``ready`` soon."""
+        with self._lock:
+            is_first = not self._pending
+            self._pending.append(ready)
+            self.num_callbacks += is_first
+        if is_first:
+            self._loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for ready in pending:
+            ready.set()
+
+
+_WAKERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker] = (
+    weakref.WeakKeyDictionary()
+)
+"""One waker per event loop; only that loop's thread adds to it."""
+
+
+def _loop_waker(loop: asyncio.AbstractEventLoop) -> _LoopWaker:
+    """The waker of ``loop`` (made on first use; call from the loop's own thread)."""
+    waker = _WAKERS.get(loop)
+    if waker is None:
+        waker = _WAKERS[loop] = _LoopWaker(loop)
+    return waker
+
+
 class EngineCall:
     """The engine streams (one per choice) of one request.
 
@@ -47,7 +95,7 @@ class EngineCall:
         self._next_index = 0
         self._ready = asyncio.Event()
         self._is_wake_pending = False
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waker: _LoopWaker | None = None
         self._is_closed = False
         self.completions: list[Completion | None] = []
         """Each choice's Completion once its last delta was read."""
@@ -70,7 +118,7 @@ class EngineCall:
         self._its = list(await run_sync(self._open_streams))
         self._is_done = [False] * len(self._its)
         self.completions = [None] * len(self._its)
-        self._loop = asyncio.get_running_loop()
+        self._waker = _loop_waker(asyncio.get_running_loop())
         for it in self._its:
             if isinstance(it, RequestStream):
                 it.set_waker(self._wake)
@@ -124,10 +172,10 @@ class EngineCall:
 
     def _wake(self) -> None:
         """Scheduler thread: schedule one wake-up of the reader (skipped while one is pending)."""
-        if self._is_wake_pending or self._loop is None:
+        if self._is_wake_pending or self._waker is None:
             return
         self._is_wake_pending = True
-        self._loop.call_soon_threadsafe(self._ready.set)
+        self._waker.ring(self._ready)
 
     async def drain(self, first: ChoiceDelta | None) -> list[Completion]:
         """Consume every stream to its end and return the Completions in choice order."""
