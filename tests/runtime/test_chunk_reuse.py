@@ -72,15 +72,23 @@ def assert_logits_close(want: torch.Tensor, got: torch.Tensor, step: int) -> Non
     assert diff <= TOL, f"step {step}: logits differ by {diff:.2e}"
 
 
+def assert_masked_steps(
+    engine: Engine, ids: list[int], spans: tuple[tuple[int, int], ...], completion: Completion,
+    logits: list[torch.Tensor],
+) -> None:  # fmt: skip
+    """Every step's logits equal one forward under the block mask over the prompt and the tokens
+    generated so far (generated tokens lie outside every span: they attend to everything)."""
+    for step, got in enumerate(logits):
+        full = ids + completion.token_ids[:step]
+        want = masked_prefill_logits(engine.runner.model, full, spans)[-1]
+        assert_logits_close(want, got, step)
+
+
 @pytest.mark.parametrize("order", [[0, 1, 2], [2, 0, 1], [1, 2, 0]])
 def test_exact_mode_equals_masked_full_prefill(engine: Engine, order: list[int]) -> None:
     ids, spans = rag_prompt(order)
     completion, logits = run(engine, ids, ChunkReuse(spans, "exact"))
-    for step, got in enumerate(logits):
-        # NOTE: generated tokens are outside every span: they attend to everything.
-        full = ids + completion.token_ids[:step]
-        want = masked_prefill_logits(engine.runner.model, full, spans)[-1]
-        assert_logits_close(want, got, step)
+    assert_masked_steps(engine, ids, spans, completion, logits)
     engine.check_integrity()
 
 
@@ -118,10 +126,7 @@ def test_a_later_turn_hits_the_assembled_prompt_in_the_prefix_cache(engine: Engi
     assert usage.cached_tokens >= spans[-1][1]  # every chunk came from the prefix cache
     assert usage.cached_tokens == (len(ids) + len(first.token_ids) - 1) // 4 * 4
     assert (usage.chunk_reuse.reused_tokens, usage.chunk_reuse.missed_tokens) == (0, 0)
-    for step, got in enumerate(logits):
-        full = later + completion.token_ids[:step]
-        want = masked_prefill_logits(engine.runner.model, full, spans)[-1]
-        assert_logits_close(want, got, step)
+    assert_masked_steps(engine, later, spans, completion, logits)
     engine.check_integrity()
 
 
