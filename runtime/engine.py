@@ -36,7 +36,8 @@ from runtime.request import Request
 from runtime.request_stream import RequestStream
 from runtime.sampler import LogitsProcessor
 from runtime.sampling import SEED_MAX, SEED_MIN, SamplingParams
-from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from runtime.scheduler import Scheduler
+from runtime.scheduler_config import SchedulerConfig, SchedulerStats
 
 __all__ = [
     "DEFAULT_CHUNK_CACHE_BYTES",

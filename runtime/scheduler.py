@@ -10,16 +10,13 @@ It drives the prefix cache and the batch KV; it knows nothing about HTTP or chat
 from __future__ import annotations
 
 import functools
-import itertools
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import torch
 
+from runtime.admission import AdmissionQueue, is_all_cancelled, is_packable
 from runtime.batch_kv import BatchKV
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.chunk_reuse import ChunkAssembler
@@ -35,79 +32,12 @@ from runtime.model_runner import ModelRunner
 from runtime.outputs import StreamDelta, TokenLogprob
 from runtime.request import Request, RequestStatus
 from runtime.sampler import Sampled, prompt_logprobs, sample_batch
+from runtime.scheduler_config import SchedulerConfig, SchedulerStats
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats"]
 
 _SCORED_CHUNK = 512
 """Prompt positions whose logits are held at once when prompt logprobs are asked for."""
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    """Batching, ordering and admission limits.
-
-    Raises:
-        ValueError: on construction, for out-of-range values.
-    """
-
-    max_batch_size: int = 64
-    """Most requests decoded together (1 for models whose padding masks cannot be built)."""
-    max_waiting: int = 1024
-    """Most requests queued; one more gets ``EngineBusyError`` (the server answers 429)."""
-    batch_kv_bytes: int = 1 << 30
-    """Byte budget of the running requests' KV rows (separate from the prefix cache pool)."""
-    lookahead: int = 16
-    """Waiting requests scored by cached prefix length at each admission (bounds its cost)."""
-    fifo_threshold: int = 128
-    """With more requests waiting than this, admission is plain FIFO."""
-    max_wait_s: float = 2.0
-    """A head of queue older than this (seconds) is admitted next: no starvation."""
-    max_prefill_tokens: int = 8192
-    """Prompt tokens prefilled per loop iteration while no request is decoding (idle engine)."""
-    prefill_chunk_tokens: int = 512
-    """Most prompt tokens one prefill forward runs, and the prefill budget of a loop iteration
-    while requests are decoding: a longer prompt is prefilled in chunks with one decode step of
-    the running requests between them, so an arriving long prompt does not stall every stream
-    (smaller: steadier inter-token latency, slower admission of long prompts). NOTE: a request
-    with chunk reuse is assembled whole in one iteration (its computed rows are few)."""
-    max_prefill_batch: int = 16
-    """Most requests whose prefill chunks run packed in one forward (at most
-    ``prefill_chunk_tokens`` tokens in all; compact forward only). Short prompts arriving
-    together then share one pass over the weights; 1 prefills each request alone."""
-
-    def __post_init__(self) -> None:
-        counts = (
-            self.max_batch_size,
-            self.lookahead,
-            self.fifo_threshold,
-            self.max_prefill_tokens,
-            self.prefill_chunk_tokens,
-            self.max_prefill_batch,
-        )
-        if min(counts) < 1 or self.max_waiting < 0 or self.batch_kv_bytes < 1:
-            raise ValueError(f"scheduler limits must be positive, got {self!r}")
-        if not self.max_wait_s > 0:
-            raise ValueError(f"max_wait_s must be > 0 seconds, got {self.max_wait_s!r}")
-
-
-class SchedulerStats(NamedTuple):
-    """A snapshot of the scheduler (``Engine.scheduler_stats``)."""
-
-    num_running: int
-    num_waiting: int
-    num_blocks_pinned: int
-    batch_kv_bytes: int
-    """Bytes of the running requests' KV rows now allocated."""
-    max_batch_size: int
-    prefill_tokens_computed: int = 0
-    """Prompt tokens run through the model by every request released so far: finished,
-    cancelled or failed (cached and chunk-reused tokens excluded; work done is counted)."""
-    generation_tokens: int = 0
-    """Tokens sampled by every request released so far, cancelled or failed ones included."""
-    decode_steps_by_rows: tuple[int, ...] = ()
-    """Decode steps run so far by batch size: entry ``i`` counts the steps that decoded ``i``
-    rows (length ``max_batch_size + 1``). Counted by the loop itself, so a reader that diffs
-    two snapshots gets a phase's peak and mean decode batch without sampling the engine."""
 
 
 class Scheduler:
@@ -146,11 +76,13 @@ class Scheduler:
         self.max_prefill_batch = config.max_prefill_batch if runner.can_pack_prefill else 1
         """Most requests prefilled in one forward now (1 on the transformers path; a benchmark
         may lower it between runs to compare)."""
-        self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         """Running requests in batch-row order (row i belongs to running[i])."""
         self._lock = lock
         self._cv = threading.Condition()
+        self.admission = AdmissionQueue(config, prefix_cache, self._cv)
+        self.waiting = self.admission.waiting
+        """Queued requests, oldest first (the admission queue's; edited under its condition)."""
         self._thread: threading.Thread | None = None
         self._prefilling: Request | None = None
         """The request whose prompt is being prefilled in chunks (its row idles in decode steps)."""
@@ -325,7 +257,7 @@ class Scheduler:
 
     def _iterate(self) -> None:
         for req in [r for r in self.running if r.is_cancelled]:
-            if req is not self._prefilling or _is_all_cancelled(req):
+            if req is not self._prefilling or is_all_cancelled(req):
                 # NOTE: a head mid-prefill with live forks finishes its prefill for them.
                 self._release(req, keep=True)
         self._admit()
@@ -363,16 +295,16 @@ class Scheduler:
         """
         req = self._prefilling
         if req is not None:
-            if _is_all_cancelled(req):
+            if is_all_cancelled(req):
                 self._release(req, keep=True)  # NOTE: stores only the positions computed
                 return self._gather(limit)
             jobs = [(req, limit)]
         else:
-            req = self._pick(lambda r: True)
+            req = self.admission.pop(self._fits, lambda r: True)
             if req is None:
                 return []
             jobs = [(req, limit)]
-            if self.max_prefill_batch == 1 or not _is_packable(req):
+            if self.max_prefill_batch == 1 or not is_packable(req):
                 return jobs
             if not self._start(req):
                 return self._gather(limit)
@@ -380,7 +312,9 @@ class Scheduler:
         while num_tokens < limit and len(jobs) < self.max_prefill_batch:
             if len(self.running) >= self.max_batch_size:
                 break
-            nxt = self._pick(functools.partial(self._can_pack, group=[r for r, _ in jobs]))
+            nxt = self.admission.pop(
+                self._fits, functools.partial(self.admission.can_pack, group=[r for r, _ in jobs])
+            )
             if nxt is None:
                 break
             if not self._start(nxt):
@@ -389,69 +323,12 @@ class Scheduler:
             num_tokens += _remaining(nxt)
         return jobs
 
-    def _can_pack(self, req: Request, *, group: list[Request]) -> bool:
-        """Whether ``req`` may prefill with ``group`` now: it scores no prompt, and it would not
-        hit a whole block more of cache once a group member's prompt is stored."""
-        if not _is_packable(req):
-            return False
-        if not req.use_prefix_cache:
-            return True
-        hit = self.prefix_cache.peek(req.cache_namespace, req.cacheable_ids, use_cache=True)
-        need = hit + self.prefix_cache.pool.block_size
-        if need >= len(req.prompt_ids):
-            return True
-        head = req.prompt_ids[:need]
-        return not any(
-            other.use_prefix_cache
-            and other.namespace == req.namespace
-            and other.prompt_ids[:need] == head
-            for other in group
-        )
-
-    def _pick(self, accept: Callable[[Request], bool]) -> Request | None:
-        """Pop the next request (with its forks) to admit, or None (empty, it does not fit, or
-        ``accept`` refuses it: it then stays in the queue)."""
-        with self._cv:
-            for req in [r for r in self.waiting if _is_all_cancelled(r)]:
-                self.waiting.remove(req)
-                for member in (req, *req.forks):
-                    member.status = RequestStatus.RELEASED
-                    member.released.set()
-            if not self.waiting:
-                return None
-            first = self._choose()
-            if not self._fits(self.waiting[first]):
-                return None  # NOTE: wait for rows to free; never exceed the KV budget.
-            # NOTE: a refused choice stays queued; the next in the lookahead that fits may go.
-            lookahead = range(min(len(self.waiting), self.config.lookahead))
-            for index in (first, *(i for i in lookahead if i != first)):
-                req = self.waiting[index]
-                if self._fits(req) and accept(req):
-                    del self.waiting[index]
-                    return req
-            return None
-
     def _fits(self, req: Request) -> bool:
         """Whether ``req`` and its forks fit in free rows and the KV budget now."""
         size = 1 + len(req.forks)
         return len(self.running) + size <= self.max_batch_size and self.batch.can_fit(
             req.max_total_len, num_rows=size
         )
-
-    def _choose(self) -> int:
-        """Index in ``waiting`` of the request to admit next."""
-        head = self.waiting[0]
-        is_old = time.monotonic() - head.t_enqueue > self.config.max_wait_s
-        if is_old or len(self.waiting) > self.config.fifo_threshold:
-            return 0
-        best, best_len = 0, -1
-        for i, req in enumerate(itertools.islice(self.waiting, self.config.lookahead)):
-            hit = self.prefix_cache.peek(
-                req.cache_namespace, req.cacheable_ids, use_cache=req.use_prefix_cache
-            )
-            if hit > best_len:
-                best, best_len = i, hit
-        return best
 
     def _prefill(self, req: Request, max_tokens: int) -> int:
         """Run the next chunk (at most ``max_tokens``) of ``req``'s prompt; the first chunk admits
@@ -690,16 +567,6 @@ class Scheduler:
         # NOTE: the row is reused by the next request; drop the view so nothing reads stale KV.
         req.node, req.kv, req.status = None, None, RequestStatus.RELEASED
         req.released.set()
-
-
-def _is_all_cancelled(req: Request) -> bool:
-    """A waiting request leaves the queue once it and every fork riding with it are cancelled."""
-    return req.is_cancelled and all(fork.is_cancelled for fork in req.forks)
-
-
-def _is_packable(req: Request) -> bool:
-    """Plain prefill: no prompt scoring (logprobs) and no chunk reuse (both run alone)."""
-    return req.params.prompt_logprobs is None and req.chunk_plan is None
 
 
 def _remaining(req: Request) -> int:

@@ -13,7 +13,7 @@ from runtime.chunk_reuse import ChunkReuse
 from runtime.grammar import Grammar, GrammarSpec
 from runtime.outputs import CacheStats, StreamDelta
 from runtime.sampling import SamplingParams
-from runtime.scheduler import SchedulerStats
+from runtime.scheduler_config import SchedulerStats
 
 __all__ = ["ServingEngine"]
 

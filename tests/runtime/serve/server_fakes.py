@@ -17,7 +17,7 @@ from runtime.exceptions import EngineBusyError, InvalidRequestError, PromptTooLo
 from runtime.grammar import Grammar, GrammarSpec
 from runtime.outputs import CacheStats, Completion, FinishReason, Metrics, StreamDelta, Usage
 from runtime.sampling import SamplingParams
-from runtime.scheduler import SchedulerStats
+from runtime.scheduler_config import SchedulerStats
 
 HERMES_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %} ... <tool_call> ..."
 
