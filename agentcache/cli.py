@@ -117,6 +117,12 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="prefix cache budget, bytes (default: 1 GiB)",
     )
     p.add_argument(
+        "--chunk-cache-bytes",
+        type=non_negative_int,
+        default=None,
+        help="chunk store budget for requests with chunk_reuse, bytes (default: 256 MiB)",
+    )
+    p.add_argument(
         "--no-prefix-cache", action="store_true", help="force-miss: never reuse KV (default: reuse)"
     )
     p.add_argument(

@@ -43,6 +43,7 @@ from runtime.outputs import ChunkReuseUsage
 
 __all__ = [
     "CHUNK_MODES",
+    "DEFAULT_RECOMPUTE_FRACTION",
     "ChunkAssembler",
     "ChunkMode",
     "ChunkReuse",
@@ -55,6 +56,9 @@ ChunkMode: TypeAlias = Literal["exact", "blend"]
 CHUNK_MODES: tuple[str, ...] = get_args(ChunkMode)
 
 Span = tuple[int, int]
+
+DEFAULT_RECOMPUTE_FRACTION = 0.15
+"""Blend's share of span tokens recomputed by default (CacheBlend reports ~15% enough)."""
 
 _SPAN_START = 1 << 40
 _IN_SPAN = 1 << 41
@@ -74,7 +78,7 @@ class ChunkReuse:
     """``(start, end)`` token index pairs of the prompt, end exclusive, sorted, disjoint."""
     mode: ChunkMode = "exact"
     """``"exact"`` (block attention mask) or ``"blend"`` (approximate causal prefill)."""
-    recompute_fraction: float = 0.15
+    recompute_fraction: float = DEFAULT_RECOMPUTE_FRACTION
     """Blend only: the share of span tokens recomputed (CacheBlend's default is about 15%)."""
 
     def __post_init__(self) -> None:
@@ -91,9 +95,10 @@ class ChunkReuse:
                 raise ChunkReuseError(f"spans[{i}] must be [start, end] integers, got {span!r}")
             start, end = span
             if start < prev_end or end <= start:
+                previous = f" (the previous ends at {prev_end})" if i else ""
                 raise ChunkReuseError(
                     f"spans[{i}]={list(span)!r}: spans must be non-empty ([start, end) with "
-                    f"end > start), sorted and disjoint (the previous ends at {prev_end})"
+                    f"end > start), sorted and disjoint{previous}"
                 )
             prev_end = end
 

@@ -313,7 +313,17 @@ class ChunkReuseSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     spans: Annotated[list[_Span], Field(min_length=1, max_length=MAX_SPANS)]
     mode: Literal["exact", "blend"] = "exact"
-    recompute_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.15
+    recompute_fraction: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    """Blend only (default 0.15); with ``mode: "exact"`` it is a 400, never silently unused."""
+
+    @model_validator(mode="after")
+    def _fraction_is_blends(self) -> ChunkReuseSpec:
+        if self.recompute_fraction is not None and self.mode != "blend":
+            raise ValueError(
+                f"recompute_fraction applies to mode 'blend' only (mode is {self.mode!r}); "
+                "drop it or send mode 'blend'"
+            )
+        return self
 
 
 _Penalty = Annotated[float, Field(ge=-PENALTY_MAX, le=PENALTY_MAX)]

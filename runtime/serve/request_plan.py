@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from anyio.to_thread import run_sync
 from jinja2 import TemplateError
 
-from runtime.chunk_reuse import ChunkReuse
+from runtime.chunk_reuse import DEFAULT_RECOMPUTE_FRACTION, ChunkReuse
 from runtime.exceptions import ChunkReuseError, InvalidRequestError
 from runtime.grammar import Grammar
 from runtime.sampling import SamplingParams
@@ -110,7 +110,11 @@ def _chunk_reuse(
     try:
         if len(prompts) != 1:
             raise ChunkReuseError("chunk_reuse applies to one prompt; send one per request")
-        plan = ChunkReuse(tuple((s, e) for s, e in spec.spans), spec.mode, spec.recompute_fraction)
+        spans = tuple((s, e) for s, e in spec.spans)
+        fraction = spec.recompute_fraction
+        plan = ChunkReuse(
+            spans, spec.mode, DEFAULT_RECOMPUTE_FRACTION if fraction is None else fraction
+        )
         plan.check(len(prompts[0]))
     except ChunkReuseError as exc:
         raise ApiError(400, str(exc), param="chunk_reuse", code="invalid_value") from exc

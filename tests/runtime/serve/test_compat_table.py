@@ -221,6 +221,12 @@ def check_chunk_reuse(c: Ctx) -> None:
                 "chunk_reuse")  # fmt: skip
     refused(lambda: c.complete(prompt=ids, extra_body={"chunk_reuse": {"spans": spans, "x": 1}}),
             "chunk_reuse")  # fmt: skip
+    # NOTE: a fraction exact mode would not use is refused, not ignored (a non-finite one:
+    # tests/runtime/serve/test_protocol_limits.py, as JSON clients cannot send NaN).
+    for extra in ({"recompute_fraction": 0.3}, {"mode": "exact", "recompute_fraction": 0.3}):
+        with pytest.raises(BadRequestError) as caught:
+            c.complete(prompt=ids, extra_body={"chunk_reuse": {"spans": spans, **extra}})
+        assert "recompute_fraction applies to mode 'blend' only" in caught.value.message
 
 
 # --- refused today ------------------------------------------------------------------------------

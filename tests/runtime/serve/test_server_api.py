@@ -340,6 +340,16 @@ def test_malformed_json_is_400(raw: bytes) -> None:
     assert assert_openai_error(resp, 400)["code"] == "invalid_json"
 
 
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity", b"-Infinity"])
+def test_a_non_finite_recompute_fraction_is_named_as_such(value: bytes) -> None:
+    client = make_client()
+    raw = (b'{"model": "%s", "prompt": "hi there", "chunk_reuse": {"spans": [[0, 1]], '
+           b'"mode": "blend", "recompute_fraction": %s}}' % (MODEL.encode(), value))  # fmt: skip
+    resp = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    error = assert_openai_error(resp, 400, "chunk_reuse.recompute_fraction")
+    assert "finite" in error["message"], error["message"]
+
+
 def test_prompt_too_long_from_the_engine_is_400() -> None:
     client = make_client(ScriptedEngine(engine_limit=100))
     resp = client.post("/v1/completions", json={"model": MODEL, "prompt": "z" * 99})

@@ -221,3 +221,23 @@ def test_served_keys_never_reach_stdout_or_logs(
 
 def _bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+def test_budgets_reach_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--kv-cache-bytes and --chunk-cache-bytes are the engine's budgets (not silently dropped)."""
+    from runtime.exceptions import ModelLoadError
+
+    seen: dict[str, Any] = {}
+
+    def capture(model: str, **kwargs: Any) -> Engine:
+        seen.update(kwargs)
+        raise ModelLoadError("stop here: the options were read")
+
+    monkeypatch.setattr(Engine, "from_pretrained", capture)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = ["serve", "--port", str(port), "--kv-cache-bytes", "1234567",
+            "--chunk-cache-bytes", "7654321"]  # fmt: skip
+    assert server.run_cli(build_parser().parse_args(argv)) == 2
+    assert (seen["kv_cache_bytes"], seen["chunk_cache_bytes"]) == (1234567, 7654321)
