@@ -242,17 +242,26 @@ class Scheduler:
 
     def _loop(self) -> None:
         while True:
+            is_idle_long = False
             with self._cv:
                 while not self._is_closed and (
                     self._is_paused or not (self.waiting or self.running)
                 ):
-                    self._cv.wait()
+                    # NOTE: a burst's rows are kept idle_release_s, then handed back.
+                    timeout = self.config.idle_release_s if self.batch.holds_idle_rows else None
+                    if not self._cv.wait(timeout) and not self._is_paused:
+                        is_idle_long = True
+                        break
                 if self._is_closed:
                     return
             with self._lock:
                 # NOTE: re-read under the lock: ``pause`` sets the flag holding it, so no
                 # iteration starts after ``pause`` returned.
-                if not self._is_paused:
+                if self._is_paused:
+                    continue
+                if is_idle_long:
+                    self.batch.release_idle()  # NOTE: a no-op if a request came meanwhile
+                else:
                     self._iterate()
 
     def _iterate(self) -> None:

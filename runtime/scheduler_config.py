@@ -45,6 +45,11 @@ class SchedulerConfig:
     ``prefill_chunk_tokens`` tokens in all; compact forward only). Short prompts arriving
     together then share one pass over the weights; 1 prefills each request alone."""
 
+    idle_release_s: float = 1.0
+    """Seconds the loop stays idle (nothing waiting or running) before a burst's batch KV
+    buffer is handed back (``BatchKV.release_idle``); a burst that follows sooner reuses its
+    rows instead of regrowing them."""
+
     def __post_init__(self) -> None:
         counts = (
             self.max_batch_size,
@@ -56,8 +61,10 @@ class SchedulerConfig:
         )
         if min(counts) < 1 or self.max_waiting < 0 or self.batch_kv_bytes < 1:
             raise ValueError(f"scheduler limits must be positive, got {self!r}")
-        if not self.max_wait_s > 0:
-            raise ValueError(f"max_wait_s must be > 0 seconds, got {self.max_wait_s!r}")
+        for name in ("max_wait_s", "idle_release_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
 
 
 class SchedulerStats(NamedTuple):

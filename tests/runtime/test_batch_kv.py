@@ -1,4 +1,4 @@
-"""BatchKV rows: the buffer gives its bytes back once every row of a burst has left."""
+"""BatchKV rows: the buffer gives a burst's bytes back when asked once every row has left."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def make_batch() -> BatchKV:
                    device=torch.device("cpu"), budget_bytes=1 << 20)  # fmt: skip
 
 
-def test_buffer_is_released_when_a_burst_ends() -> None:
+def test_buffer_is_released_when_idle_after_a_burst() -> None:
     batch = make_batch()
     rows = [batch.add_row(10 + i) for i in range(3)]
     for kv in rows:
@@ -26,7 +26,9 @@ def test_buffer_is_released_when_a_burst_ends() -> None:
     assert batch.bytes_allocated > 0  # one row still runs
     batch.check_integrity()
     batch.remove_row(0)
-    assert batch.num_rows == 0 and batch.bytes_allocated == 0 and batch.num_shrinks == 1
+    assert batch.num_rows == 0 and batch.bytes_allocated > 0 and batch.holds_idle_rows
+    assert batch.release_idle() and not batch.release_idle()
+    assert batch.bytes_allocated == 0 and batch.num_shrinks == 1
     kv = batch.add_row(8)  # the next request allocates again, zeroed
     assert kv.buffer.abs().sum().item() == 0
     batch.check_integrity()
@@ -37,7 +39,16 @@ def test_one_row_buffer_is_kept_between_requests() -> None:
     batch.add_row(8)
     kept = batch.bytes_allocated
     batch.remove_row(0)
+    assert not batch.holds_idle_rows and not batch.release_idle()
     assert batch.bytes_allocated == kept > 0 and batch.num_shrinks == 0
+
+
+def test_a_live_row_keeps_the_buffer() -> None:
+    batch = make_batch()
+    batch.add_row(8)
+    batch.add_row(8)
+    batch.remove_row(0)
+    assert not batch.release_idle() and batch.num_rows == 1 and batch.bytes_allocated > 0
 
 
 def test_a_burst_buffer_is_freed_without_the_cyclic_gc() -> None:
@@ -51,6 +62,7 @@ def test_a_burst_buffer_is_freed_without_the_cyclic_gc() -> None:
     try:
         for _ in range(3):
             batch.remove_row(0)
+        batch.release_idle()
         del rows
         assert [view() for view in views] == [None, None, None]
         assert buffer() is None
