@@ -125,7 +125,7 @@ def _fmt_chunks(usage: Usage, previous: TurnReport | None) -> str | None:
         return None
     text = f"chunk store reused {reused} document tokens ({CHUNK_LABELS.get(mode, mode)})"
     if reused == 0 and previous is None:
-        text += "; first turn: each document computed alone and stored"
+        text += "; each document computed alone and stored for later turns"
     return text
 
 
