@@ -15,7 +15,7 @@ from agentcache.agent.parsing import MarkupFilter, parse_hermes
 from agentcache.agent.tools import ToolOutcome, ToolRegistry
 from agentcache.backends.base import BaseBackend, GenerationOptions, ModelResponse, ToolCall
 from agentcache.canonical import canonical_json
-from agentcache.exceptions import AgentError
+from agentcache.exceptions import AgentError, ConfigError
 from agentcache.prompt import Document, Prompt, PromptBuilder
 
 if TYPE_CHECKING:
@@ -124,11 +124,12 @@ class Agent:
         Raises:
             ConfigError: ``tool_scope`` is not a scope kind (checked with or without a
                 ``tool_cache``), or ``tools`` is not a list of tools (one function given bare:
-                the message says ``tools=[fn]``).
+                the message says ``tools=[fn]``), or ``documents`` is not a list of
+                ``Document`` (one given bare: the message says ``documents=[doc]``).
         """
         self.backend = backend
         self.system = system
-        self.documents = tuple(documents)
+        self.documents = _document_tuple(documents)
         self.planner = planner
         self.config = config or AgentConfig()
         self.registry = ToolRegistry(tool_cache, scope=tool_scope)
@@ -278,3 +279,20 @@ class Agent:
             calls.append(ToolCall(id=f"call_{self._num_calls}", name=name, arguments=text))
             self._num_calls += 1
         return calls
+
+
+def _document_tuple(documents: Iterable[Document]) -> tuple[Document, ...]:
+    """``documents`` as a tuple, or a ConfigError naming the fix for a bare one, a string or None
+    (iterating those gave "'Document' object is not iterable" or one entry per character)."""
+    if isinstance(documents, Document):
+        raise ConfigError(
+            f"documents: got the single document {documents.id!r}; pass documents=[doc]"
+        )
+    if documents is None or isinstance(documents, (str, bytes)):
+        kind = "None" if documents is None else "a string"
+        raise ConfigError(f"documents: got {kind}; pass a list of Document (documents=[] for none)")
+    docs = tuple(documents)
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, Document):
+            raise ConfigError(f"documents[{i}] is a {type(doc).__name__}, not a Document")
+    return docs

@@ -170,3 +170,22 @@ def test_tools_not_given_as_a_list_is_a_config_error_naming_the_fix(
         Agent(FakeBackend(["hi"]), tools=tools)  # type: ignore[arg-type]
     assert says in str(exc.value)
     assert Agent(FakeBackend(["hi"]), tools=(get_weather,)).registry.names() == ["get_weather"]
+
+
+@pytest.mark.parametrize(
+    ("documents", "says"),
+    [
+        (Document("d1", "text"), "got the single document 'd1'; pass documents=[doc]"),
+        ("some text", "got a string; pass a list of Document"),
+        (None, "got None; pass a list of Document (documents=[] for none)"),
+        ([Document("d1", "text"), "more"], "documents[1] is a str, not a Document"),
+    ],
+)
+def test_documents_not_given_as_a_list_of_documents_is_a_config_error(
+    documents: object, says: str
+) -> None:
+    # NOTE: a bare Document failed with "'Document' object is not iterable".
+    with pytest.raises(ConfigError) as exc:
+        Agent(FakeBackend(["hi"]), documents=documents)  # type: ignore[arg-type]
+    assert says in str(exc.value)
+    assert Agent(FakeBackend(["hi"]), documents=(Document("d1", "text"),)).documents[0].id == "d1"
