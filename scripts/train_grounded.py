@@ -22,6 +22,8 @@ model keeps its language.
     python scripts/train_grounded.py --base runtime/models/tiny --out /tmp/new  # fine-tune
     python scripts/train_grounded.py --out runtime/models/tiny --eval-only      # figures
 
+A stage 0 that teaches long-range copying on synthetic sequences first is
+``scripts/train_copy.py``; continue from its output with ``--stage1 0`` (and a lower ``--lr``).
 Measured runs (none learned to copy; none shipped) are recorded in ``docs/training/``. On a
 heavily shared CPU ``--threads 1`` is faster than 2 (2 threads spent 3.5x the CPU time per step).
 """
@@ -699,6 +701,7 @@ def train_and_evaluate(
         stage1_batches=args.stage1,
         stage2_examples=args.stage2,
         max_minutes=args.max_minutes,
+        lr=args.lr,
     )
     started = time.perf_counter()
     stage1 = synthetic_batches(
@@ -735,6 +738,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=train_tiny.DEFAULT_OUT)
     parser.add_argument("--stage1", type=int, default=TuneConfig().stage1_batches)
     parser.add_argument("--stage2", type=int, default=TuneConfig().stage2_examples)
+    parser.add_argument("--lr", type=float, default=TuneConfig().lr, help="peak learning rate")
     parser.add_argument("--eval-examples", type=int, default=60)
     parser.add_argument("--max-minutes", type=float, default=TuneConfig().max_minutes)
     parser.add_argument("--eval-only", action="store_true", help="figures of --out's weights")
