@@ -380,7 +380,12 @@ def _parser() -> argparse.ArgumentParser:
         "on the cores, 1 avoids oversubscribing them (ignored with --url)",
     )
     p.add_argument("--concurrency", type=positive_int, nargs="+", default=[16, 64])
-    p.add_argument("--rounds", type=positive_int, default=2, help="requests per client")
+    p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=4,
+        help="requests per client (4: a 16-client phase of ~1 s at 2 swung its ratio by +-30%%)",
+    )
     p.add_argument("--max-tokens", type=positive_int, default=16)
     p.add_argument("--system-words", type=positive_int, default=200, help="system prompt words")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout")

@@ -49,11 +49,19 @@ def read_key_file(path: str | Path) -> list[str]:
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: no key in the file, or a line with whitespace inside a key (the message
-            gives the line number, never the line).
+        ValueError: an empty path, a file that is not UTF-8 text, no key in the file, or a line
+            with whitespace inside a key (the message names the file and gives the line number,
+            never the line).
     """
+    if not str(path):
+        raise ValueError("--api-key-file is empty: give the path of a file with one key per line")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        where = f"{str(path)!r} is not UTF-8 text (byte {exc.start})"
+        raise ValueError(f"{where}: one key per line") from None
     keys: list[str] = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         key = line.strip()
         if not key or key.startswith("#"):
             continue

@@ -154,6 +154,8 @@ def test_bad_key_options_are_exit_2_without_echoing_keys(
         ("folder", "Is a directory"),
         ("empty", "holds no API key"),
         ("malformed", "line 2: a key must not contain whitespace"),
+        ("binary", "keys.txt' is not UTF-8 text (byte 0)"),
+        ("empty path", "--api-key-file is empty"),
     ],
 )
 def test_a_bad_key_file_is_one_line_and_exit_2_without_torch(
@@ -162,8 +164,11 @@ def test_a_bad_key_file_is_one_line_and_exit_2_without_torch(
     keys_file = tmp_path / "keys.txt"
     if setup == "folder":
         keys_file.mkdir()
-    elif setup != "missing":
+    elif setup == "binary":
+        keys_file.write_bytes(b"\xff\xfesecret\n")
+    elif setup not in ("missing", "empty path"):
         keys_file.write_text({"empty": "# none\n", "malformed": "ok\nsecret with-space\n"}[setup])
+    arg = "" if setup == "empty path" else str(keys_file)
     # NOTE: a None entry in sys.modules makes `import torch` fail, as if it were not installed:
     # the key file must be checked before torch loads (seconds; ~15 s on a busy machine).
     code = (
@@ -171,7 +176,7 @@ def test_a_bad_key_file_is_one_line_and_exit_2_without_torch(
         "sys.modules['torch'] = None\n"
         "sys.modules['transformers'] = None\n"
         "from agentcache.cli import main\n"
-        f"sys.exit(main(['serve', '--api-key-file', {str(keys_file)!r}]))\n"
+        f"sys.exit(main(['serve', '--api-key-file', {arg!r}]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
