@@ -88,9 +88,10 @@ def test_a_model_name_typo_is_one_line_before_torch_or_the_port(
     assert len(lines) == 1 and lines[0].startswith(f"agentcache serve: {says}"), lines
 
 
-def test_kv_disk_flags_reach_the_engine(
+def test_kv_disk_and_budget_flags_reach_the_engine(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    """--kv-disk-*, --kv-cache-bytes and --chunk-cache-bytes become the engine's options."""
     from agentcache.cli import build_parser
     from runtime.exceptions import ModelLoadError
 
@@ -104,9 +105,11 @@ def test_kv_disk_flags_reach_the_engine(
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
-    argv = ["serve", "--port", port, "--kv-disk-dir", str(tmp_path), "--kv-disk-bytes", "4096"]
+    argv = ["serve", "--port", port, "--kv-disk-dir", str(tmp_path), "--kv-disk-bytes", "4096",
+            "--kv-cache-bytes", "1234567", "--chunk-cache-bytes", "7654321"]  # fmt: skip
     assert server.run_cli(build_parser().parse_args(argv)) == 2
     assert seen["kv_disk_dir"] == str(tmp_path) and seen["kv_disk_bytes"] == 4096
+    assert (seen["kv_cache_bytes"], seen["chunk_cache_bytes"]) == (1234567, 7654321)
     lone = build_parser().parse_args(["serve", "--port", port, "--kv-disk-bytes", "4096"])
     assert server.run_cli(lone) == 2
     assert "--kv-disk-bytes needs --kv-disk-dir" in capsys.readouterr().out
@@ -226,23 +229,3 @@ def test_served_keys_never_reach_stdout_or_logs(
 
 def _bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-def test_budgets_reach_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """--kv-cache-bytes and --chunk-cache-bytes are the engine's budgets (not silently dropped)."""
-    from runtime.exceptions import ModelLoadError
-
-    seen: dict[str, Any] = {}
-
-    def capture(model: str, **kwargs: Any) -> Engine:
-        seen.update(kwargs)
-        raise ModelLoadError("stop here: the options were read")
-
-    monkeypatch.setattr(Engine, "from_pretrained", capture)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    argv = ["serve", "--port", str(port), "--kv-cache-bytes", "1234567",
-            "--chunk-cache-bytes", "7654321"]  # fmt: skip
-    assert server.run_cli(build_parser().parse_args(argv)) == 2
-    assert (seen["kv_cache_bytes"], seen["chunk_cache_bytes"]) == (1234567, 7654321)
