@@ -260,7 +260,7 @@ class Scheduler:
                 if self._is_paused:
                     continue
                 if is_idle_long:
-                    self.batch.release_idle()  # NOTE: a no-op if a request came meanwhile
+                    self.batch.release_idle()  # NOTE: a no-op once a request holds a row again
                 else:
                     self._iterate()
 
