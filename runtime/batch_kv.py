@@ -158,7 +158,7 @@ class BatchKV:
         copy: 19% of the scheduler thread at 16 clients in ``bench load``). A one-row buffer
         stays, so one-by-one use never reallocates.
         """
-        if self.rows or self.buffer.shape[2] <= 1:
+        if not self.holds_idle_rows:
             return False
         l_, two, _, h, _, d = self.buffer.shape
         self.buffer = self.buffer.new_zeros((l_, two, 0, h, 0, d))

@@ -6,25 +6,20 @@ on the other shows exactly which positions ``induction_loss`` counts.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import torch
+
+from tests.script_module import load_module
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_copy.py"
 
 
 def load_script() -> ModuleType:
     """Import scripts/train_copy.py (not a package) under a private module name."""
-    spec = importlib.util.spec_from_file_location("_train_copy", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT, "_train_copy")
 
 
 def segment_len(row: torch.Tensor) -> int:

@@ -6,10 +6,8 @@ model, with the hub switched off, and re-run the training script's evaluation on
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +19,7 @@ from jinja2.exceptions import TemplateError
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from runtime.models import BUNDLED_MODELS, resolve_model
+from tests.script_module import load_module
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "scripts" / "train_tiny.py"
@@ -69,12 +68,7 @@ def make_conversation() -> list[dict[str, Any]]:
 
 def load_script() -> ModuleType:
     """Import scripts/train_tiny.py (not a package) under a private module name."""
-    spec = importlib.util.spec_from_file_location("_train_tiny", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT, "_train_tiny")
 
 
 @pytest.fixture(scope="module", autouse=True)
