@@ -110,6 +110,19 @@ def test_choice_seeds_wrap_in_the_signed_64_bit_range() -> None:
     assert choice_seed(-1, 1) == 0
 
 
+def test_unseeded_sampling_leaves_torch_global_generator_alone(engine: Engine) -> None:
+    # An app that seeded torch for its own reproducibility keeps its stream of numbers.
+    params = SamplingParams(ignore_eos=True, max_tokens=4, temperature=1.0)
+    torch.manual_seed(5)
+    expected = torch.rand(4)
+    torch.manual_seed(5)
+    group = finish(engine.stream_choices(PROMPT, params, n=2))
+    assert torch.equal(torch.rand(4), expected)
+    assert group[0].token_ids and group[1].token_ids
+    seeds = {choice_seed(None, 0) for _ in range(8)}
+    assert len(seeds) == 8 and all(0 <= s < 1 << 63 for s in seeds)
+
+
 def test_greedy_choices_match_with_the_prefix_cache_on_and_off(engine: Engine) -> None:
     engine.flush_cache()
     engine.generate(PROMPT[:29], SamplingParams(ignore_eos=True, max_tokens=1))  # warm a prefix
