@@ -1,7 +1,8 @@
 """Engine: the public entry of the local runtime (generate, stream, chat rendering, cache control).
 
-It owns the model runner, the prefix cache, the scheduler (whose loop thread batches every
-running request) and one lock; ``stream`` submits a request and yields the deltas the loop posts.
+It owns the model runner, the request builder (the one validator of a request), the KV stores
+(prefix cache, disk tier, chunk store), the scheduler (whose loop thread batches every running
+request) and one lock; ``stream`` submits a request and yields the deltas the loop posts.
 It does not know HTTP or the SDK.
 """
 
@@ -9,34 +10,22 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import torch
-
-from runtime._detokenizer import Detokenizer
-from runtime.cache.chunk_store import ChunkStore
 from runtime.cache.disk_tier import DiskTier
-from runtime.cache.kv_pool import KVPool
-from runtime.cache.prefix_cache import PrefixCache, namespace_of
-from runtime.chunk_reuse import ChunkAssembler, ChunkReuse, chunk_reuse_blocker
-from runtime.exceptions import ChunkReuseError, InvalidRequestError, PromptTooLongError
+from runtime.chunk_reuse import ChunkAssembler, ChunkReuse
 from runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
-from runtime.model_runner import (
-    ForwardPath,
-    ModelRunner,
-    load_model,
-    reuse_blocker,
-    weights_fingerprint,
-)
+from runtime.kv_stores import KVStores
+from runtime.model_runner import ForwardPath, ModelRunner, load_model
 from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.request import Request
+from runtime.request_builder import Prompt, RequestBuilder
 from runtime.request_stream import RequestStream
 from runtime.sampler import LogitsProcessor
-from runtime.sampling import SEED_MAX, SEED_MIN, SamplingParams
+from runtime.sampling import SamplingParams
 from runtime.scheduler import Scheduler
 from runtime.scheduler_config import SchedulerConfig, SchedulerStats
 
@@ -56,9 +45,6 @@ DEFAULT_CHUNK_CACHE_BYTES = 256 << 20
 """Chunk store budget when none is given: 256 MiB (pages are touched only as chunks arrive)."""
 DEFAULT_KV_DISK_BYTES = 8 << 30
 """Disk tier budget when ``kv_disk_dir`` is given without ``kv_disk_bytes``: 8 GiB of files."""
-
-Prompt = str | Sequence[int] | list[dict[str, Any]]
-"""Text (tokenized as is), token ids, or chat messages (rendered with the chat template)."""
 
 
 class Engine:
@@ -99,29 +85,30 @@ class Engine:
                 f">= 0, got {block_size!r}, {kv_cache_bytes!r}, {kv_disk_bytes!r}, "
                 f"{chunk_cache_bytes!r}"
             )
-        self.tokenizer = tokenizer
-        self.model_id = model_id
-        self.revision = revision
         self.runner = ModelRunner(model, forward=forward)
         logger.info("forward path for %r: %s (%s)", model_id, self.runner.path,
                     self.runner.path_reason or "supported")  # fmt: skip
-        self.max_context_len = _context_len(model.config, tokenizer)
-        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
-        """Token ids the model can run: the rows of its input embedding. NOTE: the one vocabulary
-        size of the engine and the server. A tokenizer may be shorter (the embedding padded to a
-        multiple of 64/128: those ids decode to nothing) or longer (tokens added without a
-        resize: those ids would index past the embedding and fail the whole batch step)."""
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.request_builder = RequestBuilder(
+            self.runner, tokenizer, model_id=model_id, revision=revision
+        )
+        """Validates and tokenizes every request (``make_request``); holds the model facts."""
         self.debug_integrity = debug_integrity
-        self._dtype_name = str(self.runner.dtype).removeprefix("torch.")
         self._lock = threading.Lock()
-        self.prefix_cache = self._make_prefix_cache(kv_cache_bytes, block_size, prefix_cache)
-        if kv_disk_dir is not None and self.prefix_cache.is_enabled:
-            self.prefix_cache.disk = self._make_disk_tier(kv_disk_dir, kv_disk_bytes)
+        self.kv_stores = KVStores(
+            self.runner,
+            model_id=model_id,
+            block_size=block_size,
+            kv_cache_bytes=kv_cache_bytes,
+            prefix_cache=prefix_cache,
+            kv_disk_dir=kv_disk_dir,
+            kv_disk_bytes=kv_disk_bytes,
+            chunk_cache_bytes=chunk_cache_bytes,
+        )
+        self.prefix_cache = self.kv_stores.prefix_cache
+        self.chunk_store = self.kv_stores.chunk_store
+        """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunk_reuse``)."""
         if self.runner.batch_blocker is not None:
             logger.warning("batch size 1 for %r: %s", model_id, self.runner.batch_blocker)
-        self.chunk_store = ChunkStore(self._make_pool(chunk_cache_bytes, block_size))
-        """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunk_reuse``)."""
         self.scheduler = Scheduler(
             self.runner,
             self.prefix_cache,
@@ -200,6 +187,41 @@ class Engine:
         """``"compact"`` or ``"transformers"``: which forward runs this model (``runner.path``)."""
         return self.runner.path
 
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (a transformers tokenizer)."""
+        return self.request_builder.tokenizer
+
+    @property
+    def model_id(self) -> str:
+        """The model's name as given (path, bundled name or hub id); part of every namespace."""
+        return self.request_builder.model_id
+
+    @property
+    def revision(self) -> str | None:
+        """The hub revision loaded (None: the default branch or a local folder)."""
+        return self.request_builder.revision
+
+    @property
+    def max_context_len(self) -> int:
+        """Positions the model can attend to; a prompt must leave room for one new token."""
+        return self.request_builder.max_context_len
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model can run: its input embedding's rows (``RequestBuilder``)."""
+        return self.request_builder.vocab_size
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """End-of-sequence ids that stop a request without ``ignore_eos``."""
+        return self.request_builder.eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, ids: frozenset[int]) -> None:
+        # NOTE: the benches clear it to decode a fixed number of tokens; later requests see it.
+        self.request_builder.eos_ids = ids
+
     def render_chat(
         self,
         messages: list[dict[str, Any]],
@@ -212,21 +234,13 @@ class Engine:
         Raises:
             InvalidRequestError: no chat template, or the template rejects the messages.
         """
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise InvalidRequestError(
-                f"model {self.model_id!r} has no chat template; pass text or token ids instead"
-            )
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
-            )
-        except Exception as exc:  # jinja errors are not a stable type
-            raise InvalidRequestError(f"chat template failed on these messages: {exc}") from exc
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self.request_builder.render_chat(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt
+        )
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of a text prompt, exactly as ``generate``/``stream`` tokenize it."""
-        return list(self.tokenizer.encode(text, add_special_tokens=True)) if text else []
+        return self.request_builder.tokenize(text)
 
     def generate(
         self,
@@ -317,24 +331,8 @@ class Engine:
 
     def cache_stats(self) -> CacheStats:
         """Prefix cache counters and occupancy, with the chunk store's (``chunk_store``)."""
-        pc = self.prefix_cache
         with self._lock:
-            used, disk = pc.radix.num_blocks, pc.disk
-            return CacheStats(
-                queried_tokens=pc.queried_tokens,
-                hit_tokens=pc.hit_tokens,
-                disk_hit_tokens=pc.disk_hit_tokens,
-                disk=None if disk is None else disk.snapshot(),
-                bytes_used=used * pc.pool.block_bytes,
-                bytes_total=pc.pool.bytes_total,
-                num_blocks_used=used,
-                num_blocks_total=pc.pool.num_blocks,
-                num_evictions=pc.num_evictions,
-                is_enabled=pc.is_enabled,
-                disabled_reason=pc.disabled_reason,
-                num_blocks_pinned=pc.radix.num_in_use_blocks,
-                chunk_store=self.chunk_store.snapshot(),
-            )
+            return self.kv_stores.stats()
 
     def flush_cache(self, *, include_disk: bool = False) -> int:
         """Drop every cached block not pinned by a running request; returns prefix blocks freed.
@@ -344,19 +342,16 @@ class Engine:
         dropped too (a cache reset leaves no stored KV behind).
         """
         with self._lock:
-            self.chunk_store.flush()
-            return self.prefix_cache.flush(include_disk=include_disk)
+            return self.kv_stores.flush(include_disk=include_disk)
 
     def drain_disk(self) -> None:
         """Wait until every queued disk-tier write is on disk (no-op without a disk tier)."""
-        if self.prefix_cache.disk is not None:
-            self.prefix_cache.disk.drain()
+        self.kv_stores.drain_disk()
 
     def check_integrity(self) -> None:
         """Assert the pool and tree agree: free + evictable + in-use == total blocks."""
         with self._lock:
-            self.prefix_cache.check_integrity()
-            self.chunk_store.check_integrity()
+            self.kv_stores.check_integrity()
             self.scheduler.check_integrity()
 
     def make_request(
@@ -381,44 +376,20 @@ class Engine:
         choices are in ``request.forks`` (see ``stream_choices``).
 
         Raises:
-            InvalidRequestError: ``cache_salt`` is empty (it would share the unsalted namespace;
-                the server refuses it too), or the prompt/params are invalid.
+            InvalidRequestError, PromptTooLongError, ChunkReuseError: as
+                ``RequestBuilder.make_request`` (empty ``cache_salt``, bad prompt or params).
         """
-        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-            raise InvalidRequestError(
-                f"cache_salt must be a non-empty str or None (no salt), got {cache_salt!r}"
-            )
-        params = params or SamplingParams()
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise InvalidRequestError(f"n must be an int >= 1, got {n!r}")
-        ids = self._prompt_ids(prompt)
-        self._check(ids, params)
-        if chunk_reuse is not None:
-            self._check_chunks(chunk_reuse, ids, params)
-        namespace = namespace_of(self.model_id, self.revision, self._dtype_name, cache_salt)
-        choices = [
-            Request(
-                prompt_ids=ids,
-                params=params,
-                namespace=namespace,
-                max_total_len=min(self.max_context_len, len(ids) + params.max_tokens),
-                stop_ids=frozenset(params.stop_token_ids)
-                | (frozenset() if params.ignore_eos else self.eos_ids),
-                detokenizer=Detokenizer(
-                    self.tokenizer, list(params.stop), min_tokens=params.min_tokens
-                ),
-                generator=torch.Generator(device="cpu").manual_seed(choice_seed(params.seed, i)),
-                # NOTE: prompt logprobs need every prompt position's logits: skip the cache.
-                use_prefix_cache=use_prefix_cache and params.prompt_logprobs is None,
-                logits_log=[] if record_logits else None,
-                logits_processors=_processors(logits_processors, grammar),
-                is_fork=i > 0,
-                chunk_plan=chunk_reuse,
-            )
-            for i in range(n)
-        ]
-        choices[0].forks = choices[1:]
-        return choices[0]
+        return self.request_builder.make_request(
+            prompt,
+            params,
+            cache_salt=cache_salt,
+            use_prefix_cache=use_prefix_cache,
+            record_logits=record_logits,
+            logits_processors=logits_processors,
+            n=n,
+            grammar=grammar,
+            chunk_reuse=chunk_reuse,
+        )
 
     def run(self, request: Request) -> RequestStream:
         """Drive a request made by ``make_request`` to completion (what ``stream`` returns).
@@ -452,81 +423,6 @@ class Engine:
         """
         self._finalizer()
 
-    # --- input checks: the one place a request is validated (the server maps the errors) ---
-
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
-        """Token ids of ``prompt``; only ids given by the caller are checked id by id."""
-        if isinstance(prompt, str):
-            return self.tokenize(prompt)
-        items = list(prompt)
-        if items and all(isinstance(m, dict) for m in items):
-            return self.render_chat(items)  # type: ignore[arg-type]
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in items):
-            raise InvalidRequestError("prompt must be text, a list of token ids or chat messages")
-        bad = [t for t in items if not 0 <= t < self.vocab_size]  # type: ignore[operator]
-        if bad:
-            raise InvalidRequestError(
-                f"prompt token ids {bad[:5]!r} are outside the vocabulary [0, {self.vocab_size})"
-            )
-        return [int(t) for t in items if isinstance(t, int)]
-
-    def _check(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise InvalidRequestError("prompt is empty; give at least one token")
-        for name, tokens in (
-            ("stop_token_ids", params.stop_token_ids),
-            ("logit_bias", list(params.logit_bias)),
-        ):
-            unknown = [t for t in tokens if t >= self.vocab_size]
-            if unknown:
-                raise InvalidRequestError(
-                    f"{name} token ids {unknown[:5]!r} are not in the vocabulary "
-                    f"(size {self.vocab_size})"
-                )
-        if len(ids) >= self.max_context_len:
-            raise PromptTooLongError(
-                f"prompt has {len(ids)} tokens but the model's context is {self.max_context_len}; "
-                "shorten it so at least one token can be generated"
-            )
-
-    def _check_chunks(self, plan: ChunkReuse, ids: list[int], params: SamplingParams) -> None:
-        plan.check(len(ids))
-        why = chunk_reuse_blocker(self.runner, plan.mode)
-        if why is not None:
-            raise ChunkReuseError(
-                f"chunk reuse ({plan.mode!r}) is not available for model {self.model_id!r}: {why}"
-            )
-        if params.prompt_logprobs is not None:
-            raise ChunkReuseError("prompt_logprobs cannot be combined with chunk reuse")
-
-    def _make_pool(self, budget: int, block_size: int) -> KVPool:
-        shape = self.runner.kv_shape
-        return KVPool(
-            num_layers=shape.num_layers,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            block_size=block_size,
-            budget_bytes=budget,
-            dtype=self.runner.dtype,
-            device=self.runner.device,
-        )
-
-    def _make_prefix_cache(self, budget: int, block_size: int, enabled: bool) -> PrefixCache:
-        pool = self._make_pool(budget if enabled else 0, block_size)
-        reason = None if enabled else "prefix_cache=False (force-miss)"
-        blocker = reuse_blocker(self.runner.model.config)
-        if enabled and blocker is not None:
-            logger.warning("prefix cache disabled for %r: %s", self.model_id, blocker)
-            reason, enabled = blocker, False
-        return PrefixCache(pool, is_enabled=enabled, disabled_reason=reason)
-
-    def _make_disk_tier(self, path: str | os.PathLike[str], budget: int) -> DiskTier:
-        pool = self.prefix_cache.pool
-        layout = f"{pool.block_shape}|{self.runner.dtype}"
-        fingerprint = f"{weights_fingerprint(self.runner.model)}|{layout}"
-        return DiskTier(path, budget_bytes=budget, fingerprint=fingerprint,
-                        block_shape=pool.block_shape, dtype=self.runner.dtype)  # fmt: skip
-
 
 def _shutdown(scheduler: Scheduler, disk: DiskTier | None) -> None:
     scheduler.close()
@@ -534,51 +430,8 @@ def _shutdown(scheduler: Scheduler, disk: DiskTier | None) -> None:
         disk.close()
 
 
-def _processors(
-    shared: Sequence[LogitsProcessor], grammar: Grammar | None
-) -> list[LogitsProcessor]:
-    """One choice's logits processors: the caller's, then a fresh matcher of ``grammar``."""
-    return [*shared, *([] if grammar is None else [grammar.matcher()])]
-
-
-def choice_seed(seed: int | None, choice: int) -> int:
-    """The generator seed of choice ``choice`` of a request with ``seed`` (None draws one).
-
-    ``seed + choice`` wrapped into ``[SEED_MIN, SEED_MAX]`` (torch then takes a negative seed as
-    its two's complement), so choice 0 samples exactly as a single request with ``seed`` does.
-
-    NOTE: an unseeded choice draws from ``secrets``, not ``torch.seed()``: that reseeds torch's
-    global generator (the caller's reproducibility) and queues CUDA's lazy seed with a formatted
-    stack, ~13 ms of GIL-holding work per request in a 16-client ``bench load`` (py-spy).
-    """
-    if seed is None:
-        return secrets.randbits(63)
-    return (seed + choice - SEED_MIN) % (SEED_MAX - SEED_MIN + 1) + SEED_MIN
-
-
 def _last_completion(deltas: Iterator[StreamDelta]) -> Completion:
     for delta in deltas:
         if delta.completion is not None:
             return delta.completion
     raise AssertionError("stream ended without a completion")
-
-
-def _context_len(config: Any, tokenizer: Any) -> int:
-    text = config.get_text_config(decoder=True)
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = getattr(text, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    limit = getattr(tokenizer, "model_max_length", None)
-    return int(limit) if isinstance(limit, int) and 0 < limit < 10**7 else 2048
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    ids: set[int] = set()
-    gen = getattr(model, "generation_config", None)
-    for value in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(v for v in value if isinstance(v, int))
-    return frozenset(ids)

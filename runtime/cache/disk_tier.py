@@ -94,7 +94,7 @@ class DiskTier:
     Args:
         path: directory (created if missing); leftover temp files are removed on start.
         budget_bytes: most bytes of block files kept (headers included).
-        fingerprint: weights + block layout identity (see ``runtime.engine``); part of every key.
+        fingerprint: weights + block layout identity (see ``runtime.kv_stores``); part of every key.
         block_shape: shape of one block tensor, ``[L, 2, H_kv, block_size, D]``.
         dtype: dtype of block tensors.
         max_pending: blocks waiting to be written at most (memory bound); beyond it ``put``

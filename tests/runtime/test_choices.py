@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.engine import Engine, choice_seed
+from runtime.engine import Engine
 from runtime.exceptions import InvalidRequestError
 from runtime.outputs import Completion
+from runtime.request_builder import choice_seed
 from runtime.sampling import SEED_MAX, SEED_MIN, SamplingParams
 from runtime.scheduler import SchedulerConfig
 from tests.conftest import VOCAB_SIZE

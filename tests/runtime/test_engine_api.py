@@ -290,15 +290,15 @@ def test_unresumable_models_disable_reuse(caplog: pytest.LogCaptureFixture, tmp_
     assert "linear_attention" in (reuse_blocker(config) or "")
     assert reuse_blocker(make_config("mistral_sliding")) is None  # full KV kept + sliding mask
     path = save_tiny_model("llama", tmp_path / "m")
-    with caplog.at_level(logging.WARNING, logger="runtime.engine"):
-        import runtime.engine as engine_mod
+    with caplog.at_level(logging.WARNING, logger="runtime.kv_stores"):
+        import runtime.kv_stores as kv_stores_mod
 
-        original = engine_mod.reuse_blocker
-        engine_mod.reuse_blocker = lambda cfg: "recurrent state"  # type: ignore[assignment]
+        original = kv_stores_mod.reuse_blocker
+        kv_stores_mod.reuse_blocker = lambda cfg: "recurrent state"  # type: ignore[assignment]
         try:
             eng = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 20, block_size=4)
         finally:
-            engine_mod.reuse_blocker = original
+            kv_stores_mod.reuse_blocker = original
     assert "recurrent state" in caplog.text
     stats = eng.cache_stats()
     assert not stats.is_enabled and stats.disabled_reason == "recurrent state"

@@ -1,0 +1,123 @@
+"""KVStores: an engine's stored KV, built to its model's KV shape: prefix cache and chunk store.
+
+The prefix cache (a block pool, optionally spilling to a disk tier) and the chunk store (document
+chunks' KV, used only by requests with chunk reuse) each get a byte budget here; the disk tier's
+fingerprint (weights + block layout) is fixed here. It does not lock (the engine's lock guards
+every call but ``drain_disk``), and it knows neither requests nor the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from runtime.cache.chunk_store import ChunkStore
+from runtime.cache.disk_tier import DiskTier
+from runtime.cache.kv_pool import KVPool
+from runtime.cache.prefix_cache import PrefixCache
+from runtime.model_runner import ModelRunner, reuse_blocker, weights_fingerprint
+from runtime.outputs import CacheStats
+
+__all__ = ["KVStores"]
+
+logger = logging.getLogger(__name__)
+
+
+class KVStores:
+    """The prefix cache (with its optional disk tier) and the chunk store of one model."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        *,
+        model_id: str,
+        block_size: int,
+        kv_cache_bytes: int,
+        prefix_cache: bool,
+        kv_disk_dir: str | os.PathLike[str] | None,
+        kv_disk_bytes: int,
+        chunk_cache_bytes: int,
+    ) -> None:
+        """Allocate both pools (the budgets as ``Engine.from_pretrained`` documents them).
+
+        Prefix reuse is off (force-miss, same code path) for ``prefix_cache=False`` and for a
+        model whose cache cannot be resumed safely (``reuse_blocker``; logged as a warning);
+        then no disk tier is opened either.
+
+        Raises:
+            OSError: ``kv_disk_dir`` cannot be created or read.
+        """
+        self.runner = runner
+        self.model_id = model_id
+        self.prefix_cache = self._make_prefix_cache(kv_cache_bytes, block_size, prefix_cache)
+        if kv_disk_dir is not None and self.prefix_cache.is_enabled:
+            self.prefix_cache.disk = self._make_disk_tier(kv_disk_dir, kv_disk_bytes)
+        self.chunk_store = ChunkStore(self._make_pool(chunk_cache_bytes, block_size))
+        """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunk_reuse``)."""
+
+    def stats(self) -> CacheStats:
+        """Prefix cache counters and occupancy, with the disk tier's and the chunk store's."""
+        pc = self.prefix_cache
+        used, disk = pc.radix.num_blocks, pc.disk
+        return CacheStats(
+            queried_tokens=pc.queried_tokens,
+            hit_tokens=pc.hit_tokens,
+            disk_hit_tokens=pc.disk_hit_tokens,
+            disk=None if disk is None else disk.snapshot(),
+            bytes_used=used * pc.pool.block_bytes,
+            bytes_total=pc.pool.bytes_total,
+            num_blocks_used=used,
+            num_blocks_total=pc.pool.num_blocks,
+            num_evictions=pc.num_evictions,
+            is_enabled=pc.is_enabled,
+            disabled_reason=pc.disabled_reason,
+            num_blocks_pinned=pc.radix.num_in_use_blocks,
+            chunk_store=self.chunk_store.snapshot(),
+        )
+
+    def flush(self, *, include_disk: bool = False) -> int:
+        """Drop every unpinned block of both stores; returns the prefix blocks freed.
+
+        As ``PrefixCache.flush``: the dropped blocks spill to the disk tier unless
+        ``include_disk``, which also deletes every block file.
+        """
+        self.chunk_store.flush()
+        return self.prefix_cache.flush(include_disk=include_disk)
+
+    def drain_disk(self) -> None:
+        """Wait until every queued disk-tier write is on disk (no-op without a disk tier)."""
+        if self.prefix_cache.disk is not None:
+            self.prefix_cache.disk.drain()
+
+    def check_integrity(self) -> None:
+        """Assert each store's pool and index agree (free + evictable + in-use == total)."""
+        self.prefix_cache.check_integrity()
+        self.chunk_store.check_integrity()
+
+    def _make_pool(self, budget: int, block_size: int) -> KVPool:
+        shape = self.runner.kv_shape
+        return KVPool(
+            num_layers=shape.num_layers,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            block_size=block_size,
+            budget_bytes=budget,
+            dtype=self.runner.dtype,
+            device=self.runner.device,
+        )
+
+    def _make_prefix_cache(self, budget: int, block_size: int, enabled: bool) -> PrefixCache:
+        pool = self._make_pool(budget if enabled else 0, block_size)
+        reason = None if enabled else "prefix_cache=False (force-miss)"
+        blocker = reuse_blocker(self.runner.model.config)
+        if enabled and blocker is not None:
+            logger.warning("prefix cache disabled for %r: %s", self.model_id, blocker)
+            reason, enabled = blocker, False
+        return PrefixCache(pool, is_enabled=enabled, disabled_reason=reason)
+
+    def _make_disk_tier(self, path: str | os.PathLike[str], budget: int) -> DiskTier:
+        pool = self.prefix_cache.pool
+        layout = f"{pool.block_shape}|{self.runner.dtype}"
+        fingerprint = f"{weights_fingerprint(self.runner.model)}|{layout}"
+        return DiskTier(path, budget_bytes=budget, fingerprint=fingerprint,
+                        block_shape=pool.block_shape, dtype=self.runner.dtype)  # fmt: skip
