@@ -59,7 +59,7 @@ def chunk_reuse_of(args: argparse.Namespace) -> Literal["exact", "blend"] | None
     """``--chunk-reuse`` (``"exact"`` or ``"blend"``), or None when off (the default).
 
     Raises:
-        ConfigError: Any other value (argparse's ``choices`` refuse it first on the CLI).
+        ConfigError: Any other value (the CLI passes the text as given, so this is its error).
     """
     mode = getattr(args, "chunk_reuse", None)
     if mode not in (None, "exact", "blend"):

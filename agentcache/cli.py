@@ -86,7 +86,9 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--cache-dir", default=None, help="tool/retrieval cache directory")
     p.add_argument(
         "--chunk-reuse",
-        choices=("exact", "blend"),
+        # NOTE: no argparse choices: a wrong mode gets the demo's one-line error naming the valid
+        # ones (`_demo_options.chunk_reuse_of`), as its other options do, not the usage block.
+        metavar="{exact,blend}",
         default=None,
         help="local engine only, opt-in (default: off): reuse each pinned document's KV from the "
         "chunk store in any order; blend approximates the usual answer, exact answers as under "

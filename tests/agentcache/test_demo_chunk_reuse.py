@@ -109,11 +109,14 @@ def test_cli_chunk_reuse_with_agentcache_base_url_exits_2_without_torch(tmp_path
     assert "Traceback" not in done.stderr
 
 
-def test_cli_unknown_chunk_reuse_mode_is_a_usage_error(tmp_path: Path) -> None:
-    done = run_cli(tmp_path, "--chunk-reuse", "fuzzy")
-    assert done.returncode == 2
-    assert "argument --chunk-reuse: invalid choice: 'fuzzy'" in done.stderr
-    assert "'exact'" in done.stderr and "'blend'" in done.stderr
+def test_cli_unknown_chunk_reuse_mode_exits_2_in_one_line_naming_the_modes(tmp_path: Path) -> None:
+    # As the demo's other options (--max-tokens 0, --model): one line, no argparse usage block.
+    done = run_cli(tmp_path, "--chunk-reuse", "blned")
+    assert done.returncode == 2, done.stderr
+    assert done.stdout.splitlines() == [
+        "agentcache demo: --chunk-reuse must be exact or blend, got 'blned'"
+    ]
+    assert "usage:" not in done.stderr and "Traceback" not in done.stderr
 
 
 def test_cli_without_the_flag_leaves_chunk_reuse_off() -> None:
