@@ -142,6 +142,8 @@ def _serve(args: argparse.Namespace) -> int:
         kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}
         if args.kv_cache_bytes is not None:
             kwargs["kv_cache_bytes"] = args.kv_cache_bytes
+        if getattr(args, "dtype", None) is not None:
+            kwargs["dtype"] = args.dtype
         if getattr(args, "chunk_cache_bytes", None) is not None:
             kwargs["chunk_cache_bytes"] = args.chunk_cache_bytes
         if disk_dir is not None:

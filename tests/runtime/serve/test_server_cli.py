@@ -91,7 +91,8 @@ def test_a_model_name_typo_is_one_line_before_torch_or_the_port(
 def test_kv_disk_and_budget_flags_reach_the_engine(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """--kv-disk-*, --kv-cache-bytes and --chunk-cache-bytes become the engine's options."""
+    """--kv-disk-*, --kv-cache-bytes, --chunk-cache-bytes and --dtype become the engine's
+    options (and the dtype stays the engine's float32 default when not given)."""
     from agentcache.cli import build_parser
     from runtime.exceptions import ModelLoadError
 
@@ -106,10 +107,15 @@ def test_kv_disk_and_budget_flags_reach_the_engine(
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
     argv = ["serve", "--port", port, "--kv-disk-dir", str(tmp_path), "--kv-disk-bytes", "4096",
-            "--kv-cache-bytes", "1234567", "--chunk-cache-bytes", "7654321"]  # fmt: skip
+            "--kv-cache-bytes", "1234567", "--chunk-cache-bytes", "7654321",
+            "--dtype", "bfloat16"]  # fmt: skip
     assert server.run_cli(build_parser().parse_args(argv)) == 2
     assert seen["kv_disk_dir"] == str(tmp_path) and seen["kv_disk_bytes"] == 4096
     assert (seen["kv_cache_bytes"], seen["chunk_cache_bytes"]) == (1234567, 7654321)
+    assert seen["dtype"] == "bfloat16"
+    seen.clear()
+    assert server.run_cli(build_parser().parse_args(["serve", "--port", port])) == 2
+    assert "dtype" not in seen and "kv_cache_bytes" not in seen
     lone = build_parser().parse_args(["serve", "--port", port, "--kv-disk-bytes", "4096"])
     assert server.run_cli(lone) == 2
     assert "--kv-disk-bytes needs --kv-disk-dir" in capsys.readouterr().out
