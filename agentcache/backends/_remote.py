@@ -1,20 +1,23 @@
 """Shared base of the remote (HTTP) backends: endpoint, API key, retry policy and connection pool.
 
-Subclasses add the provider's request body, headers and stream decoding. Knows nothing about any
-provider's payloads.
+Subclasses add the provider's request body, headers and stream decoding; ``StreamAccumulator`` is
+what every stream keeps besides its provider's events (text, client-side timing, answering model).
+Knows nothing about any provider's payloads.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import time
+from dataclasses import dataclass, field, replace
 
 import httpx
 
 from agentcache.backends._http import RetryPolicy
-from agentcache.backends.base import BaseBackend, Capabilities
+from agentcache.backends._usage import estimate_cost
+from agentcache.backends.base import BaseBackend, Capabilities, ModelResponse, ToolCall
 from agentcache.usage import Usage
 
-__all__ = ["RemoteBackend", "with_stream_timing"]
+__all__ = ["RemoteBackend", "StreamAccumulator", "with_stream_timing"]
 
 
 class RemoteBackend(BaseBackend):
@@ -85,3 +88,49 @@ def with_stream_timing(
         ttft_s=usage.ttft_s if usage.ttft_s is not None else ttft,
         decode_tokens_per_s=usage.decode_tokens_per_s or rate,
     )
+
+
+@dataclass(slots=True)
+class StreamAccumulator:
+    """The part of a provider's stream state that every remote backend keeps the same way.
+
+    A provider's subclass decodes its events, appends text to ``text``, sets ``model`` and calls
+    ``mark_first`` on the first text or tool-call delta; ``finish`` builds the response.
+    """
+
+    start_s: float
+    """``time.perf_counter()`` when the request was sent, seconds."""
+    text: list[str] = field(default_factory=list)
+    """Text deltas in arrival order."""
+    model: str = ""
+    """The model the provider says answered ('' until it says so)."""
+    first_s: float | None = None
+    """When the first text or tool-call delta arrived (None: none yet)."""
+
+    def mark_first(self) -> None:
+        """Record now as the first delta's arrival, once."""
+        if self.first_s is None:
+            self.first_s = time.perf_counter()
+
+    def finish(
+        self,
+        requested_model: str,
+        *,
+        usage: Usage,
+        tool_calls: tuple[ToolCall, ...],
+        finish_reason: str | None,
+    ) -> ModelResponse:
+        """The stream's response: ``usage`` timed on the client (``with_stream_timing``, ending
+        now) and priced at the answering model's rates (``requested_model`` if none was named)."""
+        timed = with_stream_timing(
+            usage, start_s=self.start_s, first_s=self.first_s, end_s=time.perf_counter()
+        )
+        model = self.model or requested_model
+        return ModelResponse(
+            text="".join(self.text),
+            tool_calls=tool_calls,
+            finish_reason=finish_reason,
+            usage=timed,
+            cost_usd=estimate_cost(model, timed),
+            model=model,
+        )

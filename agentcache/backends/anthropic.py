@@ -17,8 +17,8 @@ import httpx
 
 from agentcache import env
 from agentcache.backends._http import RetryPolicy, decode_json_event, iter_sse, open_stream
-from agentcache.backends._remote import RemoteBackend, with_stream_timing
-from agentcache.backends._usage import anthropic_usage, estimate_cost
+from agentcache.backends._remote import RemoteBackend, StreamAccumulator
+from agentcache.backends._usage import anthropic_usage
 from agentcache.backends.base import (
     GenerationOptions,
     ModelResponse,
@@ -104,16 +104,12 @@ class AnthropicBackend(RemoteBackend):
 
 
 @dataclass(slots=True)
-class _MessageState:
+class _MessageState(StreamAccumulator):
     """Accumulates Messages API stream events into one response."""
 
-    start_s: float
-    text: list[str] = field(default_factory=list)
     blocks: dict[int, dict[str, str]] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=dict)
     stop_reason: str | None = None
-    model: str = ""
-    first_s: float | None = None
 
     def feed(self, kind: str, data: dict[str, Any]) -> str:
         if kind == "error" or data.get("type") == "error":
@@ -135,7 +131,7 @@ class _MessageState:
 
     def _start_block(self, index: int, block: dict[str, Any]) -> None:
         if block.get("type") == "tool_use":
-            self._mark_first()
+            self.mark_first()
             initial = block.get("input") or {}
             self.blocks[index] = {
                 "id": str(block.get("id", "")),
@@ -145,12 +141,12 @@ class _MessageState:
             }
         text = block.get("text")
         if block.get("type") == "text" and text:
-            self._mark_first()
+            self.mark_first()
             self.text.append(text)
 
     def _delta(self, index: int, delta: dict[str, Any]) -> str:
         if delta.get("type") == "text_delta":
-            self._mark_first()
+            self.mark_first()
             text = str(delta.get("text", ""))
             self.text.append(text)
             return text
@@ -158,27 +154,14 @@ class _MessageState:
             self.blocks[index]["args"] += str(delta.get("partial_json", ""))
         return ""
 
-    def _mark_first(self) -> None:
-        if self.first_s is None:
-            self.first_s = time.perf_counter()
-
     def response(self, requested_model: str) -> ModelResponse:
-        usage = with_stream_timing(
-            anthropic_usage(self.usage),
-            start_s=self.start_s,
-            first_s=self.first_s,
-            end_s=time.perf_counter(),
-        )
         calls = tuple(
             ToolCall(id=b["id"], name=b["name"], arguments=b["args"] or b["initial"] or "{}")
             for _, b in sorted(self.blocks.items())
         )
-        model = self.model or requested_model
-        return ModelResponse(
-            text="".join(self.text),
+        return self.finish(
+            requested_model,
+            usage=anthropic_usage(self.usage),
             tool_calls=calls,
             finish_reason=self.stop_reason,
-            usage=usage,
-            cost_usd=estimate_cost(model, usage),
-            model=model,
         )

@@ -16,8 +16,8 @@ import httpx
 
 from agentcache import env
 from agentcache.backends._http import RetryPolicy, decode_json_event, iter_sse, open_stream
-from agentcache.backends._remote import RemoteBackend, with_stream_timing
-from agentcache.backends._usage import estimate_cost, openai_usage
+from agentcache.backends._remote import RemoteBackend, StreamAccumulator
+from agentcache.backends._usage import openai_usage
 from agentcache.backends.base import (
     GenerationOptions,
     ModelResponse,
@@ -162,16 +162,12 @@ def _decode(data: str) -> dict[str, Any]:
 
 
 @dataclass(slots=True)
-class _StreamState:
+class _StreamState(StreamAccumulator):
     """Accumulates Chat Completions chunks into one response."""
 
-    start_s: float
-    text: list[str] = field(default_factory=list)
     calls: dict[int, dict[str, str]] = field(default_factory=dict)
     finish_reason: str | None = None
-    model: str = ""
     usage_payload: dict[str, Any] | None = None
-    first_s: float | None = None
 
     def feed(self, chunk: dict[str, Any]) -> str:
         self.model = chunk.get("model") or self.model
@@ -184,7 +180,7 @@ class _StreamState:
         self.finish_reason = choice.get("finish_reason") or self.finish_reason
         delta = choice.get("delta") or {}
         for item in delta.get("tool_calls") or []:
-            self._mark_first()
+            self.mark_first()
             empty = {"id": "", "name": "", "args": ""}
             slot = self.calls.setdefault(int(item.get("index", 0)), empty)
             function = item.get("function") or {}
@@ -193,31 +189,18 @@ class _StreamState:
             slot["args"] += function.get("arguments") or ""
         content = delta.get("content") or ""
         if content:
-            self._mark_first()
+            self.mark_first()
             self.text.append(content)
         return content
 
-    def _mark_first(self) -> None:
-        if self.first_s is None:
-            self.first_s = time.perf_counter()
-
     def response(self, requested_model: str) -> ModelResponse:
-        usage = with_stream_timing(
-            openai_usage(self.usage_payload) if self.usage_payload else Usage(),
-            start_s=self.start_s,
-            first_s=self.first_s,
-            end_s=time.perf_counter(),
-        )
         calls = tuple(
             ToolCall(id=slot["id"] or f"call_{index}", name=slot["name"], arguments=slot["args"])
             for index, slot in sorted(self.calls.items())
         )
-        model = self.model or requested_model
-        return ModelResponse(
-            text="".join(self.text),
+        return self.finish(
+            requested_model,
+            usage=openai_usage(self.usage_payload) if self.usage_payload else Usage(),
             tool_calls=calls,
             finish_reason=self.finish_reason,
-            usage=usage,
-            cost_usd=estimate_cost(model, usage),
-            model=model,
         )
