@@ -34,6 +34,7 @@ import torch
 
 from runtime.cache.chunk_store import ChunkStore
 from runtime.cache.radix_cache import Namespace
+from runtime.chunk_job import ChunkJob
 from runtime.chunk_rotation import rerotate, rotation_blocker
 from runtime.chunk_rows import RowForward
 from runtime.exceptions import ChunkReuseError
@@ -211,32 +212,58 @@ def masked_prefill_logits(model: Any, ids: Sequence[int], spans: Sequence[Span])
 
 
 class ChunkAssembler:
-    """Fills a request's KV buffer from stored chunks and returns the last prompt logits."""
+    """Fills a request's KV buffer from its chunks' KV and returns the last prompt logits.
+
+    Two phases, so the scheduler can interleave decode steps: ``open`` a ``ChunkJob`` that reads
+    the stored chunks and computes the missed ones over as many calls as the budget asks
+    (``ChunkJob.compute``); then ``finish`` places every chunk and runs the other rows at once.
+    NOTE: nothing is written to the request's KV before ``finish``: a row mid-prefill is fed a
+    placeholder at ``kv.length`` by every decode step (``ModelRunner.decode``).
+    """
 
     def __init__(self, runner: ModelRunner, store: ChunkStore) -> None:
         self.runner = runner
         self.store = store
 
+    def open(self, namespace: Namespace, ids: list[int], plan: ChunkReuse, start: int) -> ChunkJob:
+        """Phase 1's job for the chunks of ``ids`` at or after ``start`` (the prefix cache's
+        hit); reads the stored ones now (``ChunkJob``)."""
+        chunks = [tuple(ids[s:e]) for s, _, e in _pieces(plan, start)]
+        return ChunkJob(self.runner, self.store, namespace, chunks)
+
+    def num_finish_tokens(self, ids: list[int], plan: ChunkReuse, start: int) -> int:
+        """Prompt tokens ``finish`` runs through the model (the scheduler's budget): the rows
+        outside spans from ``start``; blend adds the recomputed span rows and its layer 0 over
+        every row, counted as ``1 / num_layers`` of a token each."""
+        num_span = sum(e - s for s, e in plan.spans_from(start))
+        num_free = len(ids) - start - num_span
+        if plan.mode == "exact":
+            return num_free
+        num_layers = self.runner.kv_shape.num_layers
+        num_pick = math.ceil(plan.recompute_fraction * num_span)
+        return num_free + num_pick + math.ceil((len(ids) - start) / num_layers)
+
     @torch.no_grad()
-    def prefill(
-        self, namespace: Namespace, ids: list[int], plan: ChunkReuse, kv: RequestKVCache
+    def finish(
+        self, job: ChunkJob, ids: list[int], plan: ChunkReuse, kv: RequestKVCache
     ) -> tuple[torch.Tensor, ChunkReuseUsage]:
-        """Prefill ``ids`` into ``kv``, which holds ``[0, kv.length)`` from the prefix cache
-        (the head, or a whole earlier assembled opening; never part of a span: ``ChunkReuse.cut``).
+        """Place the chunks of ``job`` (ready) into ``kv``, which holds ``[0, kv.length)`` from the
+        prefix cache (the head, or a whole earlier assembled opening; never part of a span:
+        ``ChunkReuse.cut``), run the other rows, and set ``kv.length = len(ids)``.
 
         Returns:
             ``[vocab]`` logits of the last prompt position and the request's chunk usage (spans
             the prefix cache served are its cached tokens, not counted here).
         """
+        assert job.is_ready, "finish after every chunk was gathered"
         start = kv.length
         spans = plan.spans_from(start)
-        assert all(end <= start for _, end in plan.spans[: len(plan.spans) - len(spans)]), "cut"
-        compact = self.runner.compact
         kv.reserve(len(ids))
-        missed = [(s, e) for s, e in spans if self._place(namespace, ids, s, e, kv)]
+        missed = self._place_all(job, ids, plan, kv)
         num_missed = sum(e - s for s, e in missed)
         in_span = self._span_rows(spans, start, len(ids))
         num_recomputed = 0
+        compact = self.runner.compact
         if compact is None:  # NOTE: exact only (chunk_reuse_blocker)
             logits = self._exact_stepwise(ids, spans, kv)
         elif plan.mode == "exact":
@@ -282,23 +309,25 @@ class ChunkAssembler:
             in_span[s - start : e - start] = True
         return in_span
 
-    def _place(self, namespace: Namespace, ids: list[int], start: int, end: int,
-               kv: RequestKVCache) -> bool:  # fmt: skip
-        """Write chunk ``ids[start:end]``'s stored KV at ``[start, end)``; True on a miss."""
-        tokens = ids[start:end]
-        stored = self.store.get(namespace, tokens)
-        missed = stored is None
-        if stored is None:
-            stored = self._compute_alone(namespace, tokens)
-        span = kv.span(start, end)  # [L, 2, H_kv, n, D]
-        span[:, 1].copy_(stored[:, 1])
-        span[:, 0].copy_(rerotate(self.runner.model, stored[:, 0], start))
+    def _place_all(
+        self, job: ChunkJob, ids: list[int], plan: ChunkReuse, kv: RequestKVCache
+    ) -> list[Span]:
+        """Write every chunk's KV at its place from ``kv.length`` on; the placed spans whose
+        chunk missed the store (a repeated chunk's first place only: it was computed once)."""
+        missed, seen = [], set()
+        for s, at, e in _pieces(plan, kv.length):
+            chunk = tuple(ids[s:e])
+            if chunk in job.missed and chunk not in seen:
+                missed.append((at, e))
+            seen.add(chunk)
+            stored = job.kv(chunk)[:, :, :, at - s :]  # [L, 2, H_kv, e - at, D]
+            span = kv.span(at, e)
+            span[:, 1].copy_(stored[:, 1])
+            span[:, 0].copy_(rerotate(self.runner.model, stored[:, 0], s))
         return missed
 
-    def _compute_alone(self, namespace: Namespace, tokens: list[int]) -> torch.Tensor:
-        """KV ``[L, 2, H_kv, n, D]`` of ``tokens`` run alone at ``[0, n)``; stored if it fits."""
-        scratch = self.runner.new_cache(len(tokens))
-        self.runner.forward(tokens, scratch)
-        kv = scratch.span(0, len(tokens))
-        self.store.put(namespace, tokens, kv)
-        return kv
+
+def _pieces(plan: ChunkReuse, start: int) -> list[tuple[int, int, int]]:
+    """``(chunk start, place from, end)`` of each span ending after ``start``: a chunk is placed
+    from ``max(chunk start, start)`` on, its keys rotated by its chunk start."""
+    return [(s, max(s, start), e) for s, e in plan.spans if e > start]

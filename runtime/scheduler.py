@@ -19,6 +19,7 @@ import torch
 from runtime.admission import AdmissionQueue, is_all_cancelled, is_packable
 from runtime.batch_kv import BatchKV
 from runtime.cache.prefix_cache import PrefixCache
+from runtime.chunk_job import ChunkJob
 from runtime.chunk_reuse import ChunkAssembler
 from runtime.exceptions import (
     EngineBusyError,
@@ -86,6 +87,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._prefilling: Request | None = None
         """The request whose prompt is being prefilled in chunks (its row idles in decode steps)."""
+        self._chunk_job: ChunkJob | None = None
+        """``_prefilling``'s chunks gathered so far, when it reuses chunks (phase 1)."""
         self._is_closed = False
         self._is_paused = False
         """Set by ``pause``: the loop thread runs no iteration (``step`` runs them instead)."""
@@ -307,16 +310,15 @@ class Scheduler:
             if is_all_cancelled(req):
                 self._release(req, keep=True)  # NOTE: stores only the positions computed
                 return self._gather(limit)
-            jobs = [(req, limit)]
         else:
             req = self.admission.pop(self._fits, lambda r: True)
             if req is None:
                 return []
-            jobs = [(req, limit)]
-            if self.max_prefill_batch == 1 or not is_packable(req):
-                return jobs
-            if not self._start(req):
-                return self._gather(limit)
+        jobs = [(req, limit)]
+        if self.max_prefill_batch == 1 or not is_packable(req):
+            return jobs
+        if req.status is RequestStatus.WAITING and not self._start(req):
+            return self._gather(limit)
         num_tokens = _remaining(req)
         while num_tokens < limit and len(jobs) < self.max_prefill_batch:
             if len(self.running) >= self.max_batch_size:
@@ -355,9 +357,10 @@ class Scheduler:
             assert req.kv is not None, "a running request has a KV row"
             kv = req.kv
             if req.chunk_plan is not None:
-                # NOTE: chunk reuse assembles the whole prompt in one iteration.
-                num_run = len(req.prompt_ids) - req.cached_len
-                logits = self._prefill_chunks(req)
+                num_run, chunk_logits = self._prefill_chunks(req, max_tokens)
+                if chunk_logits is None:
+                    return num_run  # NOTE: chunks still to gather: decode steps run first
+                logits = chunk_logits
             elif req.params.prompt_logprobs is None:
                 chunk = req.prompt_ids[kv.length : kv.length + max_tokens]
                 num_run = max(1, len(chunk))
@@ -367,7 +370,6 @@ class Scheduler:
                 num_run = len(req.prompt_ids)
                 logits = self._prefill_scored(req)
         except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving
-            self._prefilling = None
             for member in [req, *(f for f in req.forks if f.status is RequestStatus.RUNNING)]:
                 self._fail(member, exc)
             return num_run
@@ -476,15 +478,30 @@ class Scheduler:
             fork.chunk_usage = req.chunk_usage
             fork.node = self.prefix_cache.acquire(req.node)
 
-    def _prefill_chunks(self, req: Request) -> torch.Tensor:
-        """Prefill from the chunk store (``runtime.chunk_reuse``); the last ``[vocab]`` logits."""
+    def _prefill_chunks(self, req: Request, max_tokens: int) -> tuple[int, torch.Tensor | None]:
+        """The next step of chunk assembly (``runtime.chunk_reuse``): phase 1 computes missed
+        chunks alone (at most ``max_tokens``), phase 2 places every chunk in ``req``'s row and
+        runs the rest of the prompt. It waits for a whole iteration's budget if it needs more
+        than ``max_tokens`` (then reports them run, to end this iteration's prefill).
+
+        Returns:
+            Prompt tokens run, and the last ``[vocab]`` logits once assembled (else None).
+        """
         assert req.chunk_plan is not None and req.kv is not None, "a chunk request with a row"
         if self.chunks is None:
             raise RuntimeEngineError("this scheduler has no chunk store")
-        logits, req.chunk_usage = self.chunks.prefill(
-            req.namespace, req.prompt_ids, req.chunk_plan, req.kv
-        )
-        return logits
+        ids, plan, start = req.prompt_ids, req.chunk_plan, req.kv.length
+        job = self._chunk_job
+        if job is None:
+            job = self._chunk_job = self.chunks.open(req.namespace, ids, plan, start)
+        if not job.is_ready:
+            return job.compute(max_tokens), None
+        num_run = self.chunks.num_finish_tokens(ids, plan, start)
+        if num_run > max_tokens and max_tokens < self.config.prefill_chunk_tokens:
+            return max_tokens, None
+        logits, req.chunk_usage = self.chunks.finish(job, ids, plan, req.kv)
+        self._chunk_job = None
+        return num_run, logits
 
     def _prefill_scored(self, req: Request) -> torch.Tensor:
         """Prefill computing every prompt position's logits (in chunks, to bound their memory),
@@ -559,7 +576,9 @@ class Scheduler:
         if req.status is RequestStatus.RELEASED:
             return
         if self._prefilling is req:
-            self._prefilling = None
+            if self._chunk_job is not None:  # NOTE: chunks computed alone are work done
+                self._num_prefill_computed += self._chunk_job.num_computed
+            self._prefilling = self._chunk_job = None
         self._num_generated += len(req.output_ids)
         if req.status is RequestStatus.RUNNING:
             self._num_prefill_computed += req.num_prompt_computed()

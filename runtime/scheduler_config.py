@@ -38,8 +38,10 @@ class SchedulerConfig:
     """Most prompt tokens one prefill forward runs, and the prefill budget of a loop iteration
     while requests are decoding: a longer prompt is prefilled in chunks with one decode step of
     the running requests between them, so an arriving long prompt does not stall every stream
-    (smaller: steadier inter-token latency, slower admission of long prompts). NOTE: a request
-    with chunk reuse is assembled whole in one iteration (its computed rows are few)."""
+    (smaller: steadier inter-token latency, slower admission of long prompts). A request with
+    chunk reuse computes its missed chunks within the same budget, then places every chunk and
+    runs its other rows in one iteration (NOTE: that step may exceed the budget by what it
+    runs: the rows outside chunks, and in blend mode the recomputed ones)."""
     max_prefill_batch: int = 16
     """Most requests whose prefill chunks run packed in one forward (at most
     ``prefill_chunk_tokens`` tokens in all; compact forward only). Short prompts arriving

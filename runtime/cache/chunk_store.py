@@ -43,8 +43,8 @@ def chunk_key(namespace: Namespace, tokens: Sequence[int]) -> ChunkKey:
 class ChunkStoreStats:
     """The chunk store's counters since the engine started, occupancy now (``CacheStats``).
 
-    Lookups count chunks (one per document span of a request), not tokens; the tokens a request
-    reused are in its ``Usage.chunk_reuse``.
+    Lookups count chunks (one per distinct document chunk of a request), not tokens; the tokens
+    a request reused are in its ``Usage.chunk_reuse``.
     """
 
     num_entries: int
