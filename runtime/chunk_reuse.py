@@ -148,17 +148,16 @@ class ChunkReuse:
                 key[i] += _IN_SPAN
         return key
 
-    def cut(self, cached_len: int) -> int:
-        """The longest prefix of ``cached_len`` positions that does not end inside a span (a
-        span is placed whole from the chunk store, or served whole by the prefix cache)."""
-        for start, end in self.spans:
-            if start < cached_len < end:
-                return start
-        return cached_len
-
     def spans_from(self, position: int) -> tuple[Span, ...]:
-        """The spans at or after ``position`` (``position`` never lies inside one: ``cut``)."""
-        return tuple(span for span in self.spans if span[0] >= position)
+        """The spans' parts at or after ``position`` (the prefix cache's hit): a span the hit
+        ends inside is clipped to its tail ``(position, end)``.
+
+        NOTE: exact mode's KV at ``p`` in a span depends only on ``ids[start : p + 1]``, so a
+        hit inside a span is exact up to ``position`` (``cache_ids`` pins the span's start)
+        and only the tail is placed from the stored chunk (``ChunkAssembler``). Blend does the
+        same (approximate anyway: its selection runs over the rows from ``position``).
+        """
+        return tuple((max(s, position), e) for s, e in self.spans if e > position)
 
 
 def chunk_reuse_blocker(runner: ModelRunner, mode: ChunkMode) -> str | None:
@@ -248,12 +247,13 @@ class ChunkAssembler:
         self, job: ChunkJob, ids: list[int], plan: ChunkReuse, kv: RequestKVCache
     ) -> tuple[torch.Tensor, ChunkReuseUsage]:
         """Place the chunks of ``job`` (ready) into ``kv``, which holds ``[0, kv.length)`` from the
-        prefix cache (the head, or a whole earlier assembled opening; never part of a span:
-        ``ChunkReuse.cut``), run the other rows, and set ``kv.length = len(ids)``.
+        prefix cache (the head, or an earlier assembled opening, maybe ending inside a span:
+        then that chunk's tail is placed, ``ChunkReuse.spans_from``), run the other rows, and
+        set ``kv.length = len(ids)``.
 
         Returns:
-            ``[vocab]`` logits of the last prompt position and the request's chunk usage (spans
-            the prefix cache served are its cached tokens, not counted here).
+            ``[vocab]`` logits of the last prompt position and the request's chunk usage (span
+            tokens the prefix cache served are its cached tokens, not counted here).
         """
         assert job.is_ready, "finish after every chunk was gathered"
         start = kv.length

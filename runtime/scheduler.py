@@ -441,10 +441,8 @@ class Scheduler:
             for member in group:
                 self._fail(member, exc)
             return False
+        # NOTE: under chunk reuse a hit may end inside a span (kept: ChunkReuse.spans_from)
         req.cached_len, req.node = hit.cached_len, hit.node
-        if req.chunk_plan is not None:
-            # NOTE: a hit ending inside a span stops at the span's start (placed whole)
-            kv.length = req.cached_len = req.chunk_plan.cut(hit.cached_len)
         return True
 
     def _add_row(self, req: Request) -> RequestKVCache:

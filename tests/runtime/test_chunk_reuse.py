@@ -130,9 +130,10 @@ def test_a_later_turn_hits_the_assembled_prompt_in_the_prefix_cache(engine: Engi
     engine.check_integrity()
 
 
-def test_a_hit_ending_inside_a_chunk_stops_at_the_chunk(engine: Engine) -> None:
-    """The same opening up to a chunk whose end differs: the hit stops where that chunk starts
-    (its tokens are another chunk, computed alone), and the answer is exact."""
+def test_a_hit_ending_inside_a_changed_chunk_keeps_it_and_places_the_tail(engine: Engine) -> None:
+    """The same opening up to a chunk whose end differs: the hit ends inside that chunk and is
+    kept (its KV there depends only on the chunk's tokens so far); the chunk's tail is placed
+    from the chunk (another one, computed alone), and the answer is exact."""
     engine.flush_cache()
     ids, spans = rag_prompt([0, 1, 2])
     run(engine, ids, ChunkReuse(spans, "exact"), n=1)
@@ -143,11 +144,33 @@ def test_a_hit_ending_inside_a_chunk_stops_at_the_chunk(engine: Engine) -> None:
     completion, logits = run(engine, changed, ChunkReuse(spans, "exact"), n=1)
     usage = completion.usage
     assert usage.chunk_reuse is not None
-    assert usage.cached_tokens == second_start  # the block-aligned hit (36) was cut back to 23
-    assert usage.chunk_reuse.missed_tokens == second_end - second_start
+    assert usage.cached_tokens == (second_end - 2) // 4 * 4  # the block-aligned hit: 36
+    assert second_start < usage.cached_tokens < second_end
+    assert usage.chunk_reuse.missed_tokens == second_end - usage.cached_tokens
     assert usage.chunk_reuse.reused_tokens == spans[2][1] - spans[2][0]
     want = masked_prefill_logits(engine.runner.model, changed, spans)[-1]
     assert_logits_close(want, logits[0], 0)
+    engine.check_integrity()
+
+
+def test_a_hit_ending_inside_a_stored_chunk_places_its_tail(engine: Engine) -> None:
+    """Only what follows the last chunk changes: the hit ends inside the last chunk, whose tail
+    comes from the chunk store (slice of the stored chunk, rotated by the chunk's start)."""
+    engine.flush_cache()
+    ids, spans = rag_prompt([2, 0, 1])
+    run(engine, ids, ChunkReuse(spans, "exact"), n=1)
+    last_start, last_end = spans[-1]
+    changed = ids[:last_end] + [5] + ids[last_end + 1 :]  # another separator after it
+    assert changed != ids and last_end % 4
+    completion, logits = run(engine, changed, ChunkReuse(spans, "exact"), n=2)
+    usage = completion.usage
+    assert usage.chunk_reuse is not None
+    assert last_start < usage.cached_tokens == last_end // 4 * 4 < last_end
+    assert (usage.chunk_reuse.reused_tokens, usage.chunk_reuse.missed_tokens) == (
+        last_end - usage.cached_tokens,
+        0,
+    )
+    assert_masked_steps(engine, changed, spans, completion, logits)
     engine.check_integrity()
 
 
@@ -162,7 +185,9 @@ def test_cache_ids_spell_the_spans() -> None:
     namespaces = {plan.cache_namespace(Namespace("n")), blend.cache_namespace(Namespace("n")),
                   ChunkReuse(((1, 3),), "blend", 0.3).cache_namespace(Namespace("n"))}  # fmt: skip
     assert len(namespaces) == 3 and Namespace("n") not in namespaces
-    assert [plan.cut(n) for n in (0, 1, 2, 3, 4, 5, 9)] == [0, 1, 1, 3, 3, 5, 9]
+    assert [plan.spans_from(n) for n in (0, 1, 2, 3, 4, 5)] == [
+        ((1, 3), (3, 5)), ((1, 3), (3, 5)), ((2, 3), (3, 5)), ((3, 5),), ((4, 5),), (),
+    ]  # fmt: skip
 
 
 def test_masked_prefill_differs_from_causal(engine: Engine) -> None:
@@ -225,6 +250,29 @@ def test_blend_full_recompute_equals_causal_prefill(compact: Engine) -> None:
     num_span = sum(len(d) for d in DOCS)
     assert usage is not None and usage.mode == "blend"
     assert (usage.recomputed_tokens, usage.reused_tokens) == (num_span, 0)
+    compact.check_integrity()
+
+
+def test_blend_places_the_tail_of_a_chunk_a_hit_ends_inside(compact: Engine) -> None:
+    """At 100% recompute the cached opening is causal KV and every row after it is recomputed:
+    a hit ending inside a changed chunk still gives the causal prefill."""
+    compact.flush_cache()
+    ids, spans = rag_prompt([0, 1, 2])
+    run(compact, ids, ChunkReuse(spans, "blend", 1.0), n=1)
+    changed = list(ids)
+    changed[spans[1][1] - 2] = changed[spans[1][1] - 2] % (VOCAB_SIZE - 4) + 3  # inside chunk 2
+    completion, logits = run(compact, changed, ChunkReuse(spans, "blend", 1.0), n=2)
+    usage = completion.usage
+    assert usage.chunk_reuse is not None and spans[1][0] < usage.cached_tokens < spans[1][1]
+    num_tail = spans[1][1] - usage.cached_tokens
+    assert (usage.chunk_reuse.missed_tokens, usage.chunk_reuse.recomputed_tokens) == (
+        num_tail,
+        spans[2][1] - spans[2][0],
+    )
+    for step, got in enumerate(logits):
+        with torch.no_grad():
+            want = compact.runner.model(torch.tensor([changed + completion.token_ids[:step]]))
+        assert_logits_close(want.logits[0, -1], got, step)
     compact.check_integrity()
 
 

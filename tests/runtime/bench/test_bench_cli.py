@@ -97,8 +97,11 @@ def test_rag_prints_ttft_per_mode_and_quality(capsys: pytest.CaptureFixture[str]
     assert report["spread"]["TTFT, no cache"]["n"] == 2
     assert report["no_cache_reused_tokens_mean"] == 0
     assert report["exact_reused_tokens_mean"] >= 4 * 24  # every document from the store
-    # Prefix-cached and chunk-reused tokens apart (4 documents x 24 tokens per request).
-    assert report["exact_chunk_reused_tokens_mean"] == 4 * 24
+    # Prefix-cached and chunk-reused tokens apart (a 32-token head, 4 documents x 24 tokens per
+    # request): the warm-up's entry serves the head and the first document's opening (a hit
+    # ending inside it is kept), the store the rest.
+    exact_cached = report["exact_cached_tokens_mean"]
+    assert exact_cached > 32 and report["exact_chunk_reused_tokens_mean"] + exact_cached == 32 + 96
     assert report["exact_chunk_missed_tokens_mean"] == 0
     blend = report["blend_chunk_reused_tokens_mean"] + report["blend_chunk_recomputed_tokens_mean"]
     assert blend == 4 * 24 and report["blend_chunk_recomputed_tokens_mean"] > 0
