@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["BUILD_HELP", "LlamaCppPeer", "PeerRun", "export_gguf", "peer_python"]
+__all__ = ["BUILD_HELP", "LlamaCppPeer", "PeerRun", "export_gguf", "peer_python", "save_hf"]
 
 BUILD_HELP = """\
 llama.cpp peer (optional, never a test dependency): build llama-cpp-python from its sdist in a
@@ -95,7 +95,12 @@ def peer_python(spec: str) -> str:
 
 
 def _byte_tokenizer(vocab_size: int) -> Any:
-    """A byte-level BPE tokenizer (256 byte tokens, one merge) for a model of ``vocab_size``."""
+    """A byte-level BPE tokenizer (256 byte tokens, one merge) for a model of ``vocab_size``.
+
+    Every other id is a word `` w<id>`` (never produced by encoding: no merge makes it), so any
+    token a random model generates decodes to text, alike here and in llama.cpp (an id missing
+    from the vocabulary would decode to nothing in both, and a stream would carry no text).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -103,6 +108,7 @@ def _byte_tokenizer(vocab_size: int) -> Any:
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
     vocab["Ġt"] = len(vocab)  # NOTE: llama.cpp refuses a BPE vocabulary without merges
     assert len(vocab) < vocab_size, "the model's vocabulary must hold the byte tokens"
+    vocab.update({f"Ġw{i}": i for i in range(len(vocab), vocab_size)})
     core = Tokenizer(models.BPE(vocab=vocab, merges=[("Ġ", "t")]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
@@ -111,16 +117,21 @@ def _byte_tokenizer(vocab_size: int) -> Any:
     )
 
 
+def save_hf(model: Any, folder: Path) -> Path:
+    """Save ``model`` (a transformers Llama) and a byte tokenizer to ``folder/hf``; return it."""
+    hf_dir = folder / "hf"
+    model.save_pretrained(hf_dir)
+    _byte_tokenizer(model.config.vocab_size).save_pretrained(hf_dir)
+    return hf_dir
+
+
 def export_gguf(model: Any, folder: Path, convert_script: Path) -> Path:
-    """Save ``model`` (a transformers Llama) and a byte tokenizer to ``folder/hf``, then write
-    ``folder/w1-f32.gguf`` with llama.cpp's converter.
+    """``save_hf(model, folder)``, then write ``folder/w1-f32.gguf`` with llama.cpp's converter.
 
     Raises:
         RuntimeError: the converter failed (its last output lines are in the message).
     """
-    hf_dir, out = folder / "hf", folder / "w1-f32.gguf"
-    model.save_pretrained(hf_dir)
-    _byte_tokenizer(model.config.vocab_size).save_pretrained(hf_dir)
+    hf_dir, out = save_hf(model, folder), folder / "w1-f32.gguf"
     args = [sys.executable, "-c", _CONVERT, str(convert_script.parent), str(hf_dir), str(out)]
     done = subprocess.run(args, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not out.is_file():

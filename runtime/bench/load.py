@@ -4,7 +4,8 @@ Starts the server in-process on 127.0.0.1 (or targets ``--url``), sends chat req
 one system prompt from 16 and 64 concurrent streaming clients, then the same number of requests
 one by one, and reports throughput ratio, TTFT p50/p99, hit rate, errors, pinned blocks and (for
 an in-process server) the peak and mean decode batch, counted by the engine's scheduler.
-Clients run in a separate process (spawned once) so they do not share the server's GIL.
+Clients run in a separate process (spawned once) so they do not share the server's GIL; their
+side is ``_clients``. ``--llama-server`` runs ``load_peer``'s comparison with llama.cpp instead.
 ``--hf`` (transformers' ``generate_batch``) was dropped: see ``HF_DROPPED``.
 A benchmark script, never a timed test; it knows the HTTP API, not the engine's internals.
 """
@@ -12,65 +13,31 @@ A benchmark script, never a timed test; it knows the HTTP API, not the engine's 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import multiprocessing
 import os
 import resource
-import statistics
 import sys
 import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
-import httpx
-
 from runtime.bench._argtypes import positive_int
+from runtime.bench._clients import (
+    BadURL,
+    PhaseReport,
+    PhaseRunner,
+    client_phases,
+    format_ms,
+    phase_report,
+    remote_model,
+    system_prompt,
+)
 from runtime.bench._plot import check_plot_path, plot_load
+from runtime.bench.llama_server_peer import BUILD_HELP as LLAMA_SERVER_BUILD_HELP
+from runtime.bench.llama_server_peer import DEFAULT_NUM_SLOTS, PeerError, add_peer_options
+from runtime.bench.load_peer import peer_problem, run_vs_llama_server
 
 __all__ = ["PhaseReport", "main"]
-
-_WORDS = "cache prefix token block radix tenant stream decode prefill schema agent tool".split()
-
-
-@dataclass(frozen=True, slots=True)
-class _Result:
-    ttft_s: float | None
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    error: str | None
-    itl_s: tuple[float, ...] = ()
-    """Gaps between consecutive content chunks of the stream (inter-token latency)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PhaseReport:
-    """Figures of one phase (a concurrency level, or its one-by-one baseline)."""
-
-    name: str
-    concurrency: int
-    num_requests: int
-    num_errors: int
-    wall_s: float
-    output_tokens: int
-    tokens_per_s: float
-    """Generated tokens per wall-clock second over the whole phase."""
-    ttft_p50_s: float | None
-    ttft_p99_s: float | None
-    itl_p99_s: float | None
-    """99th percentile of every stream's gaps between content chunks (seconds)."""
-    hit_rate: float
-    """Cached prompt tokens / prompt tokens, from the responses' usage."""
-    first_error: str | None
-    """The first failed request's error, if any."""
-
-
-def _system_prompt(num_words: int) -> str:
-    words = (_WORDS[i % len(_WORDS)] for i in range(num_words))
-    return "You are a helpful assistant. Reference notes: " + " ".join(words) + "."
 
 
 def _bodies(model: str, system: str, tag: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -88,97 +55,6 @@ def _bodies(model: str, system: str, tag: str, n: int, max_tokens: int) -> list[
         }
         for i in range(n)
     ]
-
-
-async def _one(client: httpx.AsyncClient, body: dict[str, Any]) -> _Result:
-    start = time.perf_counter()
-    ttft: float | None = None
-    usage: dict[str, Any] = {}
-    arrivals: list[float] = []
-    try:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")
-                return _Result(None, 0, 0, 0, f"HTTP {resp.status_code}: {text[:200]}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    return _Result(ttft, 0, 0, 0, str(chunk["error"].get("message")))
-                choices = chunk.get("choices") or []
-                if choices and choices[0]["delta"].get("content"):
-                    arrivals.append(time.perf_counter())
-                    ttft = arrivals[0] - start
-                usage = chunk.get("usage") or usage
-    except httpx.HTTPError as exc:
-        return _Result(ttft, 0, 0, 0, f"{type(exc).__name__}: {exc}")
-    details = usage.get("prompt_tokens_details") or {}
-    return _Result(
-        ttft,
-        int(usage.get("prompt_tokens", 0)),
-        int(details.get("cached_tokens", 0)),
-        int(usage.get("completion_tokens", 0)),
-        None if usage else "no usage chunk",
-        tuple(b - a for a, b in zip(arrivals, arrivals[1:], strict=False)),
-    )
-
-
-def run_phase(
-    url: str, bodies: list[dict[str, Any]], concurrency: int, timeout_s: float
-) -> tuple[list[_Result], float]:
-    """Send ``bodies`` from ``concurrency`` streaming clients; ``(results, wall seconds)``."""
-    return asyncio.run(_phase(url, bodies, concurrency, timeout_s))
-
-
-_PhaseRunner = Callable[[str, list[dict[str, Any]], int, float], tuple[list[_Result], float]]
-
-
-async def _phase(
-    url: str, bodies: list[dict[str, Any]], concurrency: int, timeout_s: float
-) -> tuple[list[_Result], float]:
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    for body in bodies:
-        queue.put_nowait(body)
-    results: list[_Result] = []
-
-    async def worker(client: httpx.AsyncClient) -> None:
-        while not queue.empty():
-            results.append(await _one(client, queue.get_nowait()))
-
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        return results, time.perf_counter() - start
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
-
-
-def _report(name: str, concurrency: int, results: list[_Result], wall_s: float) -> PhaseReport:
-    ttfts = [r.ttft_s for r in results if r.ttft_s is not None]
-    prompt = sum(r.prompt_tokens for r in results)
-    out = sum(r.completion_tokens for r in results)
-    return PhaseReport(
-        name=name,
-        concurrency=concurrency,
-        num_requests=len(results),
-        num_errors=sum(r.error is not None for r in results),
-        wall_s=round(wall_s, 4),
-        output_tokens=out,
-        tokens_per_s=round(out / wall_s, 2) if wall_s > 0 else 0.0,
-        ttft_p50_s=_percentile(ttfts, 50),
-        ttft_p99_s=_percentile(ttfts, 99),
-        itl_p99_s=_percentile([gap for r in results for gap in r.itl_s], 99),
-        hit_rate=round(sum(r.cached_tokens for r in results) / prompt, 4) if prompt else 0.0,
-        first_error=next((r.error for r in results if r.error is not None), None),
-    )
 
 
 def _decode_steps(engine: Any) -> tuple[int, ...] | None:
@@ -239,21 +115,14 @@ def run_load(url: str, model: str, args: argparse.Namespace, engine: Any = None)
         ``{"levels": [...], "errors": int, "pinned_blocks_after": int | None,
         "rss_before_mb": float | None}`` (RSS of the in-process server after the warm-up).
     """
-    if args.in_process_clients:
-        return _run_levels(url, model, args, engine, run_phase)
-    context = multiprocessing.get_context("spawn")  # NOTE: never fork a process running torch
-    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-
-        def remote(*phase: Any) -> tuple[list[_Result], float]:
-            return pool.submit(run_phase, *phase).result()
-
-        return _run_levels(url, model, args, engine, remote)
+    with client_phases(in_process=args.in_process_clients) as phase:
+        return _run_levels(url, model, args, engine, phase)
 
 
 def _run_levels(
-    url: str, model: str, args: argparse.Namespace, engine: Any, phase: _PhaseRunner
+    url: str, model: str, args: argparse.Namespace, engine: Any, phase: PhaseRunner
 ) -> dict[str, Any]:
-    system = _system_prompt(args.system_words)
+    system = system_prompt(args.system_words)
     warm, _ = phase(url, _bodies(model, system, "warm", 1, 4), 1, args.timeout_s)
     rss_before = _rss_mb()[1] if engine is not None else None
     if rss_before is not None:
@@ -267,13 +136,13 @@ def _run_levels(
         steps = _decode_steps(engine)
         results = phase(url, bodies, level, args.timeout_s)
         peak_batch, mean_batch = _decode_batch(steps, _decode_steps(engine))
-        conc = _report(f"{level} concurrent", level, *results)
+        conc = phase_report(f"{level} concurrent", level, *results)
         unpacked = None
         if args.compare_packed_prefill:
             unpacked = _unpacked_phase(engine, url, _bodies(model, system, tag + "u", n,
                                        args.max_tokens), level, args.timeout_s, phase)  # fmt: skip
         bodies = _bodies(model, system, tag + "s", n, args.max_tokens)
-        seq = _report("one by one", 1, *phase(url, bodies, 1, args.timeout_s))
+        seq = phase_report("one by one", 1, *phase(url, bodies, 1, args.timeout_s))
         pinned = _wait_unpinned(engine) if engine is not None else None
         ratio = conc.tokens_per_s / seq.tokens_per_s if seq.tokens_per_s else 0.0
         peak_rss, rss = _rss_mb() if engine is not None else (None, None)
@@ -303,19 +172,15 @@ def _run_levels(
 
 def _unpacked_phase(
     engine: Any, url: str, bodies: list[dict[str, Any]], level: int, timeout_s: float,
-    phase: _PhaseRunner,
+    phase: PhaseRunner,
 ) -> PhaseReport:  # fmt: skip
     """The same concurrent phase with packed prefill off (one prefill per forward), A/B."""
     packed = engine.scheduler.max_prefill_batch
     engine.scheduler.max_prefill_batch = 1
     try:
-        return _report(f"{level} unpacked", level, *phase(url, bodies, level, timeout_s))
+        return phase_report(f"{level} unpacked", level, *phase(url, bodies, level, timeout_s))
     finally:
         engine.scheduler.max_prefill_batch = packed
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.1f}"
 
 
 def _na(value: object) -> str:
@@ -329,8 +194,8 @@ def _print_level(level: dict[str, Any]) -> None:
             continue
         print(
             f"{p['name']:>14}: {p['num_requests']:4d} req  {p['wall_s']:7.2f} s  "
-            f"{p['tokens_per_s']:8.1f} tok/s  TTFT p50 {_ms(p['ttft_p50_s'])} ms "
-            f"p99 {_ms(p['ttft_p99_s'])} ms  ITL p99 {_ms(p['itl_p99_s'])} ms  "
+            f"{p['tokens_per_s']:8.1f} tok/s  TTFT p50 {format_ms(p['ttft_p50_s'])} ms "
+            f"p99 {format_ms(p['ttft_p99_s'])} ms  ITL p99 {format_ms(p['itl_p99_s'])} ms  "
             f"hit {p['hit_rate']:.1%}  errors {p['num_errors']}"
         )
     if level["unpacked"] is not None and level["unpacked"]["tokens_per_s"]:
@@ -365,12 +230,17 @@ OpenAI-compatible server on 127.0.0.1 (started in-process, or --url), then the s
 one: throughput ratio, TTFT p50/p99, p99 inter-token latency (gaps between a stream's content
 chunks), prefix cache hit rate, errors, pinned blocks afterwards and the in-process server's peak
 and after-level RSS. --compare-packed-prefill reruns each concurrent phase with packed prefill off.
---hf also times transformers' generate_batch on an 8-request shared-prefix workload."""
+--llama-server instead runs W1 on this server and on llama.cpp's llama-server, alternating (by
+default at the concurrency of its -np slots)."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agentcache bench load", description=LOAD_HELP)
-    p.add_argument("--model", default="tiny", help="model to serve in-process (ignored with --url)")
+    p = argparse.ArgumentParser(
+        prog="agentcache bench load", description=LOAD_HELP, epilog=LLAMA_SERVER_BUILD_HELP
+    )
+    p.add_argument(
+        "--model", default=None, help="model to serve in-process (default: tiny; not with --url)"
+    )
     p.add_argument("--url", default=None, help="target a running server instead")
     p.add_argument(
         "--threads",
@@ -379,7 +249,13 @@ def _parser() -> argparse.ArgumentParser:
         help="torch threads of the in-process server (default: torch's count); with other work "
         "on the cores, 1 avoids oversubscribing them (ignored with --url)",
     )
-    p.add_argument("--concurrency", type=positive_int, nargs="+", default=[16, 64])
+    p.add_argument(
+        "--concurrency",
+        type=positive_int,
+        nargs="+",
+        default=None,
+        help="concurrent clients, a phase per level (default: 16 64; with --llama-server its -np)",
+    )
     p.add_argument(
         "--rounds",
         type=positive_int,
@@ -402,32 +278,44 @@ def _parser() -> argparse.ArgumentParser:
         help="after each concurrent phase, run it again with packed prefill off (A/B, in-process)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object last")
+    add_peer_options(p)
     return p
 
 
 def main(argv: list[str]) -> int:
-    """Run the load test; 0 when there were no errors and no blocks stayed pinned, 1 otherwise,
-    2 for bad options or a ``--url`` that is not a reachable server, 130 on Ctrl-C."""
+    """Run the load test; 0 when there were no errors and no blocks stayed pinned, 1 otherwise
+    (also when the GGUF conversion or llama-server failed), 2 for bad options or a ``--url``
+    that is not a reachable server, 130 on Ctrl-C."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.concurrency is None:
+        peer = args.llama_server is not None
+        args.concurrency = [args.llama_server_np or DEFAULT_NUM_SLOTS] if peer else [16, 64]
     for bad in [n for n in args.concurrency if n < 1] + [args.rounds, args.max_tokens]:
         if bad < 1:
             parser.error(f"counts must be >= 1, got {bad}")
     if args.hf:
         return _usage_error(HF_DROPPED)
+    if (problem := peer_problem(args)) is not None:
+        return _usage_error(problem)
     if args.compare_packed_prefill and args.url is not None:
         return _usage_error("--compare-packed-prefill needs the in-process server (no --url)")
     if (problem := check_plot_path(args.plot)) is not None:
         return _usage_error(problem)
     try:
-        if args.url is not None:
+        if args.llama_server is not None:
+            report = run_vs_llama_server(args)
+        elif args.url is not None:
             url = server_root(args.url)
-            model = _remote_model(url)
+            model = remote_model(url)
             report = run_load(url, model, args)
         else:
             report = _run_in_process(args)
-    except _BadURL as exc:
+    except BadURL as exc:
         return _usage_error(str(exc))
+    except PeerError as exc:
+        print(f"agentcache bench load: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("agentcache bench load: interrupted", file=sys.stderr)
         return 130
@@ -438,10 +326,6 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(report, sort_keys=True))
     return 0 if report["ok"] else 1
-
-
-class _BadURL(Exception):
-    """``--url`` does not lead to an OpenAI-compatible server."""
 
 
 def _usage_error(message: str) -> int:
@@ -455,26 +339,6 @@ def server_root(url: str) -> str:
     return root.removesuffix("/v1")
 
 
-def _remote_model(url: str) -> str:
-    """The first model ``GET /v1/models`` lists.
-
-    Raises:
-        _BadURL: Nothing listens there, or it does not answer like an OpenAI-compatible server.
-    """
-    try:
-        with httpx.Client(base_url=url, timeout=30) as client:
-            response = client.get("/v1/models")
-        if response.status_code != 200:
-            raise _BadURL(
-                f"{url}/v1/models answered HTTP {response.status_code}; is --url a server root?"
-            )
-        return str(response.json()["data"][0]["id"])
-    except httpx.HTTPError as exc:
-        raise _BadURL(f"cannot reach {url}: {exc}; start `agentcache serve` or fix --url") from exc
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise _BadURL(f"{url}/v1/models did not list any model") from exc
-
-
 def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -484,7 +348,7 @@ def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
 
     default_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or default_threads)
-    engine = Engine.from_pretrained(args.model)
+    engine = Engine.from_pretrained(args.model or "tiny")
     app = create_app(engine)
     try:
         with ServerThread(app) as url:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.bench.llama_cpp_peer import LlamaCppPeer, peer_python
+from runtime.bench.llama_cpp_peer import LlamaCppPeer, _byte_tokenizer, peer_python
 from runtime.bench.prefix import agreement_warnings, prefix_main
 
 FAKE_LLAMA_CPP = """
@@ -90,3 +90,11 @@ def test_a_peer_that_disagrees_from_the_first_token_is_named_as_other_weights() 
     assert other.startswith("llama.cpp's first greedy token differs") and "other weights" in other
     (late,) = agreement_warnings([32.0, 20.0, 32.0], 32)
     assert late.startswith("transformers's greedy tokens leave compact's after 20 of 32")
+
+
+def test_every_id_of_the_byte_tokenizer_decodes_to_text_and_encoding_uses_bytes_only() -> None:
+    tokenizer = _byte_tokenizer(600)
+    assert len(tokenizer) == 600
+    assert tokenizer.decode([300, 599]) == " w300 w599"  # a random model's output has text
+    ids = tokenizer.encode("the cat w300", add_special_tokens=False)
+    assert max(ids) < 257 and tokenizer.decode(ids) == "the cat w300"
