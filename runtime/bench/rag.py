@@ -32,7 +32,7 @@ from runtime.engine import Engine
 from runtime.outputs import Completion
 from runtime.sampling import SamplingParams
 
-__all__ = ["main"]
+__all__ = ["SEP", "chunk_plan", "main", "rag_request", "random_ids"]
 
 HELP = """\
 RAG workload with documents reused in any order: mean TTFT for no cache, prefix cache only,
@@ -44,19 +44,27 @@ SEP = 13
 """Separator token id after each document (any id: the W1 model has random weights)."""
 
 
-def _rag_request(
+def random_ids(rng: random.Random, n: int) -> list[int]:
+    """``n`` token ids drawn by ``rng`` (ordinary vocabulary ids of the W1 model)."""
+    return [rng.randrange(100, 40000) for _ in range(n)]
+
+
+def rag_request(
     rng: random.Random, docs: list[list[int]], head: list[int], num_docs: int, question_len: int
 ) -> tuple[list[int], tuple[tuple[int, int], ...]]:
-    """Head + ``num_docs`` of ``docs`` drawn in random order + a fresh question; doc spans."""
+    """Token ids of ``head`` + ``num_docs`` of ``docs`` drawn by ``rng`` in random order (each
+    followed by ``SEP``) + a fresh random question of ``question_len`` tokens; and the spans
+    ``(start, end)`` of the documents in those ids (end exclusive), for ``ChunkReuse``."""
     ids, spans = list(head), []
     for k in rng.sample(range(len(docs)), num_docs):
         spans.append((len(ids), len(ids) + len(docs[k])))
         ids += docs[k] + [SEP]
-    question = [rng.randrange(100, 40000) for _ in range(question_len)]
-    return ids + question, tuple(spans)
+    return ids + random_ids(rng, question_len), tuple(spans)
 
 
-def _plan(mode: str, spans: tuple[tuple[int, int], ...], fraction: float) -> ChunkReuse | None:
+def chunk_plan(mode: str, spans: tuple[tuple[int, int], ...], fraction: float) -> ChunkReuse | None:
+    """``ChunkReuse`` over ``spans`` for ``mode`` ``"exact"`` or ``"blend"`` (recomputing
+    ``fraction`` of the span tokens); None for any other mode (no chunk reuse)."""
     if mode == "blend":
         return ChunkReuse(spans, "blend", fraction)
     return ChunkReuse(spans, "exact") if mode == "exact" else None
@@ -73,18 +81,18 @@ def _ttft(eng: Engine, ids: list[int], mode: str, plan: ChunkReuse | None) -> Co
 
 def _figure_ttft(args: argparse.Namespace) -> tuple[dict[str, Any], list[Spread]]:
     rng = random.Random(0)
-    docs = [[rng.randrange(100, 40000) for _ in range(args.doc_len)] for _ in range(args.num_docs)]
-    head = [rng.randrange(100, 40000) for _ in range(args.head_len)]
+    docs = [random_ids(rng, args.doc_len) for _ in range(args.num_docs)]
+    head = random_ids(rng, args.head_len)
     eng = bench_engine(w1_model(args), kv_bytes=1 << 30)
     for doc in docs:  # NOTE: warm-up: every document once in the chunk store
-        ids, spans = _rag_request(rng, [doc], head, 1, args.question_len)
-        _ttft(eng, ids, "exact", _plan("exact", spans, 0.0))
+        ids, spans = rag_request(rng, [doc], head, 1, args.question_len)
+        _ttft(eng, ids, "exact", chunk_plan("exact", spans, 0.0))
     done: dict[str, list[Completion]] = {mode: [] for mode in MODES}
     for i in range(args.requests):
-        ids, spans = _rag_request(rng, docs, head, args.docs_per_request, args.question_len)
+        ids, spans = rag_request(rng, docs, head, args.docs_per_request, args.question_len)
         order = MODES[i % 4 :] + MODES[: i % 4]  # NOTE: rotate so no mode always goes first
         for mode in order:
-            done[mode].append(_ttft(eng, ids, mode, _plan(mode, spans, args.fraction)))
+            done[mode].append(_ttft(eng, ids, mode, chunk_plan(mode, spans, args.fraction)))
     eng.check_integrity()
     store = eng.cache_stats().chunk_store
     eng.close()

@@ -4,12 +4,17 @@ Streams decode on the W1-shaped random model; once they run, long prompts (cache
 once. Prefill in one forward (``prefill_chunk_tokens`` above the prompt length: the behaviour
 before chunked prefill) and in chunks are timed alternately in the same run, on two engines
 sharing one model. It prints p50/p99/max inter-token gaps of the streams and the long prompts'
-TTFT, min/median/max over rounds. It knows nothing about HTTP.
+TTFT, min/median/max over rounds. With ``--chunk-reuse`` each long prompt is a short head, four
+documents (most of the prompt, new each round, so every chunk misses the chunk store: the costly
+case) and a short question, sent with chunk reuse: the whole-prompt engine then assembles it in one
+iteration (the behaviour before the assembly was spread over iterations). It knows nothing about
+HTTP.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import threading
 import time
@@ -19,6 +24,8 @@ import torch
 
 from runtime.bench._argtypes import positive_int
 from runtime.bench._common import NullTokenizer, add_common_options, report, w1_model
+from runtime.bench.rag import chunk_plan, rag_request, random_ids
+from runtime.chunk_reuse import CHUNK_MODES, DEFAULT_RECOMPUTE_FRACTION, ChunkReuse
 from runtime.engine import Engine
 from runtime.request import Request
 from runtime.sampling import SamplingParams
@@ -26,8 +33,18 @@ from runtime.scheduler import SchedulerConfig
 
 __all__ = ["main", "run_round"]
 
+HELP = """\
+Inter-token gaps of running streams while long prompts arrive: whole-prompt prefill vs chunked
+prefill, alternating on two engines sharing one W1-shaped random model (p50/p99/max gaps and the
+long prompts' TTFT, min/median/max over rounds). --chunk-reuse sends each long prompt as four new
+documents with chunk reuse (every chunk misses the chunk store)."""
+
 _WHOLE = 1 << 20
 """A chunk size above any prompt: the whole prompt in one forward (no chunking)."""
+_NUM_DOCS = 4
+"""Documents per long prompt under ``--chunk-reuse``."""
+_MIN_DOC_PROMPT = 16
+"""Fewest ``--long-tokens`` under ``--chunk-reuse`` (a head, four documents, a question)."""
 
 
 def _engine(model: Any, chunk: int) -> Engine:
@@ -42,13 +59,41 @@ def _ids(seed: int, n: int) -> list[int]:
     return [(seed * 7919 + 31 * i) % 49000 + 100 for i in range(n)]
 
 
+def _head_len(num_tokens: int) -> int:
+    """Tokens before the documents of a ``num_tokens`` long prompt (32 of 2048)."""
+    return max(1, num_tokens // 64)
+
+
+def _doc_len(num_tokens: int) -> int:
+    """Tokens per document of a ``num_tokens`` long prompt: what the head, a question of at
+    least ``num_tokens // 128`` tokens and a separator after each document leave (499 of 2048)."""
+    return (num_tokens - _head_len(num_tokens) - max(1, num_tokens // 128)) // _NUM_DOCS - 1
+
+
+def _long_prompt(args: argparse.Namespace, seed: int) -> tuple[list[int], ChunkReuse | None]:
+    """A long prompt of ``--long-tokens`` ids and its chunk plan (None without
+    ``--chunk-reuse``): then a head, four random documents drawn from ``seed`` and a question."""
+    if args.chunk_reuse is None:
+        return _ids(seed, args.long_tokens), None
+    rng, n = random.Random(seed), args.long_tokens
+    head, doc_len = random_ids(rng, _head_len(n)), _doc_len(n)
+    docs = [random_ids(rng, doc_len) for _ in range(_NUM_DOCS)]
+    question_len = n - len(head) - _NUM_DOCS * (doc_len + 1)
+    ids, spans = rag_request(rng, docs, head, _NUM_DOCS, question_len)
+    return ids, chunk_plan(args.chunk_reuse, spans, DEFAULT_RECOMPUTE_FRACTION)
+
+
 def _times(eng: Engine, req: Request, out: list[float]) -> None:
     for _ in eng.run(req):
         out.append(time.perf_counter())
 
 
 def run_round(eng: Engine, args: argparse.Namespace, seed: int) -> dict[str, float]:
-    """One round: ``--streams`` decoding, then ``--long`` prompts at once; gaps in seconds."""
+    """One round: ``--streams`` decoding, then ``--long`` prompts at once; gaps in seconds.
+
+    Under ``--chunk-reuse`` it adds the long prompts' mean chunk-reused and missed tokens
+    (their usage) as ``chunk_reused_tokens`` and ``chunk_missed_tokens``.
+    """
     params = SamplingParams(max_tokens=args.stream_tokens, ignore_eos=True)
     streams = [eng.make_request(_ids(seed * 100 + i, 32), params) for i in range(args.streams)]
     stamps: list[list[float]] = [[] for _ in streams]
@@ -61,8 +106,9 @@ def run_round(eng: Engine, args: argparse.Namespace, seed: int) -> dict[str, flo
     while min(len(s) for s in stamps) < 4:
         time.sleep(0.005)
     t0 = time.perf_counter()
-    longs = [eng.make_request(_ids(seed * 100 + 50 + i, args.long_tokens),
-                              SamplingParams(max_tokens=1)) for i in range(args.long)]  # fmt: skip
+    prompts = [_long_prompt(args, seed * 100 + 50 + i) for i in range(args.long)]
+    longs = [eng.make_request(ids, SamplingParams(max_tokens=1), chunk_reuse=plan)
+             for ids, plan in prompts]  # fmt: skip
     ends: list[list[float]] = [[] for _ in longs]
     extra = [
         threading.Thread(target=_times, args=(eng, r, e)) for r, e in zip(longs, ends, strict=True)
@@ -78,12 +124,18 @@ def run_round(eng: Engine, args: argparse.Namespace, seed: int) -> dict[str, flo
     )
     if not gaps:
         gaps = [0.0]
-    return {
+    result = {
         "itl_p50_s": gaps[len(gaps) // 2],
         "itl_p99_s": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))],
         "itl_max_s": gaps[-1],
         "long_ttft_s": last_long - t0,
     }
+    if args.chunk_reuse is not None:
+        usages = [r.chunk_usage for r in longs if r.chunk_usage is not None]
+        assert len(usages) == len(longs), "a finished chunk request reports its chunk usage"
+        result["chunk_reused_tokens"] = statistics.fmean(u.reused_tokens for u in usages)
+        result["chunk_missed_tokens"] = statistics.fmean(u.missed_tokens for u in usages)
+    return result
 
 
 def _summary(rounds: list[dict[str, float]], key: str) -> str:
@@ -92,7 +144,7 @@ def _summary(rounds: list[dict[str, float]], key: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agentcache bench stall", description=__doc__)
+    p = argparse.ArgumentParser(prog="agentcache bench stall", description=HELP)
     add_common_options(p, layers=30, repeats=3)
     p.add_argument("--streams", type=positive_int, default=4, help="decoding streams")
     p.add_argument("--stream-tokens", type=positive_int, default=48, help="tokens per stream")
@@ -100,12 +152,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--long-tokens", type=positive_int, default=2048, help="tokens per long prompt")
     p.add_argument("--chunk", type=positive_int, default=SchedulerConfig().prefill_chunk_tokens,
                    help="prefill_chunk_tokens of the chunked engine")  # fmt: skip
+    p.add_argument(
+        "--chunk-reuse",
+        choices=CHUNK_MODES,
+        default=None,
+        help="long prompts of four new documents each, sent with chunk reuse in this "
+        "mode (every chunk misses the chunk store); default: plain prompts",
+    )
     return p
 
 
 def main(argv: list[str]) -> int:
     """Entry of ``agentcache bench stall``; returns the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.chunk_reuse is not None and args.long_tokens < _MIN_DOC_PROMPT:
+        parser.error(
+            f"--chunk-reuse needs --long-tokens >= {_MIN_DOC_PROMPT} "
+            f"(a head, {_NUM_DOCS} documents, a question), got {args.long_tokens}"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     model = w1_model(args)
@@ -120,6 +185,9 @@ def main(argv: list[str]) -> int:
     for name, rounds in results.items():
         for key in ("itl_p50_s", "itl_p99_s", "itl_max_s", "long_ttft_s"):
             out[f"{name} {key} min/med/max"] = _summary(rounds, key)
+        if args.chunk_reuse is not None:
+            for key in ("chunk_reused_tokens", "chunk_missed_tokens"):
+                out[f"{name} {key} per long"] = statistics.fmean(r[key] for r in rounds)
     whole, chunked = results.values()
     ratios = [
         w["itl_p99_s"] / max(c["itl_p99_s"], 1e-9) for w, c in zip(whole, chunked, strict=True)
@@ -127,7 +195,13 @@ def main(argv: list[str]) -> int:
     out["p99 ITL whole / chunked (per round)"] = " ".join(f"{r:.2f}" for r in ratios)
     for eng in engines.values():
         eng.close()
-    header = {"layers": args.layers, "streams": args.streams, "long prompts": args.long,
-              "long tokens": args.long_tokens, "threads": torch.get_num_threads()}  # fmt: skip
+    header: dict[str, Any] = {"layers": args.layers, "streams": args.streams,
+                              "long prompts": args.long, "long tokens": args.long_tokens,
+                              "threads": torch.get_num_threads()}  # fmt: skip
+    if args.chunk_reuse is not None:
+        header["chunk reuse"] = (
+            f"{args.chunk_reuse}, {_NUM_DOCS} documents x "
+            f"{_doc_len(args.long_tokens)} tokens, new each round"
+        )
     report(out, args.json, header)
     return 0

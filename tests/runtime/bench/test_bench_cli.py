@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runtime.bench import load as loadtest
-from runtime.bench import prefix, rag, trace
+from runtime.bench import prefix, rag, stall, trace
 
 
 @pytest.mark.parametrize(
@@ -22,6 +22,7 @@ from runtime.bench import prefix, rag, trace
         (loadtest.main, ["--rounds", "0"]),
         (rag.main, ["--requests", "0"]),
         (rag.main, ["--doc-len", "x"]),
+        (stall.main, ["--long-tokens", "0"]),
     ],
 )
 def test_non_positive_counts_are_usage_errors(
@@ -36,7 +37,7 @@ def test_non_positive_counts_are_usage_errors(
 
 
 def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
-    for main in (prefix.prefix_main, trace.trace_main, loadtest.main, rag.main):
+    for main in (prefix.prefix_main, trace.trace_main, loadtest.main, rag.main, stall.main):
         with pytest.raises(SystemExit):
             main(["--help"])
         out = capsys.readouterr().out
@@ -119,3 +120,40 @@ def test_rag_prints_ttft_per_mode_and_quality(capsys: pytest.CaptureFixture[str]
     # 100% recompute is the causal prefill: same greedy tokens.
     assert report["blend_100pct_top1"] == 1.0 and report["blend_100pct_kl"] < 1e-6
     assert report["exact_vs_masked_max_logit_diff"] < 1e-4
+
+
+STALL_ARGV = ["--layers", "1", "--streams", "2", "--stream-tokens", "6", "--long", "2"]
+STALL_ARGV += ["--long-tokens", "40", "--chunk", "16", "--repeats", "1", "--threads", "1", "--json"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [None, "exact", "blend"])
+def test_stall_times_both_engines_and_reports_chunk_usage_under_chunk_reuse(
+    mode: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = STALL_ARGV if mode is None else [*STALL_ARGV, "--chunk-reuse", mode]
+    assert stall.main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for engine in ("whole", "chunk16"):
+        low, _, high = report[f"{engine} itl_max_s min/med/max"].split(" / ")
+        assert 0 < float(low) <= float(high)  # one round: the streams' gaps were seen
+    assert len(report["p99 ITL whole / chunked (per round)"].split()) == 1
+    chunk_keys = sorted(k for k in report if "chunk_" in k or k == "chunk reuse")
+    if mode is None:  # the plain bench's output is unchanged: no chunk-reuse lines
+        assert chunk_keys == []
+        return
+    # A 40-token prompt: a 1-token head, 4 documents of 8 tokens, each with a separator, a
+    # 3-token question. New documents each round: every span token of both long prompts missed
+    # the chunk store on both engines, none was reused.
+    assert report["chunk reuse"] == f"{mode}, 4 documents x 8 tokens, new each round"
+    assert len(chunk_keys) == 5
+    for engine in ("whole", "chunk16"):
+        assert report[f"{engine} chunk_missed_tokens per long"] == 4 * 8
+        assert report[f"{engine} chunk_reused_tokens per long"] == 0
+
+
+def test_stall_chunk_reuse_needs_room_for_the_documents(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        stall.main(["--chunk-reuse", "exact", "--long-tokens", "12"])
+    assert exc.value.code == 2
+    assert "--chunk-reuse needs --long-tokens >= 16" in capsys.readouterr().err
