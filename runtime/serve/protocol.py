@@ -411,7 +411,9 @@ class _SamplingFields(_Lenient):
         """
         out: dict[int, float] = {}
         for key, value in (self.logit_bias or {}).items():
-            if not key.isdigit():
+            # NOTE: str.isdigit() is true for "²" (int() then raises: a 500) and "٣" (int()
+            # reads it as 3); JSON token-id keys are ASCII decimal digits only.
+            if not (key.isascii() and key.isdigit()):
                 raise ApiError(
                     400,
                     f"logit_bias keys must be token ids (non-negative integers), got {key!r}",

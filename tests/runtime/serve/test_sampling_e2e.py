@@ -234,6 +234,8 @@ def test_chat_logprobs_match_the_models_log_softmax(
         ("prompt_logprobs", {"extra_body": {"prompt_logprobs": 1}}),
         ("logit_bias", {"logit_bias": {"100000": 1}}),
         ("logit_bias", {"logit_bias": {"5": 101}}),
+        ("logit_bias", {"logit_bias": {"\u00b2": 1}}),  # superscript two: isdigit, not int
+        ("logit_bias", {"logit_bias": {"\u0663": 1}}),  # Arabic-Indic three: not a token id
         ("min_tokens", {"extra_body": {"min_tokens": 40}}),
         ("presence_penalty", {"presence_penalty": 2.5}),
     ],
