@@ -333,7 +333,9 @@ _Bias = Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX)]
 class _SamplingFields(_Lenient):
     # NOTE: top level only: an unknown field is a 400 naming it (nested objects such as messages
     # stay lenient, as clients echo back assistant messages with fields like ``refusal``).
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # Python's JSON reader takes NaN and Infinity: allow_inf_nan=False says "finite number"
+    # rather than a range error (NaN fails every comparison: "less than or equal to 2").
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     model: str
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None

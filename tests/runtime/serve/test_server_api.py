@@ -350,6 +350,31 @@ def test_a_non_finite_recompute_fraction_is_named_as_such(value: bytes) -> None:
     assert "finite" in error["message"], error["message"]
 
 
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity", b"-Infinity"])
+@pytest.mark.parametrize(
+    ("field", "param"),
+    [
+        (b'"temperature": %s', "temperature"),
+        (b'"top_p": %s', "top_p"),
+        (b'"min_p": %s', "min_p"),
+        (b'"presence_penalty": %s', "presence_penalty"),
+        (b'"frequency_penalty": %s', "frequency_penalty"),
+        (b'"repetition_penalty": %s', "repetition_penalty"),
+        (b'"logit_bias": {"5": %s}', "logit_bias"),
+    ],
+)
+def test_a_non_finite_sampling_number_is_named_as_such(
+    value: bytes, field: bytes, param: str
+) -> None:
+    # NOTE: was "Input should be less than or equal to 2" for a NaN temperature (NaN fails
+    # every comparison), which sends the client looking for a value that is too large.
+    client = make_client()
+    raw = b'{"model": "%s", "prompt": "hi", %s}' % (MODEL.encode(), field % value)
+    resp = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    error = assert_openai_error(resp, 400, param)
+    assert "finite" in error["message"], error["message"]
+
+
 def test_prompt_too_long_from_the_engine_is_400() -> None:
     client = make_client(ScriptedEngine(engine_limit=100))
     resp = client.post("/v1/completions", json={"model": MODEL, "prompt": "z" * 99})
