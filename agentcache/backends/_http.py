@@ -19,7 +19,7 @@ import httpx
 
 from agentcache.exceptions import BackendError, BackendHTTPError, BackendUnavailableError
 
-__all__ = ["RetryPolicy", "SSEEvent", "iter_sse", "open_stream"]
+__all__ = ["RetryPolicy", "SSEEvent", "error_message", "iter_sse", "open_stream"]
 
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
@@ -66,7 +66,9 @@ def _parse_retry_after(value: str | None) -> float | None:
     return None
 
 
-def _error_message(body: str) -> str:
+def error_message(body: str) -> str:
+    """The message of an error body: OpenAI's ``error.message``, a bare ``error`` or
+    ``message`` string, else the body's first 300 characters."""
     with contextlib.suppress(ValueError):
         data: Any = json.loads(body)
         error = data.get("error") if isinstance(data, dict) else None
@@ -128,7 +130,7 @@ def _send_with_retries(
         response.close()
         status = response.status_code
         if status not in _RETRY_STATUS or is_last:
-            message = f"{url} answered HTTP {status}: {_error_message(text)}"
+            message = f"{url} answered HTTP {status}: {error_message(text)}"
             raise BackendHTTPError(message, status_code=status, body=text)
         retry.sleep(retry.delay_s(attempt, response.headers.get("retry-after")))
     raise AssertionError("unreachable: the last attempt returns or raises")

@@ -15,7 +15,13 @@ from typing import Any
 import httpx
 
 from agentcache import env
-from agentcache.backends._http import RetryPolicy, decode_json_event, iter_sse, open_stream
+from agentcache.backends._http import (
+    RetryPolicy,
+    decode_json_event,
+    error_message,
+    iter_sse,
+    open_stream,
+)
 from agentcache.backends._remote import RemoteBackend, StreamAccumulator
 from agentcache.backends._usage import openai_usage
 from agentcache.backends.base import (
@@ -104,10 +110,14 @@ class OpenAIBackend(RemoteBackend):
             response = self._client.get(url, headers=self._headers())
         except httpx.HTTPError as exc:
             raise BackendUnavailableError(f"cannot reach {url} to list models: {exc}") from exc
-        if response.status_code >= 400:
+        status = response.status_code
+        if status >= 400:
+            # NOTE: a refused key is not fixed by naming the model (the chat call would be
+            # refused too); only an endpoint without a model list is.
+            hint = "" if status in (401, 403) else "; pass a model name instead"
             raise BackendHTTPError(
-                f"GET {url}: HTTP {response.status_code}; pass a model name instead",
-                status_code=response.status_code,
+                f"GET {url} answered HTTP {status}: {error_message(response.text)}{hint}",
+                status_code=status,
                 body=response.text,
             )
         try:

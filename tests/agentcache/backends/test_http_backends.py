@@ -335,7 +335,12 @@ def test_model_none_uses_the_first_model_the_endpoint_lists() -> None:
     [
         (httpx.Response(200, json={"data": []}), BackendUnavailableError, "lists no models"),
         (httpx.Response(200, text="<html>"), BackendUnavailableError, "model list"),
-        (httpx.Response(401, json={"error": "no"}), BackendHTTPError, "HTTP 401"),
+        (httpx.Response(404, json={"error": "no"}), BackendHTTPError, "HTTP 404: no; pass a"),
+        (
+            httpx.Response(401, json={"error": {"message": "invalid or missing API key"}}),
+            BackendHTTPError,
+            "HTTP 401: invalid or missing API key$",  # not "pass a model name instead"
+        ),
     ],
 )
 @respx.mock
