@@ -365,7 +365,9 @@ def _run(args: argparse.Namespace, console: Console, held: list[BaseBackend]) ->
     try:
         check_options(args)
         sources = load_corpus(args.docs, console)
-        with _loading(console, "loading torch and the model..."):
+        base_url = base_url_of(args)
+        loading = f"connecting to {base_url}..." if base_url else "loading torch and the model..."
+        with _loading(console, loading):
             backend = make_backend(args)
             held.append(backend)
             if isinstance(backend, LocalBackend):

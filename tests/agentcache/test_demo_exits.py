@@ -115,6 +115,9 @@ def test_a_401_says_which_key_to_set_and_exits_2(
     out = capsys.readouterr().out
     assert "HTTP 401" in out and "set AGENTCACHE_API_KEY (or OPENAI_API_KEY)" in out
     assert "Traceback" not in out
+    # NOTE: an endpoint loads no torch, and naming a model does not cure a refused key.
+    assert f"connecting to {BASE}..." in out and "loading torch" not in out
+    assert "pass a model name" not in out
 
 
 def run_with_turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, turn: FakeTurn) -> int:
