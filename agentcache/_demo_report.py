@@ -107,7 +107,12 @@ def _fmt_cached(usage: Usage, previous: TurnReport | None, number: int) -> str:
     if before is None:
         return f"{head}, from earlier requests to this model"
     if cached > before:
-        return f"{head} = turn {number - 1}'s prompt ({before}) + its answer, kept after decoding"
+        # NOTE: whole blocks only: usually part of the answer (2032 = 2030 + 2 of 4 tokens).
+        kept = cached - before
+        return (
+            f"{head} = turn {number - 1}'s prompt ({before}) + {kept} token{'s' * (kept != 1)} "
+            "of its answer, kept after decoding"
+        )
     return f"{head}, from turn {number - 1}'s {before}-token prompt (reused in whole blocks)"
 
 

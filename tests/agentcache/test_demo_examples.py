@@ -182,6 +182,17 @@ def test_demo_turn_line_explains_reuse_within_the_previous_prompt() -> None:
     assert "from turn 2's 520-token prompt (reused in whole blocks)" in console.export_text()
 
 
+def test_demo_turn_line_counts_the_answer_tokens_kept_past_the_previous_prompt() -> None:
+    from rich.console import Console
+
+    # NOTE: the cache keeps whole blocks, so 2032 cached after a 2030-token prompt and a 4-token
+    # answer is the prompt + 2 answer tokens, not "+ its answer".
+    console = Console(record=True, width=300)
+    report = turn_report(ttft_s=0.1, cold_ttft_s=0.2, prompt=2455, cached=2032)
+    print_turn(console, 3, report, turn_report(ttft_s=0.1, prompt=2030))
+    assert "= turn 2's prompt (2030) + 2 tokens of its answer, kept" in console.export_text()
+
+
 def test_demo_summary_uses_same_prompt_ratios_of_later_turns_only() -> None:
     reports = [
         turn_report(ttft_s=0.100, cold_ttft_s=0.100),  # turn 1: nothing cached, left out
