@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
@@ -168,6 +169,8 @@ class _Server:
             ) from exc
         if _json_depth(body) > MAX_JSON_DEPTH:
             raise _too_deep()
+        if _SURROGATE_ESCAPE.search(raw):
+            _refuse_lone_surrogates(body)
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object", code="invalid_json")
         try:
@@ -287,6 +290,48 @@ def _too_deep() -> ApiError:
         f"request body is nested deeper than {MAX_JSON_DEPTH} levels of arrays/objects",
         code="invalid_json",
     )
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+"""A JSON ``\\uD800``-``\\uDFFF`` escape: the only way a lone surrogate gets into a body (a
+UTF-8 byte sequence cannot encode one), so bodies without it skip the walk below."""
+
+
+def _refuse_lone_surrogates(body: Any) -> None:
+    """400 naming a string (key or value) that holds a lone UTF-16 surrogate.
+
+    NOTE: ``json.loads`` keeps an unpaired ``\\ud800`` escape as a lone surrogate, which is not
+    Unicode text: the tokenizer then fails (a 500 on ``/v1/completions`` and ``/tokenize``, a
+    ``TextEncodeInput`` message on chat). A valid pair (an emoji) is joined and passes.
+
+    Raises:
+        ApiError: 400 with ``param`` the string's path (``messages[0].content``).
+    """
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str) and not _is_unicode(item):
+            raise ApiError(
+                400,
+                f"{path}: text has a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
+                "which is not valid Unicode; send the pair or drop it",
+                param=path,
+                code="invalid_value",
+            )
+        if isinstance(item, dict):
+            for key, value in item.items():
+                stack.append((f"{path}.{key}" if path else key, value))
+                stack.append((path or "body", key))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", value) for i, value in enumerate(item))
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _json_depth(value: Any) -> int:

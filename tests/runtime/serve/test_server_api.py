@@ -52,6 +52,9 @@ def sse_events(text: str) -> list[Any]:
     return [json.loads(e) for e in events[:-1]]
 
 
+JSON = {"content-type": "application/json"}
+
+
 def assert_openai_error(resp: Any, status: int, param: str | None = None) -> dict[str, Any]:
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
@@ -373,6 +376,41 @@ def test_a_non_finite_sampling_number_is_named_as_such(
     resp = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
     error = assert_openai_error(resp, 400, param)
     assert "finite" in error["message"], error["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param"),
+    [
+        ("/v1/completions", b'{"model": "%s", "prompt": "a\\ud800b"}', "prompt"),
+        ("/v1/completions", b'{"model": "%s", "prompt": ["ok", "\\uDC00"]}', "prompt[1]"),
+        ("/tokenize", b'{"model": "%s", "prompt": "a\\ud800b"}', "prompt"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "%s", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "tools": '
+            b'[{"type": "function", "function": {"name": "f", "description": "\\ud800"}}]}',
+            "tools[0].function.description",
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_its_field(path: str, raw: bytes, param: str) -> None:
+    # NOTE: json.loads keeps an unpaired \ud800 escape; the real tokenizer then raised a
+    # TypeError (a 500 on /v1/completions and /tokenize, and a 400 blaming "messages" for a tool).
+    engine = ScriptedEngine()
+    client = make_client(engine)
+    resp = client.post(path, content=raw % MODEL.encode(), headers=JSON)
+    assert "surrogate" in assert_openai_error(resp, 400, param)["message"]
+    assert engine.num_open == 0
+
+
+def test_a_surrogate_pair_is_text() -> None:
+    client = make_client()
+    raw = b'{"model": "%s", "prompt": "a\\ud83d\\ude00b"}' % MODEL.encode()
+    assert client.post("/v1/completions", content=raw, headers=JSON).status_code == 200
 
 
 def test_prompt_too_long_from_the_engine_is_400() -> None:
