@@ -78,10 +78,16 @@ class RequestBuilder:
             )
         except Exception as exc:  # jinja errors are not a stable type
             raise InvalidRequestError(f"chat template failed on these messages: {exc}") from exc
+        _check_unicode(text, "chat messages")
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def tokenize(self, text: str) -> list[int]:
-        """Token ids of a text prompt, exactly as ``make_request`` tokenizes it."""
+        """Token ids of a text prompt, exactly as ``make_request`` tokenizes it.
+
+        Raises:
+            InvalidRequestError: ``text`` holds a lone UTF-16 surrogate (not Unicode text).
+        """
+        _check_unicode(text, "prompt text")
         return list(self.tokenizer.encode(text, add_special_tokens=True)) if text else []
 
     def make_request(
@@ -193,6 +199,18 @@ class RequestBuilder:
             )
         if params.prompt_logprobs is not None:
             raise ChunkReuseError("prompt_logprobs cannot be combined with chunk reuse")
+
+
+def _check_unicode(text: str, what: str) -> None:
+    """Refuse a lone surrogate (``"\\ud800"``, e.g. from an unpaired JSON escape): fast
+    tokenizers raise a bare ``TypeError`` ("TextEncodeInput must be ...") on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            f"{what} has a lone UTF-16 surrogate {exc.object[exc.start]!r} at character "
+            f"{exc.start}, which is not valid Unicode text"
+        ) from exc
 
 
 def choice_seed(seed: int | None, choice: int) -> int:

@@ -83,11 +83,13 @@ def test_missing_model_is_a_load_error(tmp_path: Path) -> None:
         ([1] * 300, None, PromptTooLongError, "context is 256"),
         ([VOCAB_SIZE + 5], None, InvalidRequestError, "outside the vocabulary"),
         ([5, 6], SamplingParams(stop_token_ids=[10_000]), InvalidRequestError, "not in the vocab"),
+        ("a\ud800", None, InvalidRequestError, "surrogate"),  # was the tokenizer's TypeError
+        ([{"role": "user", "content": "\udc00"}], None, InvalidRequestError, "surrogate"),
     ],
 )
 def test_bad_input_raises_and_engine_keeps_serving(
     engine: Engine,
-    prompt: list[int] | str,
+    prompt: list[int] | str | list[dict[str, str]],
     params: SamplingParams | None,
     error: type[Exception],
     match: str,
