@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -83,7 +84,7 @@ class _Proxy:
         provider = self.routes.get(path) if request.method == "POST" else None
         body = _json_object(raw) if provider else None
         if provider and body is None:
-            logger.warning("%s: body is not a JSON object; forwarded untouched", path)
+            logger.warning("%s: body is not a JSON object of text; forwarded untouched", path)
         if provider is None or body is None:
             return await self.forward(request, path, raw, provider=None, model="")
         session = request.headers.get(SESSION_HEADER) or derive_session_id(body, _api_key(request))
@@ -164,10 +165,18 @@ class _Proxy:
                 self.response_cache.put(cache_key, b"".join(kept), "text/event-stream")
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
 def _json_object(raw: bytes) -> dict[str, Any] | None:
+    """The body to rewrite, or None to forward it untouched: not JSON, not an object, or
+    not Unicode text (an unpaired ``\\ud800`` escape parses to a lone surrogate, which the
+    rewritten body could not be encoded with; the upstream then answers for it)."""
     try:
         value = json.loads(raw)
-    except (ValueError, RecursionError):
+        if _SURROGATE_ESCAPE.search(raw):  # NOTE: the only way in; skips the check otherwise
+            json.dumps(value, ensure_ascii=False).encode()
+    except (ValueError, RecursionError):  # NOTE: UnicodeEncodeError is a ValueError
         return None
     return value if isinstance(value, dict) else None
 

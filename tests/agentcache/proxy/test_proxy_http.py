@@ -156,6 +156,13 @@ def test_upstream_errors_and_bad_bodies_pass_through(
         garbage = httpx.post(f"{proxy_url}/v1/chat/completions", content=b"{not json",
                              headers={"content-type": "application/json"})  # fmt: skip
         assert garbage.status_code == 400  # upstream's answer, not the proxy's
+        # NOTE: an unpaired \ud800 escape parses but cannot be re-encoded as UTF-8 (was a 500
+        # with a traceback in the proxy): forwarded untouched, the upstream names the field.
+        lone = b'{"model": "fake-model", "messages": [{"role": "user", "content": "a\\ud800"}]}'
+        answer = httpx.post(f"{proxy_url}/v1/chat/completions", content=lone,
+                            headers={"content-type": "application/json"})  # fmt: skip
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == "messages[0].content"
         models = httpx.get(f"{proxy_url}/v1/models")
         assert models.status_code == 200 and models.json() == httpx.get(f"{url}/v1/models").json()
     with ServerThread(create_proxy_app("http://127.0.0.1:9/v1")) as dead_proxy:
