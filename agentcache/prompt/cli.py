@@ -39,9 +39,14 @@ def _load(path: str) -> dict[str, Any]:
         raise _BadInput(f"cannot read {path}: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise _BadInput(f"{path} is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+    except RecursionError as exc:
+        raise _BadInput(f"{path} is {_TOO_DEEP}") from exc
     if not isinstance(data, dict):
         raise _BadInput(f"{path}: expected a JSON object (an OpenAI or Anthropic request body)")
     return data
+
+
+_TOO_DEEP = "nested too deeply to read (arrays/objects past Python's recursion limit)"
 
 
 def _fail(command: str, message: str) -> int:
@@ -55,6 +60,8 @@ def run_lint(args: argparse.Namespace) -> int:
         findings = lint(_load(args.file))
     except (_BadInput, PromptError) as exc:
         return _fail("lint", str(exc))
+    except RecursionError:  # NOTE: a tool schema a few hundred levels deep; was a traceback
+        return _fail("lint", f"{args.file} is {_TOO_DEEP}")
     status = 1 if any(f.severity == "warning" for f in findings) else 0
     if args.json:
         print(json.dumps({"file": args.file, "findings": [f.to_dict() for f in findings]}))
@@ -103,6 +110,8 @@ def run_diff(args: argparse.Namespace) -> int:
         result = diff(_load(args.a), _load(args.b), show_content=args.show_content)
     except (_BadInput, PromptError) as exc:
         return _fail("diff", str(exc))
+    except RecursionError:
+        return _fail("diff", f"{args.a} or {args.b} is {_TOO_DEEP}")
     if args.json:
         print(json.dumps(result.to_dict()))
         return 1 if result.is_divergent else 0

@@ -221,6 +221,7 @@ def test_cli_diff_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         ("{not json", "not valid JSON"),
         ("[1, 2]", "expected a JSON object"),
         ('{"model": "x"}', "'messages' list"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),  # was a RecursionError traceback
     ],
 )
 def test_cli_bad_input_exits_2_without_traceback(
@@ -232,6 +233,22 @@ def test_cli_bad_input_exits_2_without_traceback(
     assert main(["diff", good, path]) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
+
+
+def test_cli_lint_of_a_tool_schema_too_deep_to_walk_exits_2_without_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # NOTE: json.loads reads 950 levels, lint's recursive walk then overflowed (exit 1, as if it
+    # had found warnings, with a traceback).
+    deep = "[" * 950 + "]" * 950
+    body = (
+        '{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+        f'"function": {{"name": "f", "parameters": {{"type": "object", "properties": {{"a": {deep}'
+        "}}}}]}"
+    )
+    assert main(["lint", write(tmp_path, "deep.json", body)]) == 2
+    err = capsys.readouterr().err
+    assert "nested too deeply" in err and "Traceback" not in err
 
 
 def test_cli_lint_fits_80_columns_with_a_severity_column(
