@@ -87,11 +87,13 @@ class _Proxy:
             logger.warning("%s: body is not a JSON object of text; forwarded untouched", path)
         if provider is None or body is None:
             return await self.forward(request, path, raw, provider=None, model="")
-        session = request.headers.get(SESSION_HEADER) or derive_session_id(body, _api_key(request))
-        sent = rewrite(body, provider, session_id=session, options=self.options).body
-        brk = self.sessions.observe(session, body, sent)
-        if brk is not None:
-            self.metrics.prefix_breaks.labels(brk.reason, str(brk.fixed).lower()).inc()
+        try:
+            sent = self._rewrite(request, provider, body)
+        except RecursionError:
+            # NOTE: a tool schema hundreds of levels deep parses but overflows the recursive
+            # rewrite (was a 500): the upstream answers for such a body, as for non-JSON.
+            logger.warning("%s: body nested too deeply to rewrite; forwarded untouched", path)
+            return await self.forward(request, path, raw, provider=None, model="")
         content = json.dumps(sent, ensure_ascii=False, separators=(",", ":")).encode()
         model = str(sent.get("model") or "")
         cache_key = self._cache_key(request, provider, path, sent)
@@ -103,6 +105,17 @@ class _Proxy:
         return await self.forward(
             request, path, content, provider=provider, model=model, cache_key=cache_key
         )
+
+    def _rewrite(
+        self, request: Request, provider: Provider, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The body to send, with the session's prefix break (if any) counted."""
+        session = request.headers.get(SESSION_HEADER) or derive_session_id(body, _api_key(request))
+        sent = rewrite(body, provider, session_id=session, options=self.options).body
+        brk = self.sessions.observe(session, body, sent)
+        if brk is not None:
+            self.metrics.prefix_breaks.labels(brk.reason, str(brk.fixed).lower()).inc()
+        return sent
 
     def _cache_key(
         self, request: Request, provider: Provider, path: str, sent: dict[str, Any]

@@ -163,6 +163,15 @@ def test_upstream_errors_and_bad_bodies_pass_through(
                             headers={"content-type": "application/json"})  # fmt: skip
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["param"] == "messages[0].content"
+        # NOTE: 950 levels parse, then overflowed the recursive rewrite (was a 500): untouched.
+        deep = (
+            b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "tools": '
+            b'[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", '
+            b'"properties": {"a": %s}}}}]}' % (b"[" * 950 + b"]" * 950)
+        )
+        answer = httpx.post(f"{proxy_url}/v1/chat/completions", content=deep,
+                            headers={"content-type": "application/json"})  # fmt: skip
+        assert answer.status_code == 400 and "nested deeper" in answer.json()["error"]["message"]
         models = httpx.get(f"{proxy_url}/v1/models")
         assert models.status_code == 200 and models.json() == httpx.get(f"{url}/v1/models").json()
     with ServerThread(create_proxy_app("http://127.0.0.1:9/v1")) as dead_proxy:
