@@ -125,7 +125,10 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="chunk store budget for requests with chunk_reuse, bytes (default: 256 MiB)",
     )
     p.add_argument(
-        "--no-prefix-cache", action="store_true", help="force-miss: never reuse KV (default: reuse)"
+        "--no-prefix-cache",
+        action="store_true",
+        help="force-miss: never reuse prefix-cache KV; requests that send chunk_reuse still "
+        "reuse their documents from the chunk store (default: reuse)",
     )
     p.add_argument(
         "--dtype",
