@@ -11,7 +11,8 @@ cache keys). Rules, decided once here and nowhere else:
 - ``datetime``/``date``/``time`` as ISO 8601 strings, ``UUID`` and paths as strings, ``Enum`` as
   its value; pydantic models via ``model_dump(mode="json")``, dataclasses field by field.
 
-Anything else raises ``CanonicalizationError`` naming the JSON path of the offending value. This
+Anything else, and text with a lone UTF-16 surrogate (no UTF-8 form), raises
+``CanonicalizationError`` naming the JSON path of the offending value. This
 module knows nothing about prompts or caches.
 """
 
@@ -51,7 +52,11 @@ def normalize_text(text: str) -> str:
 
     Trailing spaces and tabs are removed from every line and trailing newlines from the end, so two
     renders that differ only in invisible whitespace produce the same bytes and tokens.
+
+    Raises:
+        CanonicalizationError: ``text`` holds a lone UTF-16 surrogate (not Unicode text).
     """
+    _check_unicode(text, "text")
     text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
     return "\n".join(line.rstrip(" \t") for line in text.split("\n")).rstrip("\n")
 
@@ -79,6 +84,7 @@ def to_canonical(value: Any, path: str = "$") -> JSONValue:
     if isinstance(value, float):
         return _canonical_float(value, path)
     if isinstance(value, str):
+        _check_unicode(value, path)
         return unicodedata.normalize("NFC", value)
     if isinstance(value, Decimal):
         return _canonical_decimal(value, path)
@@ -90,6 +96,18 @@ def to_canonical(value: Any, path: str = "$") -> JSONValue:
         items = [to_canonical(item, f"{path}[*]") for item in value]
         return sorted(items, key=lambda item: json.dumps(item, sort_keys=True))
     return _canonical_object(value, path)
+
+
+def _check_unicode(text: str, path: str) -> None:
+    """Refuse a lone surrogate (``"\\ud800"``): it has no UTF-8 form, so hashing or sending the
+    text later failed with a bare ``UnicodeEncodeError``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CanonicalizationError(
+            f"{path}: lone UTF-16 surrogate {exc.object[exc.start]!r} at character {exc.start} "
+            "is not Unicode text; pass the full pair or drop it"
+        ) from exc
 
 
 def _canonical_float(value: float, path: str) -> JSONValue:
@@ -120,6 +138,7 @@ def _canonical_mapping(value: Mapping[Any, Any], path: str) -> dict[str, JSONVal
             raise CanonicalizationError(
                 f"{path}: object key {key!r} of type {type(key).__name__} is not a string"
             )
+        _check_unicode(str(key), path)
         name = unicodedata.normalize("NFC", str(key))
         if name in out:
             raise CanonicalizationError(f"{path}: keys collide after normalization: {name!r}")

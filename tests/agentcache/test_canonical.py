@@ -18,13 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from agentcache import PromptBuilder
 from agentcache.canonical import (
     canonical_json,
     normalize_text,
     stable_hash,
     to_canonical,
 )
-from agentcache.exceptions import CanonicalizationError
+from agentcache.exceptions import CanonicalizationError, PromptError
 
 json_values = st.recursive(
     st.none()
@@ -122,6 +123,8 @@ def test_rich_python_values() -> None:
         ({(1, 2): "tuple key"}, "$"),
         ({"b": b"bytes"}, "$.b"),
         ({1: "a", "1": "b"}, "$"),
+        ({"t": ["ok", "a\ud800"]}, "$.t[1]"),  # lone surrogate: was a UnicodeEncodeError
+        ({"\udc00": 1}, "$"),
     ],
 )
 def test_unsupported_values_name_their_path(value: Any, path: str) -> None:
@@ -132,6 +135,15 @@ def test_unsupported_values_name_their_path(value: Any, path: str) -> None:
 def test_normalize_text() -> None:
     assert normalize_text("a  \r\nb\t\n\n") == "a\nb"
     assert normalize_text("cafe\u0301") == "caf\u00e9"
+
+
+def test_a_lone_surrogate_in_prompt_text_is_a_prompt_error() -> None:
+    # NOTE: it was a bare UnicodeEncodeError from the prefix hash in build().
+    with pytest.raises(CanonicalizationError, match="surrogate"):
+        normalize_text("a\ud800")
+    with pytest.raises(PromptError, match="surrogate"):
+        PromptBuilder().system("s\ud800").user("x").build()
+    assert normalize_text("a\U0001f600") == "a\U0001f600"  # a pair is one code point
 
 
 def test_stable_hash_frames_its_parts() -> None:
