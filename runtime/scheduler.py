@@ -19,26 +19,19 @@ import torch
 from runtime.admission import AdmissionQueue, is_all_cancelled, is_packable
 from runtime.batch_kv import BatchKV
 from runtime.cache.prefix_cache import PrefixCache
-from runtime.chunk_job import ChunkJob
+from runtime.chunk_prefill import ChunkPrefill
 from runtime.chunk_reuse import ChunkAssembler
-from runtime.exceptions import (
-    EngineBusyError,
-    InvalidRequestError,
-    PromptTooLongError,
-    RuntimeEngineError,
-    SamplingError,
-)
+from runtime.exceptions import EngineBusyError, RuntimeEngineError, SamplingError
+from runtime.forks import check_group, copy_prompt, live_forks, running_group
 from runtime.kv_cache import RequestKVCache
 from runtime.model_runner import ModelRunner
-from runtime.outputs import StreamDelta, TokenLogprob
+from runtime.outputs import StreamDelta
+from runtime.prompt_scoring import prefill_scored
 from runtime.request import Request, RequestStatus
-from runtime.sampler import Sampled, prompt_logprobs, sample_batch
+from runtime.sampler import Sampled, sample_batch
 from runtime.scheduler_config import SchedulerConfig, SchedulerStats
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats"]
-
-_SCORED_CHUNK = 512
-"""Prompt positions whose logits are held at once when prompt logprobs are asked for."""
 
 
 class Scheduler:
@@ -59,7 +52,7 @@ class Scheduler:
         chunks: ChunkAssembler | None = None,
     ) -> None:
         self.runner = runner
-        self.chunks = chunks
+        self.chunks = None if chunks is None else ChunkPrefill(chunks, config.prefill_chunk_tokens)
         """Assembles requests that ask for chunk reuse (None: such requests fail)."""
         self.prefix_cache = prefix_cache
         self.config = config
@@ -86,9 +79,8 @@ class Scheduler:
         """Queued requests, oldest first (the admission queue's; edited under its condition)."""
         self._thread: threading.Thread | None = None
         self._prefilling: Request | None = None
-        """The request whose prompt is being prefilled in chunks (its row idles in decode steps)."""
-        self._chunk_job: ChunkJob | None = None
-        """``_prefilling``'s chunks gathered so far, when it reuses chunks (phase 1)."""
+        """The request whose prompt is being prefilled in chunks (its row idles in decode steps;
+        when it reuses chunks, ``chunks`` holds what it gathered so far)."""
         self._is_closed = False
         self._is_paused = False
         """Set by ``pause``: the loop thread runs no iteration (``step`` runs them instead)."""
@@ -125,19 +117,9 @@ class Scheduler:
             RuntimeEngineError: the engine was closed.
         """
         for req in reqs:
-            size = 1 + len(req.forks)
-            if size > self.max_batch_size:
-                raise InvalidRequestError(
-                    f"n={size} choices are decoded together, but this engine decodes at most "
-                    f"{self.max_batch_size} rows at once (max_batch_size); lower n"
-                )
-            need = size * req.max_total_len * self.batch.position_bytes
-            if need > self.config.batch_kv_bytes:
-                raise PromptTooLongError(
-                    f"prompt + max_tokens ({req.max_total_len} positions) x {size} choices need "
-                    f"{need} bytes of KV, over batch_kv_bytes={self.config.batch_kv_bytes}; "
-                    "lower max_tokens or n, or raise it"
-                )
+            check_group(req, max_batch_size=self.max_batch_size,
+                        position_bytes=self.batch.position_bytes,
+                        batch_kv_bytes=self.config.batch_kv_bytes)  # fmt: skip
         with self._cv:
             if self._is_closed:
                 raise RuntimeEngineError("the engine is closed")
@@ -357,7 +339,9 @@ class Scheduler:
             assert req.kv is not None, "a running request has a KV row"
             kv = req.kv
             if req.chunk_plan is not None:
-                num_run, chunk_logits = self._prefill_chunks(req, max_tokens)
+                if self.chunks is None:
+                    raise RuntimeEngineError("this scheduler has no chunk store")
+                num_run, chunk_logits = self.chunks.step(req, max_tokens)
                 if chunk_logits is None:
                     return num_run  # NOTE: chunks still to gather: decode steps run first
                 logits = chunk_logits
@@ -368,9 +352,9 @@ class Scheduler:
             else:
                 # NOTE: a scored prompt (prompt logprobs) runs whole, in its own logits chunks.
                 num_run = len(req.prompt_ids)
-                logits = self._prefill_scored(req)
+                logits = prefill_scored(self.runner, req)
         except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving
-            for member in [req, *(f for f in req.forks if f.status is RequestStatus.RUNNING)]:
+            for member in running_group(req):
                 self._fail(member, exc)
             return num_run
         self._prefilled(req, logits)
@@ -405,9 +389,9 @@ class Scheduler:
             self._prefilling = req
             return  # NOTE: decode steps run before its next chunk.
         self._prefilling = None
-        group = [req, *(f for f in req.forks if f.status is RequestStatus.RUNNING)]
+        group = running_group(req)
         try:
-            self._fork(req, group[1:])
+            copy_prompt(req, group[1:], self.prefix_cache)
             # NOTE: one logits row seen by every choice (the sampler edits its own copy).
             tokens = self._sample(group, logits.unsqueeze(0).expand(len(group), -1))
         except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving
@@ -431,7 +415,7 @@ class Scheduler:
         Returns:
             False when the match failed (the group has failed).
         """
-        group = [req, *self._live_forks(req)]
+        group = [req, *live_forks(req)]
         kv = [self._add_row(member) for member in group][0]
         try:
             hit = self.prefix_cache.match(
@@ -451,70 +435,6 @@ class Scheduler:
         self.running.append(req)
         req.status = RequestStatus.RUNNING
         return req.kv
-
-    def _live_forks(self, req: Request) -> list[Request]:
-        """The forks of ``req`` still wanted; cancelled ones are released unadmitted."""
-        live = []
-        for fork in req.forks:
-            if fork.is_cancelled:
-                fork.status = RequestStatus.RELEASED
-                fork.released.set()
-            else:
-                live.append(fork)
-        return live
-
-    def _fork(self, req: Request, forks: list[Request]) -> None:
-        """Copy ``req``'s prompt KV (just prefilled) into each fork's row; pin the same node."""
-        assert req.kv is not None, "fork of a request without a row"
-        length = req.kv.length
-        for fork in forks:
-            assert fork.kv is not None, "fork admitted without a row"
-            fork.kv.span(0, length).copy_(req.kv.span(0, length))
-            fork.kv.length = length
-            fork.cached_len = req.cached_len
-            fork.prompt_logprobs = req.prompt_logprobs
-            fork.chunk_usage = req.chunk_usage
-            fork.node = self.prefix_cache.acquire(req.node)
-
-    def _prefill_chunks(self, req: Request, max_tokens: int) -> tuple[int, torch.Tensor | None]:
-        """The next step of chunk assembly (``runtime.chunk_reuse``): phase 1 computes missed
-        chunks alone (at most ``max_tokens``), phase 2 places every chunk in ``req``'s row and
-        runs the rest of the prompt. It waits for a whole iteration's budget if it needs more
-        than ``max_tokens`` (then reports them run, to end this iteration's prefill).
-
-        Returns:
-            Prompt tokens run, and the last ``[vocab]`` logits once assembled (else None).
-        """
-        assert req.chunk_plan is not None and req.kv is not None, "a chunk request with a row"
-        if self.chunks is None:
-            raise RuntimeEngineError("this scheduler has no chunk store")
-        ids, plan, start = req.prompt_ids, req.chunk_plan, req.kv.length
-        job = self._chunk_job
-        if job is None:
-            job = self._chunk_job = self.chunks.open(req.namespace, ids, plan, start)
-        if not job.is_ready:
-            return job.compute(max_tokens), None
-        num_run = self.chunks.num_finish_tokens(ids, plan, start)
-        if num_run > max_tokens and max_tokens < self.config.prefill_chunk_tokens:
-            return max_tokens, None
-        logits, req.chunk_usage = self.chunks.finish(job, ids, plan, req.kv)
-        self._chunk_job = None
-        return num_run, logits
-
-    def _prefill_scored(self, req: Request) -> torch.Tensor:
-        """Prefill computing every prompt position's logits (in chunks, to bound their memory),
-        recording the prompt logprobs; returns the last position's ``[vocab]`` logits."""
-        assert req.cached_len == 0 and req.kv is not None, "prompt logprobs skip the cache"
-        ids, num_top = req.prompt_ids, req.params.prompt_logprobs or 0
-        entries: list[TokenLogprob | None] = [None]  # NOTE: nothing predicts the first token
-        for start in range(0, len(ids), _SCORED_CHUNK):
-            logits = self.runner.forward(
-                ids[start : start + _SCORED_CHUNK], req.kv, all_logits=True
-            )
-            nexts = ids[start + 1 : start + 1 + len(logits)]
-            entries += prompt_logprobs(logits[: len(nexts)], nexts, num_top)
-        req.prompt_logprobs = entries
-        return logits[-1]
 
     def _decode_step(self) -> None:
         # NOTE: a row mid-prefill is idle in this step (fed nothing, its KV not committed).
@@ -574,9 +494,9 @@ class Scheduler:
         if req.status is RequestStatus.RELEASED:
             return
         if self._prefilling is req:
-            if self._chunk_job is not None:  # NOTE: chunks computed alone are work done
-                self._num_prefill_computed += self._chunk_job.num_computed
-            self._prefilling = self._chunk_job = None
+            if self.chunks is not None:  # NOTE: chunks computed alone are work done
+                self._num_prefill_computed += self.chunks.drop()
+            self._prefilling = None
         self._num_generated += len(req.output_ids)
         if req.status is RequestStatus.RUNNING:
             self._num_prefill_computed += req.num_prompt_computed()
