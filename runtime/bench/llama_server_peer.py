@@ -39,9 +39,12 @@ llama-cpp-python sdist vendors. `pip download llama-cpp-python==VERSION --no-dep
 -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF
 -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 -DBUILD_SHARED_LIBS=OFF` (CPU only, no network at build time) and `nice -n 19 cmake --build BUILD
---target llama-server -j1` (about an hour at -j1 on a shared 2-core machine). Pass
+--target llama-server -j1` (27 min at -j1 under nice 19 on a busy 2-core machine). Pass
 --llama-server BUILD/bin/llama-server and --llama-cpp-convert with the same sdist's
-vendor/llama.cpp/convert_hf_to_gguf.py (or --gguf with a GGUF of the same W1 weights)."""
+vendor/llama.cpp/convert_hf_to_gguf.py (or --gguf with a GGUF of the same W1 weights). Both
+engines use --threads; llama.cpp's worker threads spin at each barrier, so on cores other work
+shares they lose more than torch's (see `bench prefix --help`): give the load average with
+any figure."""
 
 _HOST = "127.0.0.1"
 
