@@ -22,6 +22,7 @@ from runtime.bench._argtypes import positive_int
 
 __all__ = [
     "BUILD_HELP",
+    "DEFAULT_FLASH_ATTN",
     "DEFAULT_LAYERS",
     "DEFAULT_NUM_SLOTS",
     "LlamaServer",
@@ -51,6 +52,12 @@ _HOST = "127.0.0.1"
 DEFAULT_NUM_SLOTS = 8
 """llama-server's ``-np`` in ``bench load`` unless ``--llama-server-np`` says otherwise (issue 19
 compares with ``-np 8``)."""
+
+DEFAULT_FLASH_ATTN = "off"
+"""llama-server's ``-fa`` in ``bench load``: its ``auto`` turned flash attention on for CPU, and
+with 8 slots of 1,300 cached tokens each a round of 8 x 16 tokens took 10.5-11.6 s against
+2.5 s with ``off`` (W1 f32, 2 threads, quiet machine, llama.cpp 0c1e570): the peer runs at its
+best."""
 
 DEFAULT_LAYERS = 30
 """W1's decoder layers unless ``--layers`` says otherwise, as ``bench prefix`` runs it."""
@@ -84,6 +91,14 @@ def add_peer_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="llama.cpp's converter, to write the W1 weights as an f32 GGUF (as bench prefix)",
     )
+    g.add_argument(
+        "--llama-server-flash-attn",
+        choices=("off", "on", "auto"),
+        default=None,
+        help=f"llama-server's -fa (default {DEFAULT_FLASH_ATTN}: with 'auto' it picked flash "
+        "attention on this CPU and -np 8 on a warm 1338-token prefix ran 4.5x slower, 11 vs 51 "
+        "tok/s)",
+    )
     g.add_argument("--gguf", default=None, help="use this GGUF of the W1 weights instead")
     g.add_argument(
         "--layers",
@@ -116,19 +131,27 @@ def free_port() -> int:
 
 
 def server_command(
-    binary: str, gguf: Path, *, port: int, num_slots: int, slot_len: int, threads: int
+    binary: str,
+    gguf: Path,
+    *,
+    port: int,
+    num_slots: int,
+    slot_len: int,
+    threads: int,
+    flash_attn: str = DEFAULT_FLASH_ATTN,
 ) -> list[str]:
     """llama-server's command line: ``num_slots`` slots (``-np``) of ``slot_len`` tokens each.
 
     ``-c`` is the whole context, which llama-server splits evenly between the slots when ``-np``
     is given (its unified KV buffer is on only for an automatic slot count). ``-t`` / ``-tb``
-    set the decode and prompt threads alike; the rest (KV type f16, prompt cache, continuous
-    batching) are llama-server's defaults.
+    set the decode and prompt threads alike; ``-fa`` is ``flash_attn`` (``DEFAULT_FLASH_ATTN``
+    says why off); the rest (KV type f16, prompt cache, continuous batching) are llama-server's
+    defaults.
     """
     return [
         binary, "-m", str(gguf), "--host", _HOST, "--port", str(port),
         "-np", str(num_slots), "-c", str(num_slots * slot_len),
-        "-t", str(threads), "-tb", str(threads),
+        "-t", str(threads), "-tb", str(threads), "-fa", flash_attn,
     ]  # fmt: skip
 
 

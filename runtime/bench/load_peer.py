@@ -30,6 +30,7 @@ from runtime.bench._clients import (
 )
 from runtime.bench.llama_cpp_peer import export_gguf, save_hf
 from runtime.bench.llama_server_peer import (
+    DEFAULT_FLASH_ATTN,
     DEFAULT_LAYERS,
     DEFAULT_NUM_SLOTS,
     LlamaServer,
@@ -55,7 +56,7 @@ ENGINES = ("agentcache", "llama-server")
 _Prompts = Callable[[str, int], list[list[int]]]
 """``(tag, n) -> n`` token-id prompts sharing the system prompt, each with its own question."""
 
-_PEER_ONLY = ("llama_server_np", "llama_cpp_convert", "gguf", "layers")
+_PEER_ONLY = ("llama_server_np", "llama_server_flash_attn", "llama_cpp_convert", "gguf", "layers")
 
 
 def peer_problem(args: argparse.Namespace) -> str | None:
@@ -282,7 +283,9 @@ def _llama_server(args: argparse.Namespace, gguf: Path, slot_len: int, threads: 
     """llama-server on a free port, ``slot_len`` tokens per slot (prompt + 64 for the growing
     tags + ``max_tokens``); printed, not yet started."""
     port, num_slots = free_port(), args.llama_server_np or DEFAULT_NUM_SLOTS
+    flash_attn = args.llama_server_flash_attn or DEFAULT_FLASH_ATTN
     command = server_command(check_binary(args.llama_server), gguf, port=port,
-                             num_slots=num_slots, slot_len=slot_len, threads=threads)  # fmt: skip
+                             num_slots=num_slots, slot_len=slot_len, threads=threads,
+                             flash_attn=flash_attn)  # fmt: skip
     print(f"llama-server: {' '.join(command[1:])}")
     return LlamaServer(command, port)

@@ -57,8 +57,11 @@ def test_the_command_line_gives_each_slot_its_context_and_the_threads() -> None:
     )
     assert command == [
         "/opt/llama-server", "-m", "/m/w1.gguf", "--host", "127.0.0.1", "--port", "8099",
-        "-np", "8", "-c", "12000", "-t", "2", "-tb", "2",
+        "-np", "8", "-c", "12000", "-t", "2", "-tb", "2", "-fa", "off",
     ]  # fmt: skip
+    on = server_command("/b", Path("/m.gguf"), port=1, num_slots=2, slot_len=3, threads=1,
+                        flash_attn="auto")  # fmt: skip
+    assert on[-2:] == ["-fa", "auto"]
 
 
 def test_check_binary_takes_an_executable_and_refuses_anything_else(tmp_path: Path) -> None:

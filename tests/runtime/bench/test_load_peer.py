@@ -111,4 +111,4 @@ def test_load_against_a_stand_in_llama_server_end_to_end(
     assert ours["output_tokens"] == 2 * 2 * 3 and ours["num_errors"] == 0  # ignore_eos honoured
     assert level["prompt_tokens"]["agentcache"] == level["prompt_tokens"]["llama-server"]
     seen = (tmp_path / "w1.gguf.argv").read_text().split()
-    assert seen[seen.index("-np") + 1] == "2" and seen[-4:] == ["-t", "1", "-tb", "1"]
+    assert seen[seen.index("-np") + 1] == "2" and seen[-6:] == ["-t", "1", "-tb", "1", "-fa", "off"]
