@@ -111,3 +111,35 @@ def test_decode_attention_equals_sdpa_over_rows_of_different_lengths(dtype: torc
         got = CompactLlama.attend(self, q, k, v, mask)
         assert got.dtype == dtype and got.shape == (rows, heads, 1, 64)
         torch.testing.assert_close(got.float(), want.to(dtype).float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_weights_are_stored_once_input_major_and_the_hf_forward_still_reads_them(
+    arch: str, tmp_path: Path
+) -> None:
+    """The compact forward's projections and LM head are transposed views of input-major
+    storage, the HF modules (and a tied embedding) read the same storage, and the HF forward of
+    the rebound model equals a freshly loaded one."""
+    from transformers import AutoModelForCausalLM
+
+    from runtime.compact_llama import CompactLlama
+
+    path = save_tiny_model(arch, tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    fresh = AutoModelForCausalLM.from_pretrained(path).eval()
+    is_tied = model.lm_head.weight is model.model.embed_tokens.weight
+    compact = CompactLlama(model)
+    layer, attn, mlp = compact.layers[0], model.model.layers[0].self_attn, model.model.layers[0].mlp
+    for fused, modules in ((layer.qkv, [attn.q_proj, attn.k_proj, attn.v_proj]),
+                           (layer.gate_up, [mlp.gate_proj, mlp.up_proj]),
+                           (layer.o, [attn.o_proj]), (layer.down, [mlp.down_proj]),
+                           (compact.lm_head, [model.lm_head])):  # fmt: skip
+        assert fused.t().is_contiguous() and fused.stride(0) == 1, "not input-major"
+        for module in modules:
+            assert module.weight.untyped_storage().data_ptr() == (
+                fused.untyped_storage().data_ptr()
+            ), "an HF module holds its own copy"
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == is_tied
+    ids = torch.tensor([PROMPTS[1]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, fresh(ids).logits, atol=1e-5, rtol=0)
