@@ -108,7 +108,7 @@ def _input_major_head(model: Any) -> torch.Tensor:
     """
     head, embed = model.lm_head, model.model.embed_tokens
     is_tied = head.weight is embed.weight
-    view = head.weight.detach().t().contiguous().t()  # [vocab, hidden], input-major storage
+    view: torch.Tensor = head.weight.detach().t().contiguous().t()  # [vocab, hidden], input-major
     param = torch.nn.Parameter(view, requires_grad=head.weight.requires_grad)
     head.weight = param
     if is_tied:
