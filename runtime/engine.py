@@ -73,6 +73,11 @@ class Engine:
     ) -> None:
         """Wrap an already loaded model; prefer ``from_pretrained``.
 
+        NOTE: on the compact forward the model's projection and LM-head weights become
+        transposed views of input-major storage (``runtime.compact_llama``; one copy of each
+        weight). Its HF forward still gives the same logits, but ``model.save_pretrained``
+        needs ``state_dict={k: v.contiguous() for k, v in model.state_dict().items()}``.
+
         Raises:
             ValueError: for a non-positive block_size, negative kv_cache_bytes or kv_disk_bytes,
                 or ``forward="compact"`` on a model outside the compact family.

@@ -120,7 +120,10 @@ def _byte_tokenizer(vocab_size: int) -> Any:
 def save_hf(model: Any, folder: Path) -> Path:
     """Save ``model`` (a transformers Llama) and a byte tokenizer to ``folder/hf``; return it."""
     hf_dir = folder / "hf"
-    model.save_pretrained(hf_dir)
+    # NOTE: once an Engine runs ``model`` on the compact forward, its projections are transposed
+    # views of input-major storage, which transformers' shared-tensor check cannot measure.
+    state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+    model.save_pretrained(hf_dir, state_dict=state)
     _byte_tokenizer(model.config.vocab_size).save_pretrained(hf_dir)
     return hf_dir
 

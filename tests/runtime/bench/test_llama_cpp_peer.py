@@ -98,3 +98,26 @@ def test_every_id_of_the_byte_tokenizer_decodes_to_text_and_encoding_uses_bytes_
     assert tokenizer.decode([300, 599]) == " w300 w599"  # a random model's output has text
     ids = tokenizer.encode("the cat w300", add_special_tokens=False)
     assert max(ids) < 257 and tokenizer.decode(ids) == "the cat w300"
+
+
+def test_a_model_an_engine_wraps_still_saves_and_reloads_to_the_same_logits(
+    tmp_path: Path,
+) -> None:
+    """bench prefix saves W1 for llama.cpp after its engines were built on it: the compact
+    forward's input-major weight views must not break ``save_hf``."""
+    import argparse
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from runtime.bench._common import bench_engine, w1_model
+    from runtime.bench.llama_cpp_peer import save_hf
+
+    model = w1_model(argparse.Namespace(layers=1, dtype="float32"))
+    engine = bench_engine(model, kv_bytes=1 << 24)
+    assert engine.forward_path == "compact"
+    reloaded = AutoModelForCausalLM.from_pretrained(save_hf(model, tmp_path)).eval()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, atol=1e-5, rtol=0)
+    engine.close()
