@@ -18,7 +18,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["BUILD_HELP", "LlamaCppPeer", "PeerRun", "export_gguf", "peer_python", "save_hf"]
+__all__ = [
+    "BUILD_HELP",
+    "LlamaCppPeer",
+    "PeerRun",
+    "export_gguf",
+    "gguf_problem",
+    "peer_python",
+    "save_hf",
+]
 
 BUILD_HELP = """\
 llama.cpp peer (optional, never a test dependency): build llama-cpp-python from its sdist in a
@@ -115,6 +123,16 @@ def _byte_tokenizer(vocab_size: int) -> Any:
     return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=core, eos_token="!", bos_token="!"
     )
+
+
+def gguf_problem(gguf: str | None, convert: str | None, flag: str) -> str | None:
+    """Why llama.cpp cannot get the W1 weights (None when it can): ``--gguf`` must name a file,
+    else ``--llama-cpp-convert`` llama.cpp's converter; ``flag`` names the option asking for it."""
+    if gguf is not None:
+        return None if Path(gguf).is_file() else f"--gguf {gguf!r}: no such file"
+    if convert is None or not Path(convert).is_file():
+        return f"{flag} needs --llama-cpp-convert path/to/convert_hf_to_gguf.py (or --gguf)"
+    return None
 
 
 def save_hf(model: Any, folder: Path) -> Path:

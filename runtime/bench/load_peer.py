@@ -28,7 +28,7 @@ from runtime.bench._clients import (
     remote_model,
     system_prompt,
 )
-from runtime.bench.llama_cpp_peer import export_gguf, save_hf
+from runtime.bench.llama_cpp_peer import export_gguf, gguf_problem, save_hf
 from runtime.bench.llama_server_peer import (
     DEFAULT_FLASH_ATTN,
     DEFAULT_LAYERS,
@@ -73,12 +73,7 @@ def peer_problem(args: argparse.Namespace) -> str | None:
         check_binary(args.llama_server)
     except ValueError as exc:
         return str(exc)
-    if args.gguf is not None:
-        return None if Path(args.gguf).is_file() else f"--gguf {args.gguf!r}: no such file"
-    convert = args.llama_cpp_convert
-    if convert is None or not Path(convert).is_file():
-        return "--llama-server needs --llama-cpp-convert path/to/convert_hf_to_gguf.py (or --gguf)"
-    return None
+    return gguf_problem(args.gguf, args.llama_cpp_convert, "--llama-server")
 
 
 def peer_prompts(

@@ -32,7 +32,13 @@ from runtime.bench._common import (
 )
 from runtime.bench._figures import Spread, noise_warnings, print_tables, spread_table
 from runtime.bench.floors import W1Shape, measure_hardware
-from runtime.bench.llama_cpp_peer import BUILD_HELP, LlamaCppPeer, export_gguf, peer_python
+from runtime.bench.llama_cpp_peer import (
+    BUILD_HELP,
+    LlamaCppPeer,
+    export_gguf,
+    gguf_problem,
+    peer_python,
+)
 from runtime.engine import Engine
 from runtime.model_runner import ForwardPath
 
@@ -405,12 +411,7 @@ def _peer_problem(args: argparse.Namespace) -> str | None:
         peer_python(args.llama_cpp)
     except ValueError as exc:
         return str(exc)
-    if args.gguf is not None:
-        return None if Path(args.gguf).is_file() else f"--gguf {args.gguf!r}: no such file"
-    convert = args.llama_cpp_convert
-    if convert is None or not Path(convert).is_file():
-        return "--llama-cpp needs --llama-cpp-convert path/to/convert_hf_to_gguf.py (or --gguf)"
-    return None
+    return gguf_problem(args.gguf, args.llama_cpp_convert, "--llama-cpp")
 
 
 _TIMING_NAMES = (
