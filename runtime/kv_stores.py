@@ -53,7 +53,9 @@ class KVStores:
         if kv_disk_dir is not None and self.prefix_cache.is_enabled:
             self.prefix_cache.disk = self._make_disk_tier(kv_disk_dir, kv_disk_bytes)
         self.chunk_store = ChunkStore(self._make_pool(chunk_cache_bytes, block_size))
-        """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunk_reuse``)."""
+        """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunk_reuse``);
+        it spills to the prefix cache's disk tier too (chunk blocks have their own keys)."""
+        self.chunk_store.disk = self.prefix_cache.disk
 
     def stats(self) -> CacheStats:
         """Prefix cache counters and occupancy, with the disk tier's and the chunk store's."""
@@ -78,10 +80,10 @@ class KVStores:
     def flush(self, *, include_disk: bool = False) -> int:
         """Drop every unpinned block of both stores; returns the prefix blocks freed.
 
-        As ``PrefixCache.flush``: the dropped blocks spill to the disk tier unless
+        As ``PrefixCache.flush``: the dropped blocks (and chunks) spill to the disk tier unless
         ``include_disk``, which also deletes every block file.
         """
-        self.chunk_store.flush()
+        self.chunk_store.flush(spill=not include_disk)
         return self.prefix_cache.flush(include_disk=include_disk)
 
     def drain_disk(self) -> None:

@@ -5,8 +5,11 @@ depends only on the chunk's token ids and the model; the caller re-rotates its k
 the chunk lands in a prompt (``runtime.chunk_rotation``). Entries are keyed by (namespace, sha256
 of the token ids), stored in whole blocks of their own ``KVPool`` under a byte budget, and evicted
 by ``runtime.cache.eviction`` (the prefix cache's policies; an entry's "branches" are the
-requests that used it, so with ``"shared"`` often-used chunks outlive one-off ones). It knows
-token ids and tensors, never models, positions, requests or threads (the engine's lock guards it).
+requests that used it, so with ``"shared"`` often-used chunks outlive one-off ones). With a disk
+tier (the prefix cache's, ``serve --kv-disk-dir``) an evicted chunk spills there block by block and
+a lookup that misses memory loads it back, so chunks outlive the memory budget and restarts. It
+knows token ids and tensors, never models, positions, requests or threads (the engine's lock
+guards it).
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from typing import Any, NewType
 
 import torch
 
+from runtime.cache.disk_tier import DiskTier
 from runtime.cache.eviction import EvictionHeap, EvictionPolicy
 from runtime.cache.kv_pool import KVPool
-from runtime.cache.radix_cache import Namespace
+from runtime.cache.radix_cache import BlockHash, Namespace
 
 __all__ = ["ChunkKey", "ChunkStore", "ChunkStoreStats", "chunk_key"]
 
@@ -29,6 +33,8 @@ ChunkKey = NewType("ChunkKey", bytes)
 """sha256 over (version tag, namespace, token ids as little-endian int64)."""
 
 _KEY_VERSION = b"agentcache-chunk-v1\0"
+_DISK_TAG = b"agentcache-chunk-block-v1\0"
+"""Prefix of a chunk block's disk-tier hash, so it never equals a prefix-cache block's."""
 
 
 def chunk_key(namespace: Namespace, tokens: Sequence[int]) -> ChunkKey:
@@ -59,6 +65,8 @@ class ChunkStoreStats:
     """Chunk lookups not in the store (computed alone, then stored when it fits)."""
     num_evictions: int
     """Chunks evicted to make room."""
+    num_disk_hits: int = 0
+    """Of ``num_hits``, chunks loaded back from the disk tier (a miss in memory)."""
 
 
 class _Root:
@@ -112,6 +120,10 @@ class ChunkStore:
         self.num_misses = 0
         self.num_evictions = 0
         """Entries evicted to make room."""
+        self.num_disk_hits = 0
+        """Lookups served by loading the chunk back from ``disk``."""
+        self.disk: DiskTier | None = None
+        """Evicted chunks spill here and memory misses look here (set by ``KVStores``)."""
 
     @property
     def num_entries(self) -> int:
@@ -129,6 +141,7 @@ class ChunkStore:
             num_entries=len(self._entries), bytes_used=self.bytes_used,
             bytes_total=self.pool.bytes_total, num_hits=self.num_hits,
             num_misses=self.num_misses, num_evictions=self.num_evictions,
+            num_disk_hits=self.num_disk_hits,
         )  # fmt: skip
 
     def get(self, namespace: Namespace, tokens: Sequence[int]) -> torch.Tensor | None:
@@ -137,12 +150,20 @@ class ChunkStore:
         Returns:
             ``[L, 2, H_kv, len(tokens), D]`` KV computed at positions ``[0, len(tokens))``.
 
-        Side effects: counts a hit or miss; a hit bumps the entry's eviction rank.
+        Side effects: counts a hit or miss; a hit bumps the entry's eviction rank; a chunk
+        found on the disk tier is loaded back into memory (counted in ``num_disk_hits``).
         """
-        entry = self._entries.get(chunk_key(namespace, tokens))
+        key = chunk_key(namespace, tokens)
+        entry = self._entries.get(key)
         if entry is None:
-            self.num_misses += 1
-            return None
+            kv = self._load_from_disk(key, len(tokens))
+            if kv is None:
+                self.num_misses += 1
+                return None
+            self.num_hits += 1
+            self.num_disk_hits += 1
+            self._store(key, kv)
+            return kv
         self.num_hits += 1
         entry.num_branches += 1
         self._touch(entry)
@@ -164,31 +185,37 @@ class ChunkStore:
             True when stored (or already there); False when it cannot fit the whole budget.
         """
         assert kv.shape[3] == len(tokens) > 0, "one KV position per chunk token"
-        key = chunk_key(namespace, tokens)
+        return self._store(chunk_key(namespace, tokens), kv)
+
+    def _store(self, key: ChunkKey, kv: torch.Tensor) -> bool:
+        """``put`` by key: ``kv`` is ``[L, 2, H_kv, n, D]``."""
         if key in self._entries:
             return True
-        bs = self.pool.block_size
-        num_blocks = -(-len(tokens) // bs)
+        bs, num_tokens = self.pool.block_size, kv.shape[3]
+        num_blocks = -(-num_tokens // bs)
         if num_blocks > self.pool.num_blocks:
             return False
         while not self.pool.can_allocate(num_blocks):
             self._evict_one()
         block_ids = self.pool.allocate(num_blocks)
         assert block_ids is not None, "allocate after making room"
-        pad = num_blocks * bs - len(tokens)
+        pad = num_blocks * bs - num_tokens
         if pad:
             zeros = kv.new_zeros((*kv.shape[:3], pad, kv.shape[4]))
             kv = torch.cat((kv, zeros), dim=3)
         self.pool.write_from(block_ids, kv)
-        entry = _Entry(key, len(tokens), block_ids)
+        entry = _Entry(key, num_tokens, block_ids)
         self._entries[key] = entry
         self._touch(entry)
         return True
 
-    def flush(self) -> int:
-        """Drop every entry; returns how many were dropped."""
+    def flush(self, *, spill: bool = True) -> int:
+        """Drop every entry (spilling each to the disk tier unless not ``spill``, as the prefix
+        cache's flush does); returns how many were dropped."""
         num = len(self._entries)
         for entry in self._entries.values():
+            if spill:
+                self._spill(entry)
             self.pool.free(entry.block_ids)
             entry.heap_seq = -1
         self._entries.clear()
@@ -218,5 +245,37 @@ class ChunkStore:
         entry = self._heap.pop()
         assert entry is not None, "a full pool with nothing evictable"
         del self._entries[entry.key]
+        self._spill(entry)
         self.pool.free(entry.block_ids)
         self.num_evictions += 1
+
+    def _disk_keys(self, key: ChunkKey, num_tokens: int) -> list[str]:
+        """The disk tier's file keys of a chunk's blocks, in token order."""
+        assert self.disk is not None
+        count = -(-num_tokens // self.pool.block_size)
+        return [self.disk.key(BlockHash(hashlib.sha256(_DISK_TAG + key + i.to_bytes(4, "little"))
+                                        .digest())) for i in range(count)]  # fmt: skip
+
+    def _spill(self, entry: _Entry) -> None:
+        """Queue an entry's blocks for the disk tier (a copy each; a full queue drops them)."""
+        if self.disk is None:
+            return
+        for block_id, disk_key in zip(
+            entry.block_ids, self._disk_keys(entry.key, entry.num_tokens), strict=True
+        ):
+            if not self.disk.contains(disk_key):
+                self.disk.put(disk_key, self.pool.read_block(block_id))
+
+    def _load_from_disk(self, key: ChunkKey, num_tokens: int) -> torch.Tensor | None:
+        """``[L, 2, H_kv, num_tokens, D]`` KV of a spilled chunk, or None unless every one of its
+        blocks is on the disk tier and intact."""
+        if self.disk is None:
+            return None
+        keys = self._disk_keys(key, num_tokens)
+        if not all(self.disk.contains(k) for k in keys):
+            return None
+        blocks = [self.disk.load(k) for k in keys]
+        if any(b is None for b in blocks):
+            return None
+        kv = torch.cat([b for b in blocks if b is not None], dim=3)  # [L, 2, H_kv, padded, D]
+        return kv[:, :, :, :num_tokens].to(self.pool.data.device)

@@ -71,6 +71,8 @@ def _chunk_store_metrics(store: ChunkStoreStats) -> Iterator[Metric]:
                    store.num_misses)  # fmt: skip
     yield _counter("chunk_store_evictions", "Chunks evicted from the chunk store",
                    store.num_evictions)  # fmt: skip
+    yield _counter("chunk_store_disk_hits", "Chunk lookups served by loading back from the "
+                   "disk tier (part of the hits)", store.num_disk_hits)  # fmt: skip
     yield _gauge("chunk_store_entries", "Chunks stored now", store.num_entries)
     yield _gauge("chunk_store_bytes_used", "Bytes of stored chunks' KV blocks", store.bytes_used)
     yield _gauge("chunk_store_bytes_total", "Chunk store byte budget", store.bytes_total)

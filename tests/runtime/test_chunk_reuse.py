@@ -375,3 +375,33 @@ def test_flush_cache_drops_stored_chunks(compact: Engine) -> None:
     assert again.usage.chunk_reuse is not None
     assert again.usage.chunk_reuse.missed_tokens == len(DOCS[0]) + len(DOCS[1])
     compact.check_integrity()
+
+
+def test_chunks_spill_to_the_disk_tier_and_come_back_exact_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """With ``kv_disk_dir`` a flushed (or evicted) chunk is loaded back from disk, in another
+    order and by another engine process on the same directory, and stays exact."""
+    path = str(save_tiny_model("llama", tmp_path / "model"))
+    disk = str(tmp_path / "kv")
+    first = Engine.from_pretrained(path, kv_cache_bytes=1 << 20, block_size=4,
+                                   chunk_cache_bytes=1 << 20, kv_disk_dir=disk)  # fmt: skip
+    ids, spans = rag_prompt([0, 1, 2])
+    run(first, ids, ChunkReuse(spans, "exact"), n=1)
+    first.flush_cache()  # every chunk and prefix block spills
+    first.drain_disk()
+    assert first.chunk_store.num_entries == 0
+    first.close()
+    engine = Engine.from_pretrained(path, kv_cache_bytes=1 << 20, block_size=4,
+                                    chunk_cache_bytes=1 << 20, kv_disk_dir=disk)  # fmt: skip
+    ids, spans = rag_prompt([2, 0, 1])
+    completion, logits = run(engine, ids, ChunkReuse(spans, "exact"), n=3)
+    usage = completion.usage.chunk_reuse
+    assert usage is not None and (usage.reused_tokens, usage.missed_tokens) == (
+        sum(len(d) for d in DOCS),
+        0,
+    )
+    assert engine.chunk_store.num_disk_hits == len(DOCS)
+    assert_masked_steps(engine, ids, spans, completion, logits)
+    engine.check_integrity()
+    engine.close()

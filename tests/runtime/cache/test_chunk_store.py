@@ -5,10 +5,13 @@ Scenarios on a toy pool of 6 blocks of 4 positions; every scenario ends with che
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from runtime.cache.chunk_store import ChunkStore, chunk_key
+from runtime.cache.disk_tier import DISK_HEADER_BYTES, DiskTier
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.radix_cache import Namespace
 
@@ -104,3 +107,52 @@ def test_check_integrity_catches_a_leaked_block() -> None:
     store.pool.allocate(1)  # a block taken outside the store
     with pytest.raises(AssertionError, match="free"):
         store.check_integrity()
+
+
+def disk_tier(path: Path, fingerprint: str = "w0") -> DiskTier:
+    block_bytes = 2 * 2 * 3 * 4 * 5 * 4
+    return DiskTier(path, budget_bytes=64 * (block_bytes + DISK_HEADER_BYTES),
+                    fingerprint=fingerprint, block_shape=(2, 2, 3, 4, 5),
+                    dtype=torch.float32)  # fmt: skip
+
+
+def test_an_evicted_chunk_comes_back_from_the_disk_tier_and_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    store = make_store(num_blocks=2, policy="lru")
+    store.disk = disk_tier(tmp_path)
+    first, second = kv_of(6, 0), kv_of(5, 1)
+    assert store.put(NS, [1] * 6, first) and store.put(NS, [2] * 5, second)  # evicts [1] * 6
+    assert store.num_evictions == 1 and store.num_entries == 1
+    store.disk.drain()
+    got = store.get(NS, [1] * 6)  # from disk, back into memory (evicting [2] * 5)
+    assert got is not None and torch.equal(got, first)
+    assert (store.num_hits, store.num_disk_hits, store.num_misses) == (1, 1, 0)
+    assert store.get(OTHER, [1] * 6) is None  # another namespace never finds it
+    store.check_integrity()
+    store.disk.drain()
+    store.disk.close()
+    restarted = make_store(num_blocks=2)
+    restarted.disk = disk_tier(tmp_path)
+    again = restarted.get(NS, [2] * 5)  # spilled when it was evicted above
+    assert again is not None and torch.equal(again, second)
+    assert restarted.snapshot().num_disk_hits == 1
+    restarted.disk.close()
+    other_weights = make_store(num_blocks=2)
+    other_weights.disk = disk_tier(tmp_path, fingerprint="w1")
+    assert other_weights.get(NS, [2] * 5) is None  # another model's files are never read
+    other_weights.disk.close()
+
+
+def test_a_chunk_with_a_damaged_block_on_disk_is_a_miss(tmp_path: Path) -> None:
+    store = make_store(num_blocks=2)
+    store.disk = disk_tier(tmp_path)
+    store.put(NS, [1] * 6, kv_of(6, 0))
+    store.flush()  # spills, as the prefix cache's flush does
+    store.disk.drain()
+    files = sorted(tmp_path.glob("*.kvb"))
+    assert len(files) == 2  # one file per block of the chunk
+    files[1].write_bytes(files[1].read_bytes()[:-7])  # a truncated block
+    assert store.get(NS, [1] * 6) is None and store.num_misses == 1
+    assert not store.flush(spill=False)  # nothing left in memory either
+    store.disk.close()

@@ -349,6 +349,7 @@ def test_metrics_report_the_chunk_store(model_dir: Path, served: tuple[Engine, s
         == 6
     )  # one lookup per span
     assert after["agentcache_chunk_store_evictions_total"] >= 1
+    assert after["agentcache_chunk_store_disk_hits_total"] == 0  # no --kv-disk-dir here
     assert after["agentcache_chunk_store_entries"] == 2
     assert after["agentcache_chunk_store_bytes_used"] == 2 * block_bytes
     for mode, used in (("exact", usages[:2]), ("blend", usages[2:])):
