@@ -184,7 +184,11 @@ def make_server(args: argparse.Namespace, engine: ServingEngine, keys: list[str]
         cors_origins=getattr(args, "cors_origin", None) or (),
         max_request_bytes=max_bytes,
     )
-    print(f"agentcache serve: {engine.model_id!r} on http://{args.host}:{args.port}")
+    dtype = str(engine.runner.dtype).removeprefix("torch.")
+    print(
+        f"agentcache serve: {engine.model_id!r} on http://{args.host}:{args.port} "
+        f"({dtype}, {engine.forward_path} forward)"
+    )
     if keys:
         print(f"agentcache serve: {len(keys)} API key(s) required")
     return uvicorn.Server(uvicorn.Config(app, log_level="info"))
