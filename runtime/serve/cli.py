@@ -114,6 +114,14 @@ def run_cli(args: argparse.Namespace) -> int:
         return 130
 
 
+def _runs(engine: ServingEngine) -> str:
+    """``" (float32, compact forward)"``: what a local ``Engine`` runs ("" for other engines)."""
+    runner, path = getattr(engine, "runner", None), getattr(engine, "forward_path", None)
+    if runner is None or path is None:
+        return ""
+    return f" ({str(runner.dtype).removeprefix('torch.')}, {path} forward)"
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         check_model_name(args.model)  # NOTE: before torch is imported (seconds) or a hub lookup.
@@ -184,11 +192,7 @@ def make_server(args: argparse.Namespace, engine: ServingEngine, keys: list[str]
         cors_origins=getattr(args, "cors_origin", None) or (),
         max_request_bytes=max_bytes,
     )
-    dtype = str(engine.runner.dtype).removeprefix("torch.")
-    print(
-        f"agentcache serve: {engine.model_id!r} on http://{args.host}:{args.port} "
-        f"({dtype}, {engine.forward_path} forward)"
-    )
+    print(f"agentcache serve: {engine.model_id!r} on http://{args.host}:{args.port}{_runs(engine)}")
     if keys:
         print(f"agentcache serve: {len(keys)} API key(s) required")
     return uvicorn.Server(uvicorn.Config(app, log_level="info"))
