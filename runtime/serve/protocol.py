@@ -176,6 +176,13 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
+class _Options(BaseModel):
+    # NOTE: objects that set request options (stream_options, response_format, tool_choice) are
+    # written by the client, never echoed back, so an unknown field is a 400 naming it: vLLM's
+    # stream_options.continuous_usage_stats or a misplaced response_format.schema was dropped.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
 class FunctionSpec(_Lenient):
     """``tools[i].function``: a callable the model may name."""
 
@@ -209,20 +216,20 @@ class ToolSpec(_Lenient):
     function: FunctionSpec
 
 
-class FunctionName(_Lenient):
+class FunctionName(_Options):
     """``tool_choice.function``: ``{"name": ...}``."""
 
     name: str
 
 
-class NamedToolChoice(_Lenient):
+class NamedToolChoice(_Options):
     """``tool_choice`` that forces one function: ``{"type": "function", "function": {...}}``."""
 
     type: Literal["function"]
     function: FunctionName
 
 
-class JsonSchemaFormat(_Lenient):
+class JsonSchemaFormat(_Options):
     """``response_format.json_schema``: ``{"name", "schema", "strict", "description"}``."""
 
     name: Annotated[str, Field(min_length=1, max_length=64)]
@@ -231,7 +238,7 @@ class JsonSchemaFormat(_Lenient):
     description: str | None = None
 
 
-class ResponseFormat(_Lenient):
+class ResponseFormat(_Options):
     """``response_format``: ``text``, ``json_object`` or ``json_schema`` (enforced by a grammar)."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -292,10 +299,12 @@ class ChatMessage(_Lenient):
         return out
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(_Options):
     """``stream_options``: ``include_usage`` adds a last chunk with usage and no choices."""
 
     include_usage: bool = False
+    include_obfuscation: Literal[False] | None = None
+    """OpenAI's random padding of stream events: this server sends none, so only ``false``."""
 
 
 _Span = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=2, max_length=2)]

@@ -308,6 +308,40 @@ def test_same_cache_salt_under_two_keys_never_shares_the_prefix() -> None:
         (chat_body(response_format={"type": "xml"}), 400, "response_format.type"),
         (chat_body(response_format={"type": "json_schema"}), 400, "response_format"),
         (chat_body(parallel_tool_calls="no"), 400, "parallel_tool_calls"),
+        # NOTE: unknown fields of option objects were dropped in silence (200) before.
+        (
+            chat_body(stream=True, stream_options={"continuous_usage_stats": True}),
+            400,
+            "stream_options.continuous_usage_stats",
+        ),
+        (
+            chat_body(stream=True, stream_options={"include_obfuscation": True}),
+            400,
+            "stream_options.include_obfuscation",
+        ),
+        (
+            chat_body(response_format={"type": "json_object", "schema": {"type": "integer"}}),
+            400,
+            "response_format.schema",
+        ),
+        (
+            chat_body(
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {}, "strict_mode": True},
+                }
+            ),
+            400,
+            "response_format.json_schema.strict_mode",
+        ),
+        (
+            chat_body(
+                tools=[{"type": "function", "function": {"name": "f"}}],
+                tool_choice={"type": "function", "function": {"name": "f"}, "force": True},
+            ),
+            400,
+            "tool_choice.force",
+        ),
         (
             chat_body(
                 response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}
@@ -405,6 +439,15 @@ def test_a_lone_surrogate_is_a_400_naming_its_field(path: str, raw: bytes, param
     resp = client.post(path, content=raw % MODEL.encode(), headers=JSON)
     assert "surrogate" in assert_openai_error(resp, 400, param)["message"]
     assert engine.num_open == 0
+
+
+def test_stream_options_include_obfuscation_false_is_accepted() -> None:
+    client = make_client()
+    body = chat_body(
+        stream=True, stream_options={"include_usage": True, "include_obfuscation": False}
+    )
+    resp = client.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200 and "obfuscation" not in resp.text
 
 
 def test_a_surrogate_pair_is_text() -> None:
