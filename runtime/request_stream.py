@@ -105,6 +105,15 @@ class RequestStream(Iterator[StreamDelta]):
             ready.append(item)
         return self._hand_out(merge_deltas(ready)) if ready else None
 
+    def cancel(self) -> None:
+        """Cancel the request if it is unfinished, without waiting (``close`` then waits).
+
+        Cancel every choice of a group before closing any: closing a queued head first waits
+        until the loop admits it for its forks, still live then.
+        """
+        if not self.is_done and self._is_submitted:
+            self._scheduler.cancel(self._req, wait=False)
+
     def close(self) -> None:
         """Cancel the request if it is unfinished and wait until its pins are released."""
         if self.is_done:

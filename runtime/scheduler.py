@@ -140,17 +140,34 @@ class Scheduler:
     def cancel(self, req: Request, *, wait: bool = True) -> None:
         """Mark ``req`` cancelled; with ``wait``, block until the loop released what it pinned.
 
-        A request still waiting in the queue pinned nothing: it leaves the queue at once.
+        A request still waiting in the queue pinned nothing: a queued fork (another choice of
+        ``n > 1``) is released at once, and its group leaves the queue once every member is
+        cancelled; a queued head with live forks stays, to prefill for them.
         """
         with self._cv:
             req.is_cancelled = True
-            if req.status is RequestStatus.WAITING and req in self.waiting:
-                self.waiting.remove(req)
-                req.status = RequestStatus.RELEASED
-                req.released.set()
+            if req.status is RequestStatus.WAITING:
+                self._release_queued(req)
             self._cv.notify()
         if wait:
             req.released.wait()
+
+    def _release_queued(self, req: Request) -> None:
+        """Release cancelled ``req`` if it waits in the queue (holding ``_cv``).
+
+        NOTE: the queue holds heads only. Taking a head out alone (as before) orphaned its
+        forks: WAITING outside the queue, never admitted, never released, so closing one
+        blocked forever (the server lost a worker thread per hung-up queued ``n > 1`` request).
+        """
+        head = next((h for h in self.waiting if h is req or req in h.forks), None)
+        if head is None:
+            return
+        if is_all_cancelled(head):
+            self.waiting.remove(head)
+        for member in (head, *head.forks):
+            if member.is_cancelled and (member is not head or is_all_cancelled(head)):
+                member.status = RequestStatus.RELEASED
+                member.released.set()
 
     def close(self) -> None:
         """Stop the loop (after its current step) and fail every queued or running request."""

@@ -7,6 +7,7 @@ agree with the prefix cache on and off, and a cancelled or oversized group behav
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,48 @@ def test_closing_one_choice_cancels_it_alone(engine: Engine) -> None:
     assert [len(c.token_ids) for c in done] == [20, 20]
     engine.check_integrity()
     assert engine.scheduler_stats().num_running == 0
+
+
+def _closes_within(streams: list, timeout_s: float) -> bool:  # type: ignore[type-arg]
+    """Close ``streams`` in order on a helper thread; False if that is still blocked after
+    ``timeout_s`` (a hang detector: a close of a queued choice must not wait on the loop)."""
+    closer = threading.Thread(target=lambda: [s.close() for s in streams], daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    return not closer.is_alive()
+
+
+def test_closing_the_choices_of_a_queued_group_returns_at_once(engine: Engine) -> None:
+    # NOTE: cancel() took a queued head out of the queue alone, and a queued fork (outside the
+    # queue) waited for a release that never came: closing one blocked forever.
+    engine.scheduler.pause()
+    try:
+        streams = engine.stream_choices(PROMPT, SamplingParams(max_tokens=4), n=3)
+        assert _closes_within(streams[:0:-1], 10)  # the forks: released at once
+        assert engine.scheduler_stats().num_waiting == 1  # the head still waits...
+        assert _closes_within(streams[:1], 10)  # ...until it too is cancelled
+    finally:
+        engine.scheduler.resume()
+    assert all(s.request.released.is_set() for s in streams)
+    engine.check_integrity()
+    assert engine.scheduler_stats().num_waiting == 0
+
+
+def test_closing_the_head_of_a_queued_group_keeps_its_other_choices(engine: Engine) -> None:
+    # NOTE: the head left the queue when cancelled, orphaning the forks it must prefill for.
+    engine.scheduler.pause()
+    try:
+        streams = engine.stream_choices(PROMPT, SamplingParams(ignore_eos=True, max_tokens=5), n=3)
+        streams[0].cancel()  # NOTE: close() would wait for the paused loop to admit it
+    finally:
+        engine.scheduler.resume()
+    done: list[list[Completion]] = []
+    reader = threading.Thread(target=lambda: done.append(finish(streams[1:])), daemon=True)
+    reader.start()
+    reader.join(60)
+    assert done and [len(c.token_ids) for c in done[0]] == [5, 5]
+    streams[0].close()
+    engine.check_integrity()
 
 
 def test_more_choices_than_batch_rows_is_refused(model_path: Path) -> None:
