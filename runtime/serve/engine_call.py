@@ -195,7 +195,11 @@ class EngineCall:
             its, self._its = self._its, []
             for it in its:
                 if isinstance(it, RequestStream):
+                    # NOTE: all choices first: a queued group then leaves the queue whole,
+                    # instead of its head waiting to be admitted for forks about to close.
                     it.set_waker(None)
+                    it.cancel()
+            for it in its:
                 close = getattr(it, "close", None)
                 if close is not None:
                     await run_sync(close)
