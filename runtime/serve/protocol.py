@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -260,7 +261,8 @@ class ChatMessage(_Lenient):
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
+    tool_call_id: str | None = Field(default=None, validate_default=True)
+    """The call a ``tool`` message answers: required on that role (as OpenAI requires it)."""
 
     @field_validator("content")
     @classmethod
@@ -271,6 +273,15 @@ class ChatMessage(_Lenient):
             for part in value:
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise ValueError("only text content parts are supported")
+        return value
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _tool_call_id_on_tool(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # NOTE: validated here, not in a model validator, so the 400 names
+        # messages[i].tool_call_id; role is declared first, so info.data holds it.
+        if value is None and info.data.get("role") == "tool":
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
         return value
 
     @model_validator(mode="after")
@@ -470,6 +481,22 @@ class ChatCompletionRequest(_SamplingFields):
                 param="top_logprobs",
                 code="invalid_value",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tool_options_need_tools(self) -> ChatCompletionRequest:
+        # NOTE: OpenAI answers 400 "'tool_choice' is only allowed when 'tools' are specified"
+        # (any value, "none" included), and the same for parallel_tool_calls.
+        if self.tools:
+            return self
+        for name in ("tool_choice", "parallel_tool_calls"):
+            if getattr(self, name) is not None:
+                raise ApiError(
+                    400,
+                    f"{name} is only allowed when tools are given; add tools or omit {name}",
+                    param=name,
+                    code="invalid_value",
+                )
         return self
 
     def num_logprobs(self) -> int | None:

@@ -192,9 +192,7 @@ def _tool_parser(engine: ServingEngine, req: ChatCompletionRequest) -> ToolCallP
     names = {tool.function.name for tool in req.tools or []}
     if len(names) != len(req.tools or []):
         raise ApiError(400, "tool names must be unique", param="tools", code="invalid_value")
-    chosen = req.named_tool_choice()
-    if not names and (req.tool_choice == "required" or chosen is not None):
-        raise ApiError(400, "tool_choice needs tools", param="tool_choice", code="invalid_value")
+    chosen = req.named_tool_choice()  # NOTE: tool_choice without tools is refused by the model
     if chosen is not None and chosen not in names:
         raise ApiError(
             400,

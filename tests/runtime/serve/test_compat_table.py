@@ -177,6 +177,7 @@ def check_tools_auto_none(c: Ctx) -> None:
         assert out.usage.prompt_tokens > plain + 50  # the schemas are in the prompt
         if choice == "none":
             assert not out.choices[0].message.tool_calls
+        refused(lambda t=choice: c.chat(tool_choice=t), "tool_choice")  # OpenAI: needs tools
 
 
 def check_response_format_text(c: Ctx) -> None:
@@ -422,6 +423,7 @@ def check_parallel_tool_calls(c: Ctx) -> None:
     kwargs: Any = {"tools": ENUM_TOOLS, "tool_choice": "required", "max_tokens": 96}
     out = c.chat(parallel_tool_calls=False, **kwargs)
     assert len(out.choices[0].message.tool_calls or []) == 1
+    refused(lambda: c.chat(parallel_tool_calls=False), "parallel_tool_calls")
 
 
 # --- endpoints ------------------------------------------------------------------------------------

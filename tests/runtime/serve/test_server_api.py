@@ -283,6 +283,22 @@ def test_same_cache_salt_under_two_keys_never_shares_the_prefix() -> None:
             "tool_choice",
         ),
         (chat_body(tool_choice="required"), 400, "tool_choice"),
+        # NOTE: these were accepted and ignored (200) before; OpenAI answers 400.
+        (chat_body(tool_choice="auto"), 400, "tool_choice"),
+        (chat_body(tool_choice="none"), 400, "tool_choice"),
+        (chat_body(tools=[], tool_choice="auto"), 400, "tool_choice"),
+        (chat_body(parallel_tool_calls=False), 400, "parallel_tool_calls"),
+        (chat_body(tools=[], parallel_tool_calls=True), 400, "parallel_tool_calls"),
+        (
+            chat_body(
+                messages=[
+                    {"role": "user", "content": "hi"},
+                    {"role": "tool", "content": "42"},
+                ]
+            ),
+            400,
+            "messages[1].tool_call_id",
+        ),
         (
             chat_body(tools=TOOLS, tool_choice={"type": "function", "function": "get_weather"}),
             400,
