@@ -249,6 +249,12 @@ def _add_proxy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--response-cache-dir", default=None, help="keep that cache on disk (default: memory)"
     )
+    p.add_argument(
+        "--max-request-bytes",
+        type=positive_int,
+        default=None,
+        help="largest request body in bytes, 413 beyond (default: 2 MiB = 2097152)",
+    )
 
 
 def _load(target: str) -> Callable[..., int]:

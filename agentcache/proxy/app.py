@@ -4,8 +4,10 @@ OpenAI Chat Completions (``POST /v1/chat/completions``) and Anthropic Messages
 (``POST /v1/messages``) bodies are rewritten by ``rewrite.rewrite`` and forwarded with httpx;
 answers (JSON or SSE, streamed as they arrive) come back byte for byte with the upstream's
 status. Every other path is forwarded untouched. A body that is not JSON is forwarded untouched
-with a warning, never refused. Prefix breaks are recorded per session (``sessions.SessionLog``)
-and usage is accounted per model (``usage_tap.UsageBook``) for ``/metrics``.
+with a warning, never refused; a body over ``max_request_bytes`` is refused with 413 before it is
+read in full (the limit ``agentcache serve`` applies, ``runtime.serve.body_limit``). Prefix breaks
+are recorded per session (``sessions.SessionLog``) and usage is accounted per model
+(``usage_tap.UsageBook``) for ``/metrics``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from agentcache.proxy.response_cache import ResponseCache
 from agentcache.proxy.rewrite import Provider, RewriteOptions, rewrite
 from agentcache.proxy.sessions import SessionLog, derive_session_id
 from agentcache.proxy.usage_tap import SSEUsageTap, UsageBook, usage_of_body
+from runtime.serve.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyTooLargeError, read_body
 
 __all__ = ["SESSION_HEADER", "create_proxy_app"]
 
@@ -69,8 +72,10 @@ class _Proxy:
         options: RewriteOptions,
         response_cache: ResponseCache | None,
         routes: dict[str, Provider],
+        max_request_bytes: int,
     ) -> None:
         self.routes = routes
+        self.max_request_bytes = max_request_bytes
         self.upstream = upstream
         self.client = client
         self.options = options
@@ -80,7 +85,11 @@ class _Proxy:
         self.metrics = ProxyMetrics(self.book, self.sessions)
 
     async def handle(self, request: Request, path: str) -> Response:
-        raw = await request.body()
+        try:
+            raw = await read_body(request, self.max_request_bytes)
+        except BodyTooLargeError as exc:
+            message = f"agentcache proxy: {exc}"
+            return _error(413, message, type="invalid_request_error", code="request_too_large")
         provider = self.routes.get(path) if request.method == "POST" else None
         body = _json_object(raw) if provider else None
         if provider and body is None:
@@ -224,6 +233,7 @@ def create_proxy_app(
     timeout_s: float = 600.0,
     transport: httpx.AsyncBaseTransport | None = None,
     providers: Provider | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """The proxy as an ASGI app.
 
@@ -235,16 +245,26 @@ def create_proxy_app(
         timeout_s: Upstream read timeout, seconds.
         transport: httpx transport (tests); default: a pooled network transport.
         providers: Rewrite only this API's route (the other is forwarded untouched); default both.
+        max_request_bytes: Largest body read, on every route; a larger one gets 413 (code
+            ``request_too_large``) before it is read in full or sent upstream, as ``serve``
+            does (``runtime.serve.body_limit``).
 
     Routes: ``POST /v1/chat/completions`` and ``POST /v1/messages`` (rewritten),
     ``GET /agentcache/metrics`` (Prometheus), ``GET /agentcache/report`` (breaks and totals, no
     content), everything else forwarded untouched.
+
+    Raises:
+        ValueError: ``max_request_bytes`` < 1.
     """
+    if max_request_bytes < 1:
+        raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes!r}")
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s, connect=10.0), transport=transport, follow_redirects=False
     )
     routes = {p: v for p, v in _ROUTES.items() if providers in (None, v)}
-    proxy = _Proxy(upstream, client, options or RewriteOptions(), response_cache, routes)
+    proxy = _Proxy(
+        upstream, client, options or RewriteOptions(), response_cache, routes, max_request_bytes
+    )
     app = FastAPI(title="agentcache proxy", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = proxy
     app.add_exception_handler(StarletteHTTPException, _http_error)

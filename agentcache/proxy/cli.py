@@ -87,6 +87,7 @@ def _proxy(args: argparse.Namespace) -> int:
 
         from agentcache.proxy.app import create_proxy_app
         from agentcache.proxy.response_cache import ResponseCache
+        from runtime.serve.body_limit import DEFAULT_MAX_REQUEST_BYTES
     except ImportError as exc:
         return _fail(f"{exc}; install the proxy extra: pip install 'agentcache[proxy]'")
     cache = None
@@ -105,7 +106,11 @@ def _proxy(args: argparse.Namespace) -> int:
         set_prompt_cache_key=not args.no_prompt_cache_key,
     )
     app = create_proxy_app(
-        args.upstream, options=options, response_cache=cache, providers=args.provider
+        args.upstream,
+        options=options,
+        response_cache=cache,
+        providers=args.provider,
+        max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
     )
     try:
         sock = _listen(args.host, port)

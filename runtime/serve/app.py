@@ -35,6 +35,7 @@ from runtime.exceptions import (
 )
 from runtime.outputs import StreamDelta
 from runtime.serve.auth import KeyRing
+from runtime.serve.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyTooLargeError, read_body
 from runtime.serve.engine_call import EngineCall
 from runtime.serve.engine_protocol import ServingEngine
 from runtime.serve.failsafe import ErrorShield
@@ -59,9 +60,6 @@ __all__ = [
 ]
 
 _SALT_DOMAIN = b"agentcache.runtime.tenant.v1"
-
-DEFAULT_MAX_REQUEST_BYTES = 2 << 20
-"""Largest request body read (2 MiB): a 128k-token chat is about 0.5-1 MB of JSON."""
 
 MAX_JSON_DEPTH = 100
 """Deepest nesting of arrays/objects accepted in a body (deeper: 400, before any validation)."""
@@ -138,18 +136,10 @@ class _Server:
         Raises:
             ApiError: 413 when ``Content-Length`` or the bytes received exceed the limit.
         """
-        limit = self.max_request_bytes
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise _too_large(int(declared), limit)
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(size, limit)
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            return await read_body(request, self.max_request_bytes)
+        except BodyTooLargeError as exc:
+            raise ApiError(413, str(exc), code="request_too_large") from exc
 
     async def parse(self, request: Request, model: type[BaseModel]) -> Any:
         """Read and validate a JSON body.
@@ -272,16 +262,6 @@ class _Server:
                 )
                 completion = dataclasses.replace(completion, usage=usage)
             self.metrics.observe_completion(completion, outcome)
-
-
-def _too_large(size: int, limit: int) -> ApiError:
-    # NOTE: ``size`` is what was declared or received so far, a lower bound of the body.
-    return ApiError(
-        413,
-        f"request body is over this server's limit of {limit} bytes (max_request_bytes; "
-        f"got at least {size}); shorten the prompt or raise the limit",
-        code="request_too_large",
-    )
 
 
 def _too_deep() -> ApiError:

@@ -59,6 +59,17 @@ def test_serve_refuses_bad_options_before_loading_anything(
     assert message in err and "usage: agentcache serve" in err
 
 
+def test_proxy_takes_the_body_limit_of_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    upstream = ["proxy", "--upstream", "http://127.0.0.1:1/v1"]
+    assert build_parser().parse_args(upstream).max_request_bytes is None  # the shared default
+    args = build_parser().parse_args([*upstream, "--max-request-bytes", "64"])
+    assert args.max_request_bytes == 64
+    with pytest.raises(SystemExit) as exc:
+        main([*upstream, "--max-request-bytes", "0"])
+    assert exc.value.code == 2
+    assert "must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_serve_usage_error_loads_no_model_and_no_torch() -> None:
     code = (
         "import sys\n"

@@ -187,6 +187,36 @@ def test_upstream_errors_and_bad_bodies_pass_through(
         assert set(error) == {"message", "type", "param", "code"} and error["param"] is None
 
 
+def test_oversized_bodies_are_413_in_the_proxy_before_going_upstream(
+    scripted_url: tuple[str, ScriptedEngine],
+) -> None:
+    url, engine = scripted_url
+    limit = 1000
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "x" * 2000}]}
+    raw = json.dumps(body).encode()
+    headers = {"content-type": "application/json"}
+    with ServerThread(create_proxy_app(f"{url}/v1", max_request_bytes=limit)) as proxy_url:
+        declared = httpx.post(f"{proxy_url}/v1/chat/completions", content=raw, headers=headers)
+        # Chunked upload (no Content-Length): counted as it arrives.
+        chunks = (raw[i : i + 100] for i in range(0, len(raw), 100))
+        chunked = httpx.post(f"{proxy_url}/v1/messages", content=chunks, headers=headers)
+        other_route = httpx.put(f"{proxy_url}/v1/files", content=raw)
+        small = json.dumps({**body, "messages": [{"role": "user", "content": "hi"}]}).encode()
+        exact = small + b" " * (limit - len(small))
+        at_limit = httpx.post(f"{proxy_url}/v1/chat/completions", content=exact, headers=headers)
+    for answer in (declared, chunked, other_route):
+        assert answer.status_code == 413, answer.text
+        error = answer.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["code"] == "request_too_large" and error["type"] == "invalid_request_error"
+        assert f"limit of {limit} bytes" in error["message"]
+        assert error["message"].startswith("agentcache proxy: ")
+    assert at_limit.status_code == 200, at_limit.text
+    assert len(engine.seen) == 1  # only the body at the limit reached the upstream
+    with pytest.raises(ValueError, match="max_request_bytes must be >= 1"):
+        create_proxy_app(f"{url}/v1", max_request_bytes=0)
+
+
 def test_response_cache_replays_deterministic_answers_per_tenant(
     scripted_url: tuple[str, ScriptedEngine],
 ) -> None:
