@@ -102,6 +102,13 @@ def check_model_name(model: str) -> None:
     Raises:
         ConfigError: Anything else; the message lists the bundled models (and the closest one).
     """
+    why = _unloadable(model)
+    if why is not None:
+        raise ConfigError(why)
+
+
+def _unloadable(model: str) -> str | None:
+    """Why ``model`` cannot name a loadable model (the runtime's message), or None when it can."""
     # NOTE: imports neither torch nor transformers.
     from runtime.exceptions import ModelLoadError
     from runtime.model_names import check_model_name as check
@@ -109,7 +116,8 @@ def check_model_name(model: str) -> None:
     try:
         check(model)
     except ModelLoadError as exc:
-        raise ConfigError(str(exc)) from exc
+        return str(exc)
+    return None
 
 
 def document_spans(
@@ -144,8 +152,16 @@ def _find(ids: Sequence[int], needle: list[int], start: int) -> int:
 
 
 def _import_runtime() -> ModuleType:
+    """The ``runtime`` package with the names this backend uses loaded (torch with them).
+
+    NOTE: ``import runtime`` alone needs no torch (its names load lazily), so the names are
+    touched here: a missing torch is then this hint, not a ModuleNotFoundError at first use.
+    """
     try:
-        return importlib.import_module("runtime")
+        runtime = importlib.import_module("runtime")
+        for name in ("ChunkReuse", "Engine", "SamplingParams"):
+            getattr(runtime, name)
+        return runtime
     except ImportError as exc:  # torch/transformers missing
         raise BackendUnavailableError(
             f"the local runtime cannot be imported ({exc}); {_HINT}"
@@ -196,7 +212,10 @@ class LocalBackend(BaseBackend):
             ConfigError: ``cache_salt`` is an empty string, ``chunk_reuse`` /
                 ``recompute_fraction`` is out of range, or the model cannot reuse chunks in that
                 mode (no composable RoPE, sliding windows; blend: no compact forward).
-            BackendUnavailableError: torch/transformers are missing or the model cannot load.
+            BackendUnavailableError: torch/transformers are missing or the model cannot load;
+                a name that is neither bundled, a folder nor a hub id ``owner/name`` is refused
+                at once, before torch loads or the hub is asked, with ``agentcache serve``'s
+                message (it lists the bundled models; ``check_model_name``).
         """
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise ConfigError(
@@ -207,6 +226,11 @@ class LocalBackend(BaseBackend):
                 f"chunk_reuse must be None, 'exact' or 'blend' and recompute_fraction in [0, 1], "
                 f"got {chunk_reuse!r}, {recompute_fraction!r}"
             )
+        # NOTE: an unknown bare name (``nope``) otherwise costs a torch import and about 60 s of
+        # hub retries offline before failing; the engine given is used whatever ``model`` says.
+        why = _unloadable(model) if engine is None else None
+        if why is not None:
+            raise BackendUnavailableError(why)
         self.chunk_reuse = chunk_reuse
         self.recompute_fraction = recompute_fraction
         runtime = _import_runtime()

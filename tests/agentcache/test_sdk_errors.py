@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,9 @@ from agentcache.exceptions import (
 )
 from agentcache.prompt import Document, PromptBuilder
 from agentcache.rag import DocumentIndex
+from runtime.exceptions import ModelLoadError
+from runtime.model_names import check_model_name
+from runtime.models import BUNDLED_MODELS
 
 
 def test_history_entry_that_is_not_a_message_names_its_index() -> None:
@@ -146,3 +151,36 @@ def test_backends_accept_plain_text_and_message_lists() -> None:
 def test_as_prompt_names_what_it_accepts() -> None:
     with pytest.raises(PromptTypeError, match="built Prompt .* a str or a list of chat message"):
         as_prompt(42)  # type: ignore[arg-type]
+
+
+def test_local_backend_refuses_an_unknown_model_name_at_once_without_torch(
+    tmp_path: Path,
+) -> None:
+    # NOTE: a None entry in sys.modules makes `import torch` fail, as if it were not installed:
+    # a name refused here never reached torch or the hub (that took about 60 s offline).
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "sys.modules['transformers'] = None\n"
+        "from agentcache.backends import create_backend\n"
+        "from agentcache.exceptions import BackendUnavailableError\n"
+        "for name in sys.argv[1:]:\n"
+        "    try:\n"
+        "        create_backend('local', model=name)\n"
+        "    except BackendUnavailableError as exc:\n"
+        "        print(exc)\n"
+    )
+    names = ["nope", "tinyy", "org/name", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *names], capture_output=True, text=True, check=True
+    )
+    refused, typo, hub_id, folder = done.stdout.splitlines()
+    for name, said in (("nope", refused), ("tinyy", typo)):
+        with pytest.raises(ModelLoadError) as serve_says:
+            check_model_name(name)  # what `agentcache serve --model NAME` prints
+        assert said == str(serve_says.value)
+        assert f"bundled models: {', '.join(BUNDLED_MODELS)}" in said
+    assert "did you mean 'tiny'?" in typo
+    # Hub ids with an owner and folders pass the check, as before (then torch is missing here).
+    assert "local runtime cannot be imported" in hub_id
+    assert "local runtime cannot be imported" in folder
