@@ -11,9 +11,9 @@ cache keys). Rules, decided once here and nowhere else:
 - ``datetime``/``date``/``time`` as ISO 8601 strings, ``UUID`` and paths as strings, ``Enum`` as
   its value; pydantic models via ``model_dump(mode="json")``, dataclasses field by field.
 
-Anything else, and text with a lone UTF-16 surrogate (no UTF-8 form), raises
-``CanonicalizationError`` naming the JSON path of the offending value. This
-module knows nothing about prompts or caches.
+Anything else, text with a lone UTF-16 surrogate (no UTF-8 form), and values nested deeper
+than ``MAX_DEPTH`` raise ``CanonicalizationError`` naming the JSON path of the offending value.
+This module knows nothing about prompts or caches.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any, TypeAlias
 from agentcache.exceptions import CanonicalizationError
 
 __all__ = [
+    "MAX_DEPTH",
     "JSONValue",
     "canonical_bytes",
     "canonical_json",
@@ -45,6 +46,15 @@ __all__ = [
 JSONValue: TypeAlias = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"]
 
 _MAX_EXACT_INT_FLOAT = 2**53  # NOTE: above this, float -> int conversion would invent digits.
+
+MAX_DEPTH = 256
+"""Most objects and lists ``to_canonical`` accepts one inside another (sets count as lists).
+
+A fixed limit, so whether a value is accepted never depends on the caller's stack: past about
+450 levels the recursion (two frames per level) met Python's default recursion limit of 1000
+and raised a bare ``RecursionError``. 256 is twice serde_json's default recursion limit (128)
+and far above real tool schemas and arguments, while leaving room below that limit for callers
+and for ``json.dumps``, which recurses once per level as well."""
 
 
 def normalize_text(text: str) -> str:
@@ -72,13 +82,17 @@ def to_canonical(value: Any, path: str = "$") -> JSONValue:
         ``None``, ``bool``, ``int``, ``float``, NFC ``str``, ``list`` or ``dict`` with ``str`` keys.
 
     Raises:
-        CanonicalizationError: ``value`` (or something inside it) has no canonical JSON form; the
-            message names its path and type.
+        CanonicalizationError: ``value`` (or something inside it) has no canonical JSON form, or
+            it is nested deeper than ``MAX_DEPTH``; the message names its path and type.
     """
+    return _convert(value, path, 0)
+
+
+def _convert(value: Any, path: str, depth: int) -> JSONValue:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, enum.Enum):
-        return to_canonical(value.value, path)
+        return _convert(value.value, path, depth)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
@@ -89,13 +103,24 @@ def to_canonical(value: Any, path: str = "$") -> JSONValue:
     if isinstance(value, Decimal):
         return _canonical_decimal(value, path)
     if isinstance(value, Mapping):
-        return _canonical_mapping(value, path)
+        return _canonical_mapping(value, path, depth)
     if isinstance(value, list | tuple):
-        return [to_canonical(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        _check_depth(depth, path)
+        return [_convert(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
     if isinstance(value, set | frozenset):
-        items = [to_canonical(item, f"{path}[*]") for item in value]
+        _check_depth(depth, path)
+        items = [_convert(item, f"{path}[*]", depth + 1) for item in value]
         return sorted(items, key=lambda item: json.dumps(item, sort_keys=True))
-    return _canonical_object(value, path)
+    return _canonical_object(value, path, depth)
+
+
+def _check_depth(depth: int, path: str) -> None:
+    """Refuse a container with ``depth`` (0 at the top) containers around it at ``MAX_DEPTH``."""
+    if depth >= MAX_DEPTH:
+        raise CanonicalizationError(
+            f"{path}: nested more than {MAX_DEPTH} levels deep; flatten the value "
+            "(deeper nesting has no place in a prompt or a cache key)"
+        )
 
 
 def _check_unicode(text: str, path: str) -> None:
@@ -129,7 +154,8 @@ def _canonical_decimal(value: Decimal, path: str) -> JSONValue:
     return as_float if Decimal(repr(as_float)) == value else format(value.normalize(), "f")
 
 
-def _canonical_mapping(value: Mapping[Any, Any], path: str) -> dict[str, JSONValue]:
+def _canonical_mapping(value: Mapping[Any, Any], path: str, depth: int) -> dict[str, JSONValue]:
+    _check_depth(depth, path)
     out: dict[str, JSONValue] = {}
     for key, item in value.items():
         if isinstance(key, enum.Enum):
@@ -142,21 +168,21 @@ def _canonical_mapping(value: Mapping[Any, Any], path: str) -> dict[str, JSONVal
         name = unicodedata.normalize("NFC", str(key))
         if name in out:
             raise CanonicalizationError(f"{path}: keys collide after normalization: {name!r}")
-        out[name] = to_canonical(item, f"{path}.{name}")
+        out[name] = _convert(item, f"{path}.{name}", depth + 1)
     return out
 
 
-def _canonical_object(value: Any, path: str) -> JSONValue:
+def _canonical_object(value: Any, path: str, depth: int) -> JSONValue:
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, uuid.UUID | PurePath):
         return str(value)
     model_dump = getattr(value, "model_dump", None)
     if callable(model_dump):  # pydantic v2 model
-        return to_canonical(model_dump(mode="json"), path)
+        return _convert(model_dump(mode="json"), path, depth)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-        return _canonical_mapping(fields, path)
+        return _canonical_mapping(fields, path, depth)
     raise CanonicalizationError(
         f"{path}: values of type {type(value).__module__}.{type(value).__qualname__} have no "
         "canonical JSON form; pass a JSON-compatible value, a pydantic model or a dataclass"

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from agentcache import PromptBuilder
 from agentcache.canonical import (
+    MAX_DEPTH,
     canonical_json,
     normalize_text,
     stable_hash,
@@ -144,6 +145,31 @@ def test_a_lone_surrogate_in_prompt_text_is_a_prompt_error() -> None:
     with pytest.raises(PromptError, match="surrogate"):
         PromptBuilder().system("s\ud800").user("x").build()
     assert normalize_text("a\U0001f600") == "a\U0001f600"  # a pair is one code point
+
+
+def nested(depth: int, *, wrap: Any) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = wrap(value)
+    return value
+
+
+@pytest.mark.parametrize(
+    "wrap", [lambda v: {"a": v}, lambda v: [v], lambda v: (v,), lambda v: frozenset([v])]
+)
+def test_values_nested_past_max_depth_are_refused_by_name(wrap: Any) -> None:
+    assert json.loads(canonical_json(nested(MAX_DEPTH, wrap=wrap))) is not None
+    # NOTE: 900 levels was a bare RecursionError; MAX_DEPTH + 1 is the first refused.
+    for depth in (MAX_DEPTH + 1, 900, 5000):
+        with pytest.raises(CanonicalizationError, match=f"more than {MAX_DEPTH} levels deep"):
+            canonical_json(nested(depth, wrap=wrap))
+
+
+def test_a_too_deep_tool_schema_is_a_prompt_error() -> None:
+    params = {"type": "object", "properties": nested(900, wrap=lambda v: {"x": v})}
+    tool = {"type": "function", "function": {"name": "deep", "parameters": params}}
+    with pytest.raises(PromptError, match="levels deep"):
+        PromptBuilder().tools([tool]).user("x").build()
 
 
 def test_stable_hash_frames_its_parts() -> None:
