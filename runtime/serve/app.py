@@ -33,7 +33,7 @@ from runtime.exceptions import (
     PromptTooLongError,
     SamplingError,
 )
-from runtime.outputs import StreamDelta
+from runtime.outputs import Completion, StreamDelta
 from runtime.serve.auth import KeyRing
 from runtime.serve.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyTooLargeError, read_body
 from runtime.serve.engine_call import EngineCall
@@ -238,7 +238,8 @@ class _Server:
         return streams
 
     def _record(self, call: EngineCall, outcome: Outcome | None, n: int) -> None:
-        """Count one answered request: its outcome as returned by whoever answered it.
+        """Count one answered request: its outcome (once, whatever ``n``) as returned by whoever
+        answered it.
 
         The ``n`` choices of a prompt share its prefill: its prompt tokens are counted once. A
         cancelled request's prompt tokens count once its prefill ran (``call`` closed), as the
@@ -254,6 +255,7 @@ class _Server:
         if not completions or any(c is None for c in completions) or outcome == "error":
             self.metrics.count("error")
             return
+        choices: list[Completion] = []
         for index, completion in enumerate(completions):
             assert completion is not None
             if index % n:
@@ -261,7 +263,8 @@ class _Server:
                     completion.usage, prompt_tokens=0, cached_tokens=0, chunk_reuse=None
                 )
                 completion = dataclasses.replace(completion, usage=usage)
-            self.metrics.observe_completion(completion, outcome)
+            choices.append(completion)
+        self.metrics.observe_request(choices, outcome)
 
 
 def _too_deep() -> ApiError:

@@ -11,7 +11,7 @@ the ``agentcache_`` prefix. It knows no HTTP and no tensors.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -158,30 +158,49 @@ class ServerMetrics:
             ["mode", "kind"],
             registry=reg,
         )
+        # NOTE: outcomes and TTFT count requests, whatever their n or number of prompts: an
+        # invalid, refused or rejected request has no choices to count, and the n choices of a
+        # prompt share one prefill, hence one first-token time.
         self.outcomes = Counter(
-            f"{PREFIX}_request_outcomes", "Finished requests by outcome", ["outcome"], registry=reg
+            f"{PREFIX}_request_outcomes",
+            "Requests by outcome, one per request whatever its n: tool_calls if any choice "
+            "called a tool, else the first choice's finish reason (stop, length); or cancelled, "
+            "invalid, unauthorized, rejected, error",
+            ["outcome"],
+            registry=reg,
         )
         self.ttft = Histogram(
-            f"{PREFIX}_time_to_first_token_seconds", "TTFT", buckets=_TTFT_BUCKETS, registry=reg
+            f"{PREFIX}_time_to_first_token_seconds",
+            "TTFT of finished requests, one per request: its earliest choice's first token",
+            buckets=_TTFT_BUCKETS,
+            registry=reg,
         )
         self.tpot = Histogram(
             f"{PREFIX}_time_per_output_token_seconds",
-            "Decode time per output token after the first (TPOT)",
+            "Decode time per output token after the first (TPOT), one per choice",
             buckets=_TPOT_BUCKETS,
             registry=reg,
         )
         reg.register(_CacheCollector(read_cache_stats))
         reg.register(_SchedulerCollector(read_scheduler_stats))
 
-    def observe_completion(self, completion: Completion, outcome: Outcome) -> None:
-        """Count one finished request's tokens and timings."""
-        usage, timing = completion.usage, completion.metrics
-        self.prompt_tokens.inc(usage.prompt_tokens)
-        self.cached_tokens.inc(usage.cached_tokens)
-        self._observe_chunks(usage)
-        self.ttft.observe(timing.ttft_s)
-        if timing.decode_tokens_per_s > 0:
-            self.tpot.observe(1.0 / timing.decode_tokens_per_s)
+    def observe_request(self, completions: Sequence[Completion], outcome: Outcome) -> None:
+        """Count one finished request: its outcome and TTFT once, each choice's tokens and TPOT.
+
+        Args:
+            completions: every choice of the request; the caller zeroes the prompt and cached
+                tokens of all but one choice per prompt (choices share their prompt's prefill).
+            outcome: the request's one outcome (see the ``outcomes`` help text).
+        """
+        assert completions, "a finished request has at least one choice"
+        for completion in completions:
+            usage, timing = completion.usage, completion.metrics
+            self.prompt_tokens.inc(usage.prompt_tokens)
+            self.cached_tokens.inc(usage.cached_tokens)
+            self._observe_chunks(usage)
+            if timing.decode_tokens_per_s > 0:
+                self.tpot.observe(1.0 / timing.decode_tokens_per_s)
+        self.ttft.observe(min(c.metrics.ttft_s for c in completions))
         self.outcomes.labels(outcome=outcome).inc()
 
     def observe_prompt(self, usage: Usage) -> None:
@@ -201,7 +220,7 @@ class ServerMetrics:
             self.chunk_tokens.labels(mode=chunk.mode, kind=kind).inc(value)
 
     def count(self, outcome: Outcome) -> None:
-        """Count a request that ended without a completion (cancelled, rejected, invalid)."""
+        """Count one request that ended without a completion (cancelled, rejected, invalid)."""
         self.outcomes.labels(outcome=outcome).inc()
 
     def render(self) -> bytes:

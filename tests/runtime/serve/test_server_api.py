@@ -7,13 +7,16 @@ wire format byte for byte; tests/runtime/serve/test_server_e2e.py runs the real 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
 from runtime.serve.app import create_app, tenant_salt
+from runtime.serve.server_thread import ServerThread
 from tests.runtime.serve.server_fakes import ScriptedEngine
 
 MODEL = ScriptedEngine.model_id
@@ -142,6 +145,38 @@ def test_models_health_and_metrics() -> None:
     assert "agentcache_time_to_first_token_seconds_count 2.0" in text
     assert "agentcache_num_requests_running 0.0" in text
     assert f"agentcache_prefix_cache_hit_rate {(n - 1) / (2 * n)!r}" in text
+
+
+def metric(text: str, name: str) -> float:
+    [value] = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} ")]
+    return value
+
+
+def test_outcomes_and_ttft_count_requests_and_tpot_counts_choices() -> None:
+    # NOTE: an n=3 request added 3 outcomes and 3 TTFTs, while a cancelled one added 1.
+    client = make_client()
+    client.post("/v1/chat/completions", json=chat_body(n=3))
+    client.post("/v1/chat/completions", json=chat_body(n=3, stream=True))
+    client.post("/v1/completions", json={"model": MODEL, "prompt": ["ab", "cd"], "n": 3})
+    text = client.get("/metrics").text
+    assert metric(text, 'agentcache_request_outcomes_total{outcome="stop"}') == 3
+    assert metric(text, "agentcache_time_to_first_token_seconds_count") == 3
+    assert metric(text, "agentcache_time_per_output_token_seconds_count") == 3 + 3 + 2 * 3
+
+
+def test_a_hung_up_n3_stream_is_one_cancelled_request() -> None:
+    engine = ScriptedEngine(["x"] * 400, max_context_len=1000, step_s=0.01)
+    with ServerThread(create_app(engine)) as url:
+        body = chat_body(n=3, stream=True, max_tokens=400)
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as resp:
+            next(resp.iter_lines())  # the first chunk, then hang up
+        deadline = time.monotonic() + 30
+        text = httpx.get(f"{url}/metrics").text
+        while "cancelled" not in text and time.monotonic() < deadline:
+            time.sleep(0.02)  # NOTE: the server closes the request after the client left
+            text = httpx.get(f"{url}/metrics").text
+    assert metric(text, 'agentcache_request_outcomes_total{outcome="cancelled"}') == 1
+    assert metric(text, "agentcache_time_to_first_token_seconds_count") == 0
 
 
 def test_each_app_has_its_own_registry() -> None:
