@@ -3,7 +3,7 @@
 ``json_object`` / ``json_schema`` become a JSON-schema grammar. Tools with a Hermes template
 become an xgrammar structural tag over ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``
 (Qwen's layout, newlines inside the tags) whose arguments follow each declared tool's schema
-(``auto``: text or calls, ``required``: at least one call, named: that one call,
+(``auto``: text or calls, ``required``: one or more calls and no text, named: that one call,
 ``parallel_tool_calls=false``: at most one); ``tool_choice="none"`` excludes the ``<tool_call>``
 tag from the text. It builds specs only; the engine compiles them and the scheduler masks
 logits. It knows no HTTP and no engine internals.
@@ -92,7 +92,29 @@ def _tool_call_tag(req: ChatCompletionRequest) -> str:
         parallel_tool_calls=req.parallel_tool_calls is not False,
         max_whitespace_cnt=_MAX_WHITESPACE,
     )
-    return str(tag.model_dump_json())
+    body: dict[str, Any] = tag.model_dump(mode="json")
+    if choice == "required":
+        body["format"] = _calls_only(body["format"])
+    return json.dumps(body, sort_keys=True)
+
+
+def _calls_only(triggered: dict[str, Any]) -> dict[str, Any]:
+    """``required``: xgrammar's triggered tags, with no text before, between or after the calls.
+
+    NOTE: xgrammar's ``qwen_3`` tag for ``required`` is ``triggered_tags`` with ``at_least_one``,
+    which still allows free text around the calls (a weak model wrote text after its call,
+    returned as ``content`` next to ``tool_calls``). OpenAI's ``required`` answers with tool
+    calls only, so the same tags become ``tags_with_separator``: one call, or several (when
+    parallel calls are allowed) separated by the newline Qwen's chat template puts between them.
+    """
+    assert triggered["type"] == "triggered_tags", f"unexpected xgrammar tag {triggered['type']!r}"
+    return {
+        "type": "tags_with_separator",
+        "tags": triggered["tags"],
+        "separator": "\n",
+        "at_least_one": True,
+        "stop_after_first": triggered["stop_after_first"],
+    }
 
 
 _MAX_WHITESPACE = 2

@@ -409,6 +409,7 @@ def check_best_of(c: Ctx) -> None:
 def check_tool_choice_required(c: Ctx) -> None:
     out = c.chat(max_tokens=96, tools=ENUM_TOOLS, tool_choice="required")
     calls = out.choices[0].message.tool_calls or []
+    assert out.choices[0].message.content is None  # tool calls only
     assert calls and {tc.function.name for tc in calls} <= {"get_weather", "get_time"}
     assert all(json.loads(tc.function.arguments)["city"] in ("Paris", "Rome") for tc in calls)
 
@@ -417,6 +418,7 @@ def check_tool_choice_named(c: Ctx) -> None:
     named: Any = {"type": "function", "function": {"name": "get_time"}}
     calls = c.chat(max_tokens=96, tools=ENUM_TOOLS, tool_choice=named).choices[0].message
     assert [tc.function.name for tc in calls.tool_calls or []] == ["get_time"]
+    assert calls.content is None  # the call only
 
 
 def check_parallel_tool_calls(c: Ctx) -> None:

@@ -16,6 +16,9 @@ import pytest
 from openai import BadRequestError
 from openai.types.chat import ChatCompletion
 
+from runtime.grammar import StructuralTagSpec
+from runtime.serve.constraints import grammar_spec
+from runtime.serve.protocol import ChatCompletionRequest
 from tests.runtime.serve.conftest import Served
 
 CITY = {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}
@@ -129,6 +132,67 @@ def test_tool_choice_required_returns_valid_calls_to_declared_tools(
         for call in choice.message.tool_calls:
             assert call.type == "function"
             check_arguments(call.function.name, call.function.arguments)
+
+
+CALL = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call>'
+"""One well-formed Hermes/Qwen call of ``get_time``, as the grammar spells it."""
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel", "calls"),
+    [
+        ("required", True, [CALL, f"{CALL}\n{CALL}"]),
+        ("required", False, [CALL]),
+        ({"type": "function", "function": {"name": "get_time"}}, True, [CALL]),
+    ],
+)
+def test_required_and_named_grammars_allow_tool_calls_only(
+    tiny_served: Served, choice: Any, parallel: bool, calls: list[str]
+) -> None:
+    import xgrammar as xgr
+
+    engine, _ = tiny_served
+    body = {"model": "m", "messages": MESSAGES, "tools": TOOLS, "tool_choice": choice}
+    req = ChatCompletionRequest.model_validate({**body, "parallel_tool_calls": parallel})
+    spec = grammar_spec(req, has_tool_format=True)
+    assert isinstance(spec, StructuralTagSpec)
+    info = xgr.TokenizerInfo.from_huggingface(engine.tokenizer)
+    compiled = xgr.GrammarCompiler(info).compile_structural_tag(spec.tag)
+
+    def accepts(text: str) -> bool:
+        matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        return bool(matcher.accept_string(text)) and matcher.is_terminated()
+
+    for text in calls:
+        assert accepts(text), text
+        # OpenAI: the answer is tool calls only; no text before, after or (required) between.
+        assert not accepts(f"{text}\n}}\n</tool_response>")
+        assert not accepts(f"{text} done")
+        assert not accepts(f"Sure. {text}")
+    assert not accepts("")
+    if not parallel:
+        assert not accepts(f"{CALL}\n{CALL}")
+
+
+def test_required_answers_have_no_content_on_tiny(tiny_served: Served) -> None:
+    # NOTE: before, xgrammar's triggered tags let free text around the calls: seeds 2, 4 and 5
+    # of this request answered content such as '>>opt' next to tool_calls.
+    max_tokens = 160
+    finished = 0
+    for seed in range(6):
+        done = chat(
+            tiny_served, max_tokens=max_tokens, temperature=1.0, seed=seed, tools=TOOLS,
+            tool_choice="required",
+        )  # fmt: skip
+        message = done.choices[0].message
+        assert message.tool_calls, seed
+        assert done.usage is not None
+        if done.usage.completion_tokens < max_tokens:  # NOTE: a cut-off call stays as text
+            finished += 1
+            assert message.content is None, (seed, message.content)
+        else:
+            assert (message.content or "<tool_call>").startswith("<tool_call>"), seed
+    assert finished >= 3
 
 
 def test_named_tool_choice_calls_that_tool(tiny_served: Served) -> None:
