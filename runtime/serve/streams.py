@@ -116,6 +116,12 @@ def final_json(plan: RequestPlan, completions: list[Completion]) -> tuple[dict[s
     return body, _outcome([choice["finish_reason"] for choice in body["choices"]])
 
 
+def _call_finish(completion: Completion) -> Outcome:
+    """The finish reason of a choice that made tool calls: ``"tool_calls"``, unless ``max_tokens``
+    cut the output (``"length"``, as OpenAI reports it; a call cut off stays text)."""
+    return "length" if completion.finish_reason == "length" else "tool_calls"
+
+
 def _final_choice(plan: RequestPlan, index: int, completion: Completion) -> dict[str, Any]:
     finish: Outcome = completion.finish_reason
     if plan.kind == "completion":
@@ -127,7 +133,7 @@ def _final_choice(plan: RequestPlan, index: int, completion: Completion) -> dict
             content, calls = plan.parser.parse(completion.text)
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if calls:
-            finish = "tool_calls"
+            finish = _call_finish(completion)
             message["tool_calls"] = tool_call_dicts(calls, f"{plan.id}_{index}")
             for call in message["tool_calls"]:
                 del call["index"]
@@ -217,7 +223,7 @@ class ChoiceStream:
         if self._plan.parser is not None and rest:
             rest, calls = self._plan.parser.parse(rest)
             if calls:
-                finish = "tool_calls"
+                finish = _call_finish(completion)
                 if rest:
                     events.append(self._chunk(index, text=rest, finish=None))
                 rest = ""

@@ -212,6 +212,26 @@ def test_tool_call_stream_holds_back_the_tag_and_sends_the_call_whole() -> None:
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_tool_calls_cut_off_by_max_tokens_finish_with_length() -> None:
+    # NOTE: one whole call, then max_tokens cuts a second one: OpenAI says "length", not
+    # "tool_calls"; the whole call is still parsed and the cut one stays text.
+    script = [*TOOL_SCRIPT, "\n<tool_call>", '{"name": "get_', 'weather"}</tool_call>']
+    max_tokens = len(TOOL_SCRIPT) + 2
+    for stream in (False, True):
+        client = make_client(ScriptedEngine(script))
+        body = chat_body(tools=TOOLS, stream=stream, max_tokens=max_tokens)
+        resp = client.post("/v1/chat/completions", json=body)
+        if stream:
+            events = sse_events(resp.text)
+            assert events[-1]["choices"][0]["finish_reason"] == "length"
+            deltas = [e["choices"][0]["delta"] for e in events]
+            assert sum(len(d.get("tool_calls", [])) for d in deltas) == 1
+        else:
+            choice = resp.json()["choices"][0]
+            assert choice["finish_reason"] == "length"
+            assert len(choice["message"]["tool_calls"]) == 1
+
+
 def test_without_tools_or_with_tool_choice_none_the_text_is_left_alone() -> None:
     client = make_client(ScriptedEngine(TOOL_SCRIPT))
     for body in (chat_body(), chat_body(tools=TOOLS, tool_choice="none")):
