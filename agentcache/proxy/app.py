@@ -84,11 +84,18 @@ class _Proxy:
         self.book = UsageBook()
         self.metrics = ProxyMetrics(self.book, self.sessions)
 
+    def _bad_gateway(self, exc: Exception) -> Response:
+        """The proxy's own 502 (counted in ``agentcache_proxy_errors_total``)."""
+        self.metrics.errors.labels(status="502").inc()
+        message = f"agentcache proxy: upstream unreachable or broke off: {type(exc).__name__}"
+        return _error(502, message, type="upstream_error", code="bad_gateway")
+
     async def handle(self, request: Request, path: str) -> Response:
         try:
             raw = await read_body(request, self.max_request_bytes)
         except BodyTooLargeError as exc:
             message = f"agentcache proxy: {exc}"
+            self.metrics.errors.labels(status="413").inc()
             return _error(413, message, type="invalid_request_error", code="request_too_large")
         provider = self.routes.get(path) if request.method == "POST" else None
         body = _json_object(raw) if provider else None
@@ -152,7 +159,7 @@ class _Proxy:
         try:
             answer = await self.client.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
-            return _bad_gateway(exc)
+            return self._bad_gateway(exc)
         out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in _DROP_RESPONSE}
         if answer.headers.get("content-type", "").startswith("text/event-stream"):
             stream = self._relay(answer, provider, model, cache_key)
@@ -162,7 +169,7 @@ class _Proxy:
         try:
             data = await answer.aread()
         except httpx.HTTPError as exc:
-            return _bad_gateway(exc)
+            return self._bad_gateway(exc)
         finally:
             await answer.aclose()
         if provider is not None and answer.status_code == 200:
@@ -207,11 +214,6 @@ def _error(status: int, message: str, *, type: str, code: str | None) -> JSONRes
     """An error the proxy itself answers, in OpenAI's four-key shape (``param`` null)."""
     body = {"error": {"message": message, "type": type, "param": None, "code": code}}
     return JSONResponse(body, status_code=status)
-
-
-def _bad_gateway(exc: Exception) -> Response:
-    message = f"agentcache proxy: upstream unreachable or broke off: {type(exc).__name__}"
-    return _error(502, message, type="upstream_error", code="bad_gateway")
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

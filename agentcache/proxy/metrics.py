@@ -65,6 +65,14 @@ class ProxyMetrics:
             ["reason", "fixed"],
             registry=self.registry,
         )
+        self.errors = Counter(
+            f"{_P}_errors",
+            "Requests the proxy answered itself with an error instead of relaying the upstream's "
+            "answer, by HTTP status (413: body over --max-request-bytes; 502: upstream "
+            "unreachable or broke off)",
+            ["status"],
+            registry=self.registry,
+        )
         self.response_cache_hits = Counter(
             f"{_P}_response_cache_hits",
             "Answers replayed from the exact response cache (no upstream call)",

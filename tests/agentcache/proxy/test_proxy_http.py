@@ -181,6 +181,8 @@ def test_upstream_errors_and_bad_bodies_pass_through(
             "message": "agentcache proxy: upstream unreachable or broke off: ConnectError",
             "type": "upstream_error", "param": None, "code": "bad_gateway",
         }  # fmt: skip
+        counted = httpx.get(f"{dead_proxy}/agentcache/metrics").text
+        assert 'agentcache_proxy_errors_total{status="502"} 1.0' in counted
         head = httpx.head(f"{dead_proxy}/v1/models")  # no route takes HEAD: the proxy's own 405
         assert head.status_code == 405
         error = httpx.request("TRACE", f"{dead_proxy}/v1/models").json()["error"]
@@ -204,6 +206,8 @@ def test_oversized_bodies_are_413_in_the_proxy_before_going_upstream(
         small = json.dumps({**body, "messages": [{"role": "user", "content": "hi"}]}).encode()
         exact = small + b" " * (limit - len(small))
         at_limit = httpx.post(f"{proxy_url}/v1/chat/completions", content=exact, headers=headers)
+        counted = httpx.get(f"{proxy_url}/agentcache/metrics").text
+    assert 'agentcache_proxy_errors_total{status="413"} 3.0' in counted
     for answer in (declared, chunked, other_route):
         assert answer.status_code == 413, answer.text
         error = answer.json()["error"]
