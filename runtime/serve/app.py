@@ -34,6 +34,7 @@ from runtime.exceptions import (
     SamplingError,
 )
 from runtime.outputs import Completion, StreamDelta
+from runtime.serve.api_error import ApiError, error_body
 from runtime.serve.auth import KeyRing
 from runtime.serve.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyTooLargeError, read_body
 from runtime.serve.engine_call import EngineCall
@@ -41,12 +42,10 @@ from runtime.serve.engine_protocol import ServingEngine
 from runtime.serve.failsafe import ErrorShield
 from runtime.serve.metrics import CONTENT_TYPE, Outcome, ServerMetrics
 from runtime.serve.protocol import (
-    ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
-    error_body,
     validation_error,
 )
 from runtime.serve.request_plan import RequestPlan, chat_plan, completion_plan

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from starlette.requests import Request
 
-from runtime.serve.protocol import ApiError
+from runtime.serve.api_error import ApiError
 
 __all__ = ["KeyRing"]
 

@@ -15,7 +15,8 @@ import json
 from typing import Any
 
 from runtime.grammar import GrammarSpec, JsonSchemaSpec, StructuralTagSpec
-from runtime.serve.protocol import ApiError, ChatCompletionRequest
+from runtime.serve.api_error import ApiError
+from runtime.serve.protocol import ChatCompletionRequest
 from runtime.serve.tool_parser import HERMES_OPEN
 
 __all__ = ["grammar_spec"]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runtime.serve.protocol import error_body
+from runtime.serve.api_error import error_body
 
 __all__ = ["ErrorShield"]
 

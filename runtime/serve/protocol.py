@@ -1,8 +1,8 @@
-"""OpenAI wire format for the server: request models, error bodies and response/chunk builders.
+"""OpenAI wire format for the server: the request models and their 400s.
 
-Validates ``/v1/chat/completions`` and ``/v1/completions`` bodies (pydantic) and builds the
-JSON the official ``openai`` client expects. It knows field names and shapes only; it never
-calls the engine, and it does not know HTTP routing or tenants.
+Validates ``/v1/chat/completions``, ``/v1/completions`` and vLLM's ``/tokenize`` bodies
+(pydantic); errors are ``api_error``'s, response bodies ``streams``'. It knows field names and
+shapes only; it never calls the engine, and it does not know HTTP routing or tenants.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from pydantic import (
     model_validator,
 )
 
-from runtime.outputs import Usage
 from runtime.sampling import LOGIT_BIAS_MAX, MAX_LOGPROBS, PENALTY_MAX, SEED_MAX, SEED_MIN
-from runtime.serve.tool_parser import ParsedToolCall
+from runtime.serve import api_error
+from runtime.serve.api_error import ApiError
 
 __all__ = [
-    "ApiError",
     "ChatCompletionRequest",
     "ChunkReuseSpec",
     "MAX_SPANS",
@@ -40,8 +39,6 @@ __all__ = [
     "ToolSpec",
     "NO_OP_PARAMS",
     "UNSUPPORTED_PARAMS",
-    "error_body",
-    "usage_dict",
     "validation_error",
 ]
 
@@ -84,91 +81,6 @@ MAX_SPANS = 1024
 
 # Function names as OpenAI accepts them (a-z, A-Z, 0-9, underscores and dashes, max 64).
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_INSTANCE_OF = re.compile(r"a valid dictionary or instance of \w+")
-ErrorType = Literal[
-    "invalid_request_error",
-    "authentication_error",
-    "permission_error",
-    "not_found_error",
-    "server_error",
-]
-
-
-class ApiError(Exception):
-    """An error to answer with an OpenAI-style body ``{"error": {...}}`` and an HTTP status."""
-
-    def __init__(
-        self,
-        status_code: int,
-        message: str,
-        *,
-        type: ErrorType = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
-        return error_body(self.message, type=self.type, param=self.param, code=self.code)
-
-
-def error_body(
-    message: str, *, type: str, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    """Build the OpenAI error object (same four keys on every error)."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def validation_error(exc: ValidationError) -> ApiError:
-    """Turn a pydantic error into a 400 naming the offending field, OpenAI style.
-
-    ``param`` is the field's path as OpenAI writes it (``messages[0].content``): pydantic's
-    union-member tags (``str``, ``list[int]``, model names) are dropped, list indices bracketed.
-    Of several errors (one per union member) the deepest path wins, as it names the member that
-    matched furthest; the messages of every error at that path are joined.
-    """
-    errors = [
-        (
-            _param_path(e["loc"], is_extra=e["type"] == "extra_forbidden"),
-            _UNKNOWN_FIELD if e["type"] == "extra_forbidden" else _clean_message(e["msg"]),
-        )
-        for e in exc.errors()
-    ]
-    param = max((path for path, _ in errors), key=_depth)
-    hints = list(dict.fromkeys(msg for path, msg in errors if path == param))
-    message = "; or ".join(hints[:3])
-    code = "unknown_parameter" if hints == [_UNKNOWN_FIELD] else "invalid_value"
-    return ApiError(400, f"{param}: {message}" if param else message, param=param, code=code)
-
-
-_UNKNOWN_FIELD = "unrecognized request argument: this server does not honour it, so omit it"
-
-
-def _param_path(loc: tuple[int | str, ...], *, is_extra: bool = False) -> str | None:
-    path = ""
-    for i, part in enumerate(loc):
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part in _FIELD_NAMES or (is_extra and i == len(loc) - 1):
-            path += f".{part}" if path else part
-    return path or None
-
-
-def _depth(path: str | None) -> int:
-    return 0 if path is None else path.count(".") + path.count("[") + 1
-
-
-def _clean_message(message: str) -> str:
-    # NOTE: pydantic names our model classes ("instance of FunctionName") and prefixes our own
-    # ValueErrors with "Value error, "; neither means anything to an API client.
-    message = _INSTANCE_OF.sub("an object", message)
-    return message.removeprefix("Value error, ")
 
 
 class _Lenient(BaseModel):
@@ -647,34 +559,7 @@ _FIELD_NAMES = frozenset(
 )
 
 
-def usage_dict(usage: Usage) -> dict[str, Any]:
-    """OpenAI ``usage`` with ``prompt_tokens_details.cached_tokens``; with chunk reuse also
-    ``chunk_reuse: {mode, reused_tokens, recomputed_tokens, missed_tokens}`` (our extension)."""
-    out: dict[str, Any] = {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    }
-    chunk = usage.chunk_reuse
-    if chunk is not None:
-        out["chunk_reuse"] = {
-            "mode": chunk.mode,
-            "reused_tokens": chunk.reused_tokens,
-            "recomputed_tokens": chunk.recomputed_tokens,
-            "missed_tokens": chunk.missed_tokens,
-        }
-    return out
-
-
-def tool_call_dicts(calls: list[ParsedToolCall], id_prefix: str) -> list[dict[str, Any]]:
-    """Calls in the OpenAI message shape, with ids ``call_<request>_<i>`` unique per response."""
-    return [
-        {
-            "index": i,
-            "id": f"call_{id_prefix}_{i}",
-            "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments},
-        }
-        for i, call in enumerate(calls)
-    ]
+def validation_error(exc: ValidationError) -> ApiError:
+    """A pydantic error of one of this module's request models as a 400 naming the field
+    (``api_error.validation_error`` with these models' field names)."""
+    return api_error.validation_error(exc, _FIELD_NAMES)

@@ -21,9 +21,10 @@ from runtime.chunk_reuse import DEFAULT_RECOMPUTE_FRACTION, ChunkReuse
 from runtime.exceptions import ChunkReuseError, InvalidRequestError
 from runtime.grammar import Grammar
 from runtime.sampling import SamplingParams
+from runtime.serve.api_error import ApiError
 from runtime.serve.constraints import grammar_spec
 from runtime.serve.logprobs import TokenText
-from runtime.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from runtime.serve.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.serve.tool_parser import ToolCallParser, detect_tool_parser
 
 if TYPE_CHECKING:

@@ -15,14 +15,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from runtime.outputs import Completion, TokenLogprob, Usage
+from runtime.serve.api_error import error_body
 from runtime.serve.engine_call import EngineCall
 from runtime.serve.logprobs import CompletionLogprobs, chat_logprobs
 from runtime.serve.metrics import Outcome
-from runtime.serve.protocol import error_body, tool_call_dicts, usage_dict
 from runtime.serve.request_plan import RequestPlan
 from runtime.serve.tool_parser import ParsedToolCall
 
-__all__ = ["ChoiceStream", "final_json", "total_usage"]
+__all__ = ["ChoiceStream", "final_json", "tool_call_dicts", "total_usage", "usage_dict"]
 
 _log = logging.getLogger(__name__)
 DONE = "data: [DONE]\n\n"
@@ -277,3 +277,36 @@ class ChoiceStream:
             self.outcome = "error"
             yield _event(error_body(f"generation failed: {exc}", type="server_error"))
         yield DONE
+
+
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    """OpenAI ``usage`` with ``prompt_tokens_details.cached_tokens``; with chunk reuse also
+    ``chunk_reuse: {mode, reused_tokens, recomputed_tokens, missed_tokens}`` (our extension)."""
+    out: dict[str, Any] = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+    chunk = usage.chunk_reuse
+    if chunk is not None:
+        out["chunk_reuse"] = {
+            "mode": chunk.mode,
+            "reused_tokens": chunk.reused_tokens,
+            "recomputed_tokens": chunk.recomputed_tokens,
+            "missed_tokens": chunk.missed_tokens,
+        }
+    return out
+
+
+def tool_call_dicts(calls: list[ParsedToolCall], id_prefix: str) -> list[dict[str, Any]]:
+    """Calls in the OpenAI message shape, with ids ``call_<request>_<i>`` unique per response."""
+    return [
+        {
+            "index": i,
+            "id": f"call_{id_prefix}_{i}",
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for i, call in enumerate(calls)
+    ]

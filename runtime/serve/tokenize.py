@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from runtime.serve.protocol import ApiError, DetokenizeRequest, TokenizeRequest
+from runtime.serve.api_error import ApiError
+from runtime.serve.protocol import DetokenizeRequest, TokenizeRequest
 
 if TYPE_CHECKING:
     from runtime.serve.engine_protocol import ServingEngine
