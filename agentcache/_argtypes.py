@@ -1,14 +1,31 @@
-"""argparse value types shared by the SDK's command-line entry points (bench, demo, serve).
+"""argparse helpers shared by the SDK's command-line entry points (bench, demo, serve, proxy).
 
-Each converter raises ``argparse.ArgumentTypeError`` so argparse prints a one-line usage error and
-exits with status 2. Knows nothing about what the numbers mean.
+Value converters raise ``argparse.ArgumentTypeError``, which argparse reports as a usage error with
+exit status 2; ``OneLineErrorParser`` makes that report one line, as the commands' own checks are.
+Knows nothing about what the numbers mean.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
-__all__ = ["non_negative_int", "port_number", "positive_int"]
+__all__ = ["OneLineErrorParser", "non_negative_int", "port_number", "positive_int"]
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr, exit status 2.
+
+    ``agentcache demo --max-tokens x`` prints ``agentcache demo: --max-tokens: expected a whole
+    number, got 'x'``, the shape of the line a command prints when its own checks refuse an
+    option (``agentcache demo: --chunk-reuse must be exact or blend, got 'blned'``), instead of
+    argparse's usage block; ``--help`` still prints the full usage. Subparsers made by
+    ``add_subparsers`` inherit the class.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``PROG: MESSAGE`` (argparse's ``argument `` lead dropped) and exit with 2."""
+        self.exit(2, f"{self.prog}: {message.removeprefix('argument ')}\n")
 
 
 def _whole(text: str) -> int:

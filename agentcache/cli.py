@@ -11,7 +11,12 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from agentcache._argtypes import non_negative_int, port_number, positive_int
+from agentcache._argtypes import (
+    OneLineErrorParser,
+    non_negative_int,
+    port_number,
+    positive_int,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -43,8 +48,13 @@ _BENCHES: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Build the argument parser for every subcommand."""
-    parser = argparse.ArgumentParser(
+    """Build the argument parser for every subcommand.
+
+    A bad option value or a missing argument is one line on stderr and exit status 2 (see
+    ``OneLineErrorParser``), as each command's own checks of its options are. Benchmarks parse
+    their own options (``bench KIND ...``) with argparse's usual usage block.
+    """
+    parser = OneLineErrorParser(
         prog="agentcache",
         description="Cache-friendly prompts for agents and RAG, plus a prefix-caching engine.",
     )
@@ -65,7 +75,7 @@ def _version() -> str:
     return __version__
 
 
-def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_demo(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     p = sub.add_parser("demo", help="answer questions over real documents, show cache savings")
     p.add_argument(
         "--model",
@@ -82,7 +92,9 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="ask this (repeatable); with --docs, give these or --interactive",
     )
     p.add_argument("--interactive", action="store_true", help="ask your own questions")
-    p.add_argument("--max-tokens", type=int, default=48, help="tokens generated per answer")
+    p.add_argument(
+        "--max-tokens", type=positive_int, default=48, help="tokens generated per answer"
+    )
     p.add_argument("--cache-dir", default=None, help="tool/retrieval cache directory")
     p.add_argument(
         "--chunk-reuse",
@@ -96,7 +108,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
 
 
-def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_serve(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     p = sub.add_parser("serve", help="run the OpenAI-compatible server on the local runtime")
     # NOTE: defaults are spelled out in each help (what a None default means, in units); the
     # runtime's own constants are not imported here, so that --help never imports torch.
@@ -184,7 +196,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
 
 
-def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_bench(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     kinds = "\n".join(f"  {name:8s} {help_}" for name, (_, help_) in _BENCHES.items())
     p = sub.add_parser(
         "bench",
@@ -196,13 +208,13 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="options of that benchmark")
 
 
-def _add_lint(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_lint(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     p = sub.add_parser("lint", help="find prefix-cache hazards in a JSON request body")
     p.add_argument("file", help="OpenAI or Anthropic request body (JSON)")
     p.add_argument("--json", action="store_true", help="print findings as JSON")
 
 
-def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_diff(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     p = sub.add_parser("diff", help="explain where and why two request bodies diverge")
     p.add_argument("a", help="first request body (JSON)")
     p.add_argument("b", help="second request body (JSON)")
@@ -210,7 +222,7 @@ def _add_diff(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def _add_proxy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_proxy(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     p = sub.add_parser(
         "proxy", help="make unmodified OpenAI/Anthropic apps cache-friendly (HTTP proxy)"
     )

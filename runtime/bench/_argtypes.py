@@ -1,7 +1,8 @@
 """argparse value types for the runtime's command-line entry points (bench prefix/trace/load).
 
-Each converter raises ``argparse.ArgumentTypeError`` so argparse prints a one-line usage error and
-exits with status 2. The runtime never imports the SDK, so it keeps its own small copy.
+Each converter raises ``argparse.ArgumentTypeError`` so argparse prints the usage and a line
+naming the option, and exits with status 2. The runtime never imports the SDK, so it keeps its own
+small copy.
 """
 
 from __future__ import annotations
