@@ -219,13 +219,10 @@ class Engine:
 
     @property
     def eos_ids(self) -> frozenset[int]:
-        """End-of-sequence ids that stop a request without ``ignore_eos``."""
+        """End-of-sequence ids that stop a request without ``ignore_eos`` (read-only: the grammar
+        compiler took them at construction; ``SamplingParams(ignore_eos=True)`` decodes a fixed
+        number of tokens)."""
         return self.request_builder.eos_ids
-
-    @eos_ids.setter
-    def eos_ids(self, ids: frozenset[int]) -> None:
-        # NOTE: the benches clear it to decode a fixed number of tokens; later requests see it.
-        self.request_builder.eos_ids = ids
 
     def render_chat(
         self,

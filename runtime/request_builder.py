@@ -52,8 +52,9 @@ class RequestBuilder:
         multiple of 64/128: those ids decode to nothing) or longer (tokens added without a
         resize: those ids would index past the embedding and fail the whole batch step)."""
         self.eos_ids = _eos_ids(model, tokenizer)
-        """Stop ids of every request without ``ignore_eos``. NOTE: read per request, so a bench
-        that clears it (``Engine.eos_ids = frozenset()``) decodes a fixed number of tokens."""
+        """Stop ids of every request without ``ignore_eos`` (the generation config's and the
+        tokenizer's ``eos_token_id``). To decode a fixed number of tokens, send
+        ``SamplingParams(ignore_eos=True)`` rather than changing this set."""
         self._dtype_name = str(runner.dtype).removeprefix("torch.")
 
     def render_chat(

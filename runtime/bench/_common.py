@@ -59,14 +59,14 @@ def bench_engine(
 ) -> Engine:  # fmt: skip
     disk: dict[str, Any] = {} if disk_dir is None else {"kv_disk_dir": disk_dir,
                                                          "kv_disk_bytes": disk_bytes}  # fmt: skip
-    eng = Engine(model, NullTokenizer(), model_id="bench-w1", kv_cache_bytes=kv_bytes,
-                 prefix_cache=prefix_cache, forward=forward, **disk)  # fmt: skip
-    eng.eos_ids = frozenset()
-    return eng
+    return Engine(model, NullTokenizer(), model_id="bench-w1", kv_cache_bytes=kv_bytes,
+                  prefix_cache=prefix_cache, forward=forward, **disk)  # fmt: skip
 
 
 def ttft(eng: Engine, ids: list[int], *, use_cache: bool = True, max_tokens: int = 1) -> Any:
-    req = eng.make_request(ids, SamplingParams(max_tokens=max_tokens), use_prefix_cache=use_cache)
+    """The Completion of one greedy request that decodes exactly ``max_tokens`` (EOS ignored)."""
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    req = eng.make_request(ids, params, use_prefix_cache=use_cache)
     return list(eng.run(req))[-1].completion
 
 

@@ -72,7 +72,10 @@ def chunk_plan(mode: str, spans: tuple[tuple[int, int], ...], fraction: float) -
 
 def _ttft(eng: Engine, ids: list[int], mode: str, plan: ChunkReuse | None) -> Completion:
     req = eng.make_request(
-        ids, SamplingParams(max_tokens=1), use_prefix_cache=mode != "no cache", chunk_reuse=plan
+        ids,
+        SamplingParams(max_tokens=1, ignore_eos=True),
+        use_prefix_cache=mode != "no cache",
+        chunk_reuse=plan,
     )
     completion = list(eng.run(req))[-1].completion
     assert completion is not None, "a finished request has a completion"

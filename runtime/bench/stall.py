@@ -49,10 +49,8 @@ _MIN_DOC_PROMPT = 16
 
 def _engine(model: Any, chunk: int) -> Engine:
     config = SchedulerConfig(prefill_chunk_tokens=chunk)
-    eng = Engine(model, NullTokenizer(), model_id="bench-w1", kv_cache_bytes=1 << 26,
-                 prefix_cache=False, scheduler=config)  # fmt: skip
-    eng.eos_ids = frozenset()
-    return eng
+    return Engine(model, NullTokenizer(), model_id="bench-w1", kv_cache_bytes=1 << 26,
+                  prefix_cache=False, scheduler=config)  # fmt: skip
 
 
 def _ids(seed: int, n: int) -> list[int]:
@@ -107,7 +105,7 @@ def run_round(eng: Engine, args: argparse.Namespace, seed: int) -> dict[str, flo
         time.sleep(0.005)
     t0 = time.perf_counter()
     prompts = [_long_prompt(args, seed * 100 + 50 + i) for i in range(args.long)]
-    longs = [eng.make_request(ids, SamplingParams(max_tokens=1), chunk_reuse=plan)
+    longs = [eng.make_request(ids, SamplingParams(max_tokens=1, ignore_eos=True), chunk_reuse=plan)
              for ids, plan in prompts]  # fmt: skip
     ends: list[list[float]] = [[] for _ in longs]
     extra = [

@@ -1,0 +1,35 @@
+"""Bench engines keep the model's end-of-sequence ids; bench requests still decode a fixed count.
+
+The benches decode a set number of tokens through ``SamplingParams(ignore_eos=True)``, the public
+option, rather than by clearing ``Engine.eos_ids`` (a patch of the engine's state).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from runtime.bench._common import bench_engine, ttft
+from tests.conftest import EOS_ID, make_config
+
+PROMPT = [5, 9, 13, 17, 21]
+
+
+def _llama(eos_id: int) -> Any:
+    torch.manual_seed(0)
+    config = make_config("llama")
+    config.eos_token_id = eos_id
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_bench_requests_decode_past_the_models_eos() -> None:
+    greedy = ttft(bench_engine(_llama(EOS_ID), kv_bytes=1 << 20), PROMPT, max_tokens=4).token_ids
+    assert len(greedy) == 4
+    # The same weights with their second greedy token as the end-of-sequence id: a request
+    # without ignore_eos would stop there; the bench's requests run to max_tokens.
+    eng = bench_engine(_llama(greedy[1]), kv_bytes=1 << 20)
+    assert eng.eos_ids == {greedy[1]}  # the engine's stop ids are the model's, not cleared
+    done = ttft(eng, PROMPT, max_tokens=4)
+    assert done.token_ids == greedy and done.finish_reason == "length"
