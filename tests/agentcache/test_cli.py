@@ -39,25 +39,6 @@ def test_serve_binds_loopback_by_default() -> None:
     assert args.host == "127.0.0.1"
 
 
-@pytest.mark.parametrize(
-    ("option", "message"),
-    [
-        (["--port", "99999"], "must be a port in 1..65535, got 99999"),
-        (["--port", "0"], "must be a port in 1..65535, got 0"),
-        (["--kv-cache-bytes", "-5"], "must be at least 0, got -5"),
-        (["--max-request-bytes", "0"], "must be at least 1, got 0"),
-        (["--port", "http"], "expected a whole number, got 'http'"),
-    ],
-)
-def test_serve_refuses_bad_options_before_loading_anything(
-    option: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["serve", *option])
-    assert exc.value.code == 2
-    assert capsys.readouterr().err == f"agentcache serve: {option[0]}: {message}\n"
-
-
 UPSTREAM = ["--upstream", "http://127.0.0.1:1/v1"]
 
 
@@ -69,6 +50,23 @@ UPSTREAM = ["--upstream", "http://127.0.0.1:1/v1"]
             "agentcache demo: --max-tokens: expected a whole number, got 'x'",
         ),
         (["demo", "--max-tokens", "0"], "agentcache demo: --max-tokens: must be at least 1, got 0"),
+        (
+            ["serve", "--port", "99999"],
+            "agentcache serve: --port: must be a port in 1..65535, got 99999",
+        ),
+        (["serve", "--port", "0"], "agentcache serve: --port: must be a port in 1..65535, got 0"),
+        (
+            ["serve", "--port", "http"],
+            "agentcache serve: --port: expected a whole number, got 'http'",
+        ),
+        (
+            ["serve", "--kv-cache-bytes", "-5"],
+            "agentcache serve: --kv-cache-bytes: must be at least 0, got -5",
+        ),
+        (
+            ["serve", "--max-request-bytes", "0"],
+            "agentcache serve: --max-request-bytes: must be at least 1, got 0",
+        ),
         (["demo", "--question"], "agentcache demo: --question: expected one argument"),
         (
             ["serve", "--dtype", "fp8"],
@@ -94,6 +92,7 @@ def test_bad_option_values_are_one_line_and_exit_2(
 ) -> None:
     # As each command's own checks of its options (e.g. demo --chunk-reuse, serve --model): one
     # line naming the option and the value, no argparse usage block; --help still has the usage.
+    # Parse errors come before anything loads (test_serve_usage_error_loads_no_model_and_no_torch).
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
@@ -104,7 +103,7 @@ def test_bad_option_values_are_one_line_and_exit_2(
 
 
 def test_proxy_takes_the_body_limit_of_serve(capsys: pytest.CaptureFixture[str]) -> None:
-    upstream = ["proxy", "--upstream", "http://127.0.0.1:1/v1"]
+    upstream = ["proxy", *UPSTREAM]
     assert build_parser().parse_args(upstream).max_request_bytes is None  # the shared default
     args = build_parser().parse_args([*upstream, "--max-request-bytes", "64"])
     assert args.max_request_bytes == 64
