@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
+from runtime.compact_llama import StepSlots
 from runtime.kv_cache import OwnedLayer, RequestKVCache
 
 __all__ = ["BatchKV"]
@@ -188,6 +189,10 @@ class BatchKV:
         for i, kv in enumerate(self.rows):
             if i not in idle:
                 kv.advance(1)
+
+    def step_slots(self) -> StepSlots:
+        """Where ``write_step`` writes this step (for the C++ layer loop; see ``StepSlots``)."""
+        return StepSlots(self.buffer, self._step_rows, self._step_pos, self.step_kv_len)
 
     def write_step(
         self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor

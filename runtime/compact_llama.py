@@ -19,7 +19,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CompactLlama", "KVWrite", "Segment", "compact_blocker"]
+from runtime.kernels import NativeKernels
+
+__all__ = ["CompactLlama", "KVWrite", "Segment", "StepSlots", "compact_blocker"]
 
 KVWrite = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """``(layer_idx, keys, values) -> (all_keys, all_values)``: store ``[B, H_kv, q, D]`` new K/V of a
@@ -36,6 +38,20 @@ class Segment(NamedTuple):
     """Stores its ``[1, H_kv, length, D]`` K/V per layer; returns all K/V it attends to."""
     mask: torch.Tensor | None
     """``[1, 1, length, kv_len]`` boolean mask (True = attend), None for one token."""
+
+
+class StepSlots(NamedTuple):
+    """Where a decode step's ``write_kv`` stores K/V (``BatchKV.step_slots``), so that the C++
+    layer loop can write and read them itself: layer ``i``'s keys are ``buffer[i, 0]``, row
+    ``rows[j]`` writes at ``pos[j]`` and keys ``[0, kv_len)`` are read."""
+
+    buffer: torch.Tensor
+    """``[L, 2, R, H_kv, capacity, D]``."""
+    rows: torch.Tensor
+    """``[B]`` int64."""
+    pos: torch.Tensor
+    """``[B]`` int64."""
+    kv_len: int
 
 
 _FAMILY = frozenset({"llama", "qwen2", "mistral"})
@@ -122,12 +138,14 @@ class CompactLlama:
     Args:
         model: A ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``MistralForCausalLM`` (eval mode)
             for which ``compact_blocker`` returns None.
+        native: The C++ kernels (``runtime.kernels.native_kernels()``) for one-query steps, or
+            None for the torch path. Used only for fp32 weights on the CPU.
 
     Raises:
         ValueError: ``compact_blocker(model)`` names a reason.
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, native: NativeKernels | None = None) -> None:
         why = compact_blocker(model)
         if why is not None:
             raise ValueError(f"compact forward unsupported: {why}")
@@ -145,6 +163,14 @@ class CompactLlama:
         self.rotary = inner.rotary_emb
         self.norm = inner.norm.weight  # [hidden]
         self.layers = [self._layer(layer) for layer in inner.layers]
+        fits = self.embed.dtype == torch.float32 and self.embed.device.type == "cpu"
+        self.native = native if fits else None
+        """The C++ kernels this forward uses (None: the torch path); see ``attend`` and
+        ``decode_step``."""
+        self._layers_native = None if self.native is None else self.native.decode_layers(
+            *(list(parts) for parts in zip(*self.layers, strict=True)),
+            self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale,
+        )  # fmt: skip
 
     @staticmethod
     def _layer(layer: Any) -> _Layer:
@@ -163,9 +189,10 @@ class CompactLlama:
     ) -> torch.Tensor:
         """Attention with grouped KV heads; 16-bit inputs are attended in fp32.
 
-        One query per row (a decode step) takes two batched matrix products and a softmax
-        (``_decode_attention``); longer queries take SDPA. ``mask``: boolean (True = attend) or
-        additive float, broadcast to ``[B, 1, q, kv_len]``.
+        One query per row (a decode step) takes the native kernel when there is one and the
+        mask is additive ``[B, 1, 1, kv_len]`` or None, else two batched matrix products and a
+        softmax (``_decode_attention``); longer queries take SDPA. ``mask``: boolean (True =
+        attend) or additive float, broadcast to ``[B, 1, q, kv_len]``.
 
         NOTE: torch's bf16 attention on CPU runs about 6x slower than fp32 (measured in issue
         19's profile: ~35 ms vs ~6 ms per decode step on W1), while the upcast of one layer's
@@ -176,11 +203,27 @@ class CompactLlama:
             q, k, v = q.float(), k.float(), v.float()
             if mask is not None and mask.dtype != torch.bool:
                 mask = mask.float()
-        if q.shape[2] == 1:
+        out: torch.Tensor
+        if q.shape[2] == 1 and self._native_fits(k, v, mask):
+            assert self.native is not None
+            flat = None if mask is None else mask.reshape(mask.shape[0], -1)
+            out = self.native.decode_attention(q[:, :, 0], k, v, flat, self.scale).unsqueeze(2)
+        elif q.shape[2] == 1:
             out = _decode_attention(q, k, v, mask, self.scale)
         else:
             out = _sdpa(q, k, v, mask, self.scale)
         return out if dtype == torch.float32 else out.to(dtype)
+
+    def _native_fits(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
+        """Whether the native kernel takes this step: CPU, K/V rows contiguous, and the mask
+        None or additive with one value per (row, key)."""
+        if self.native is None or k.device.type != "cpu":
+            return False
+        if k.stride(-1) != 1 or v.stride(-1) != 1:
+            return False
+        return mask is None or (
+            mask.dtype == torch.float32 and mask.numel() == k.shape[0] * k.shape[2]
+        )
 
     def rope(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, signed_sin)``, each ``[B, q, 1, D]``, for hidden states ``h`` at ``positions``.
@@ -230,6 +273,7 @@ class CompactLlama:
         mask: torch.Tensor | None,
         *,
         logits_to_keep: int = 1,
+        slots: StepSlots | None = None,
     ) -> torch.Tensor:
         """Run ``ids`` (``[B, q]``) at ``positions`` (``[B, q]``) over the caller's KV.
 
@@ -239,6 +283,9 @@ class CompactLlama:
             write_kv: Stores each layer's new K/V and returns all K/V attended to.
             mask: ``[B, 1, q, kv_len]`` boolean (True = attend) or additive float mask.
             logits_to_keep: Last positions whose logits are computed.
+            slots: The layout ``write_kv`` writes to, for a one-token step: with the native
+                kernels the layer loop then runs in C++ (``DecodeLayers``, same ops, equal
+                results) and ``write_kv`` is not called.
 
         Returns:
             ``[B, logits_to_keep, vocab]`` logits.
@@ -247,6 +294,11 @@ class CompactLlama:
         cos, sin = self.rope(h, positions)
         if mask is not None and ids.shape[1] == 1 and mask.dtype == torch.bool:
             mask = _decode_mask(mask)
+        if slots is not None and ids.shape[1] == 1 and self._layers_native is not None:
+            h = self._layers_native.run(
+                h, cos, sin, slots.buffer, slots.rows, slots.pos, slots.kv_len, mask
+            )
+            return self.logits(h)
         for i in range(len(self.layers)):
             qs, ks, vs = self.qkv(i, h, cos, sin)
             keys, values = write_kv(i, ks, vs)  # [B, H_kv, kv_len, D]

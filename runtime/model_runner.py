@@ -21,6 +21,7 @@ from runtime.batch_kv import BatchKV
 from runtime.batch_mask import MaskPlan, mask_plan
 from runtime.compact_llama import CompactLlama, Segment, compact_blocker, prefill_mask
 from runtime.exceptions import ModelLoadError
+from runtime.kernels import native_kernels
 from runtime.kv_cache import RequestKVCache
 from runtime.model_names import is_local_path, no_such_folder
 
@@ -162,7 +163,7 @@ class ModelRunner:
         why = compact_blocker(model) if forward != "transformers" else "forward='transformers'"
         if forward == "compact" and why is not None:
             raise ValueError(f"forward='compact' is not available for this model: {why}")
-        self.compact = CompactLlama(model) if why is None else None
+        self.compact = CompactLlama(model, native=native_kernels()) if why is None else None
         self.path: Literal["compact", "transformers"] = (
             "compact" if self.compact else "transformers"
         )
@@ -171,6 +172,12 @@ class ModelRunner:
         """Why the compact forward is not used (None when it is)."""
         if self.compact is not None:
             self.batch_blocker = None  # NOTE: the compact forward builds its own decode masks.
+
+    @property
+    def decode_attention(self) -> str:
+        """``"native"`` when decode steps attend in the C++ kernel (``runtime.kernels``), else
+        ``"torch"``."""
+        return "native" if self.compact is not None and self.compact.native else "torch"
 
     @property
     def can_batch(self) -> bool:
@@ -282,7 +289,9 @@ class ModelRunner:
         if self.compact is not None:
             cols = torch.arange(batch.step_kv_len, device=self.device)  # [kv_len]
             allowed = (cols.unsqueeze(0) <= positions.unsqueeze(1)).view(n, 1, 1, -1)
-            step = self.compact.forward(ids, positions.unsqueeze(1), batch.write_step, allowed)
+            step = self.compact.forward(
+                ids, positions.unsqueeze(1), batch.write_step, allowed, slots=batch.step_slots()
+            )
             batch.end_step(idle)
             return step[:, -1]
         mask = None

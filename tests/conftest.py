@@ -228,3 +228,17 @@ def byte_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The byte-level tiny Llama."""
     pytest.importorskip("torch")
     return save_byte_llama(tmp_path_factory.mktemp("byte-llama"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def native_kernels_built() -> None:
+    """Build the native kernels (``runtime.kernels``) once, in this process, before any test
+    starts a server subprocess: on a cold machine each child would otherwise build its own copy
+    (about 35 s) inside its start-up timeout."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    from runtime.kernels import native_kernels
+
+    native_kernels()

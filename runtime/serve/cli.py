@@ -115,11 +115,13 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def _runs(engine: ServingEngine) -> str:
-    """``" (float32, compact forward)"``: what a local ``Engine`` runs ("" for other engines)."""
+    """``" (float32, compact forward, native decode attention)"``: what a local ``Engine`` runs
+    ("" for other engines)."""
     runner, path = getattr(engine, "runner", None), getattr(engine, "forward_path", None)
     if runner is None or path is None:
         return ""
-    return f" ({str(runner.dtype).removeprefix('torch.')}, {path} forward)"
+    kernel = ", native decode attention" if runner.decode_attention == "native" else ""
+    return f" ({str(runner.dtype).removeprefix('torch.')}, {path} forward{kernel})"
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -86,15 +86,20 @@ def test_bf16_compact_within_its_tolerance_of_fp32(arch: str, tmp_path: Path) ->
     bf16.close()
 
 
+@pytest.mark.parametrize("path", ["torch", "native"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_attention_equals_sdpa_over_rows_of_different_lengths(dtype: torch.dtype) -> None:
-    """One query per row (the decode step's own kernel) against SDPA with expanded KV heads: rows
-    of different lengths under one boolean mask, and the additive form of the same mask."""
+def test_decode_attention_equals_sdpa_over_rows_of_different_lengths(
+    dtype: torch.dtype, path: str
+) -> None:
+    """One query per row (the decode step's torch products, and the C++ kernel) against SDPA
+    with expanded KV heads: rows of different lengths under one boolean mask, and the additive
+    form of the same mask (the boolean one always takes the torch products)."""
     from runtime.compact_llama import CompactLlama
 
     torch.manual_seed(0)
-    self = CompactLlama.__new__(CompactLlama)  # NOTE: ``attend`` reads only ``scale``
+    self = CompactLlama.__new__(CompactLlama)  # NOTE: ``attend`` reads only these two
     self.scale = 64**-0.5
+    self.native = required_native_kernels() if path == "native" else None
     rows, heads, kv_heads, length = 3, 6, 2, 40
     q = torch.randn(rows, heads, 1, 64).to(dtype)
     k = torch.randn(rows, kv_heads, length, 64).to(dtype)
@@ -111,6 +116,19 @@ def test_decode_attention_equals_sdpa_over_rows_of_different_lengths(dtype: torc
         got = CompactLlama.attend(self, q, k, v, mask)
         assert got.dtype == dtype and got.shape == (rows, heads, 1, 64)
         torch.testing.assert_close(got.float(), want.to(dtype).float(), atol=tol, rtol=tol)
+
+
+def required_native_kernels() -> Any:
+    """The native kernels; a test machine must build them (skipped only when turned off)."""
+    import os
+
+    from runtime.kernels import DISABLE_ENV, native_kernels, native_status
+
+    if os.environ.get(DISABLE_ENV) == "0":
+        pytest.skip(f"{DISABLE_ENV}=0")
+    kernels = native_kernels()
+    assert kernels is not None, native_status().reason
+    return kernels
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

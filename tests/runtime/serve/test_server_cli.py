@@ -229,7 +229,8 @@ def test_served_keys_never_reach_stdout_or_logs(
         engine.close()
     out, err = capfd.readouterr()
     assert "3 API key(s) required" in out and "POST /v1/chat/completions" in out + err
-    assert "'tiny' on http://" in out and "(float32, compact forward)" in out  # what runs
+    assert "'tiny' on http://" in out  # and what runs:
+    assert "(float32, compact forward, native decode attention)" in out
     for secret in [*secrets, "wrong-9x"]:
         assert secret not in out + err
 

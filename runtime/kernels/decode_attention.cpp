@@ -1,0 +1,291 @@
+// One-query attention over grouped KV heads (a decode step), fp32, for agentcache's compact forward.
+//
+// Flash-decoding layout: every (row, KV head, block of kBlock keys) is one work item on torch's
+// intra-op thread pool (at::parallel_for); each item computes the scores of the H / H_kv queries
+// that share the KV head, a block-local softmax (max, sum) and the weighted sum of V; a serial
+// merge rescales the blocks by exp(block max - global max). K and V are read once per KV head
+// and never expanded. A block whose additive mask is -inf everywhere is skipped (rows of a
+// batched step shorter than the longest row read nothing past their end).
+//
+// Built by runtime/kernels/__init__.py with torch.utils.cpp_extension; see its docstring for
+// the flags and why reassociation is allowed.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 256;  // keys per work item (64 KiB of K at D = 64)
+constexpr int64_t kAhead = 8;    // rows of K / V prefetched ahead of the one in use
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// exp(x) for x <= 0: Cephes expf (range reduction by ln 2, degree-5 polynomial, about 1 ulp),
+// written so that the compiler vectorizes the loop calling it. x < -87.3 (and -inf) gives 0.
+inline float exp_nonpositive(float x) {
+  const float xc = std::max(x, -87.3f);
+  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof(float));
+  return x < -87.3f ? 0.0f : p * two_n;
+}
+
+struct Item {
+  const float* q;     // [G, D] queries of this KV head
+  const float* k;     // first key of the block; rows `ks` floats apart
+  const float* v;
+  const float* mask;  // [n] additive, or nullptr
+  int64_t ks, vs, n, G, D;
+  float scale;
+  float* block_max;   // [G]
+  float* block_sum;   // [G]
+  float* block_acc;   // [G, D] unnormalized sum of p * V
+};
+
+// DC: the head dim known at compile time (0: read it from `it.D`), so the inner loops unroll.
+template <int64_t DC>
+void run_block(const Item& it, float* __restrict scores) {
+  const int64_t D = DC > 0 ? DC : it.D, G = it.G, n = it.n;
+  if (it.mask != nullptr) {
+    bool any = false;
+    for (int64_t t = 0; t < n && !any; ++t) any = it.mask[t] != kNegInf;
+    if (!any) {
+      std::fill(it.block_max, it.block_max + G, kNegInf);
+      std::fill(it.block_sum, it.block_sum + G, 0.f);
+      std::fill(it.block_acc, it.block_acc + G * D, 0.f);
+      return;
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const float* __restrict kt = it.k + t * it.ks;
+    if (t + kAhead < n)
+      for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(kt + kAhead * it.ks + d);
+    const float add = it.mask != nullptr ? it.mask[t] : 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* __restrict qg = it.q + g * D;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < D; ++d) dot += qg[d] * kt[d];
+      scores[g * kBlock + t] = dot * it.scale + add;
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* __restrict sg = scores + g * kBlock;
+    float mx = kNegInf;
+    for (int64_t t = 0; t < n; ++t) mx = std::max(mx, sg[t]);
+    float sum = 0.f;
+    if (mx == kNegInf) {
+      std::fill(sg, sg + n, 0.f);
+    } else {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t t = 0; t < n; ++t) {
+        const float e = exp_nonpositive(sg[t] - mx);
+        sg[t] = e;
+        sum += e;
+      }
+    }
+    it.block_max[g] = mx;
+    it.block_sum[g] = sum;
+  }
+  // P.V, four queries at a time with their accumulators held in registers across the block.
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    const int64_t gn = std::min<int64_t>(4, G - g0);
+    if constexpr (DC > 0) {
+      float acc[4][DC] = {};
+      for (int64_t t = 0; t < n; ++t) {
+        const float* __restrict vt = it.v + t * it.vs;
+        if (t + kAhead < n)
+          for (int64_t d = 0; d < DC; d += 16) __builtin_prefetch(vt + kAhead * it.vs + d);
+        for (int64_t gi = 0; gi < 4; ++gi) {
+          const float p = gi < gn ? scores[(g0 + gi) * kBlock + t] : 0.f;
+#pragma omp simd
+          for (int64_t d = 0; d < DC; ++d) acc[gi][d] += p * vt[d];
+        }
+      }
+      for (int64_t gi = 0; gi < gn; ++gi)
+        std::copy(acc[gi], acc[gi] + DC, it.block_acc + (g0 + gi) * DC);
+    } else {
+      std::fill(it.block_acc + g0 * D, it.block_acc + (g0 + gn) * D, 0.f);
+      for (int64_t t = 0; t < n; ++t) {
+        const float* __restrict vt = it.v + t * it.vs;
+        for (int64_t gi = 0; gi < gn; ++gi) {
+          const float p = scores[(g0 + gi) * kBlock + t];
+          float* __restrict ag = it.block_acc + (g0 + gi) * D;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) ag[d] += p * vt[d];
+        }
+      }
+    }
+  }
+}
+
+// q: [B, H, D]; k, v: [B, H_kv, T, D] (any strides, last dim contiguous); mask: additive
+// [B, T] or None. Returns [B, H, D]. A row whose every key is masked gets zeros.
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                               std::optional<torch::Tensor> mask, double scale) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat, "decode_attention: fp32 tensors only");
+  TORCH_CHECK(!q.is_cuda() && !k.is_cuda() && !v.is_cuda(), "decode_attention: CPU tensors only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4,
+              "decode_attention: q [B, H, D], k and v [B, H_kv, T, D]");
+  q = q.contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1), T = k.size(2);
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == T &&
+                  k.size(3) == D && v.size(3) == D, "decode_attention: k/v shapes do not match q");
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "decode_attention: H must be a multiple of H_kv");
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: k/v last dim not contiguous");
+  torch::Tensor m;
+  const float* mp = nullptr;
+  if (mask.has_value()) {
+    m = mask->contiguous();
+    TORCH_CHECK(m.scalar_type() == at::kFloat && m.numel() == B * T,
+                "decode_attention: mask must be additive fp32 with B * T elements");
+    mp = m.data_ptr<float>();
+  }
+  const int64_t G = H / Hkv, S = (T + kBlock - 1) / kBlock;
+  auto out = torch::zeros({B, H, D}, q.options());
+  if (S == 0 || B == 0) return out;
+  auto part_max = torch::empty({B, Hkv, S, G}, q.options());
+  auto part_sum = torch::empty({B, Hkv, S, G}, q.options());
+  auto part_acc = torch::empty({B, Hkv, S, G, D}, q.options());
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  float *pm = part_max.data_ptr<float>(), *pl = part_sum.data_ptr<float>();
+  float* pa = part_acc.data_ptr<float>();
+  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
+  const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, B * Hkv * S, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(G * kBlock);
+    for (int64_t idx = begin; idx < end; ++idx) {
+      const int64_t s = idx % S, h = (idx / S) % Hkv, b = idx / (S * Hkv);
+      const int64_t t0 = s * kBlock;
+      const Item it{qp + (b * H + h * G) * D, kp + b * ks0 + h * ks1 + t0 * ks2,
+                    vp + b * vs0 + h * vs1 + t0 * vs2, mp ? mp + b * T + t0 : nullptr,
+                    ks2, vs2, std::min(kBlock, T - t0), G, D, sc,
+                    pm + idx * G, pl + idx * G, pa + idx * G * D};
+      if (D == 64) run_block<64>(it, scores.data());
+      else if (D == 128) run_block<128>(it, scores.data());
+      else run_block<0>(it, scores.data());
+    }
+  });
+  float* op = out.data_ptr<float>();
+  for (int64_t bh = 0; bh < B * Hkv; ++bh) {
+    for (int64_t g = 0; g < G; ++g) {
+      float mx = kNegInf;
+      for (int64_t s = 0; s < S; ++s) mx = std::max(mx, pm[(bh * S + s) * G + g]);
+      if (mx == kNegInf) continue;  // every key masked: zeros
+      float* o = op + (bh * G + g) * D;
+      float denom = 0.f;
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t at = (bh * S + s) * G + g;
+        const float w = std::exp(pm[at] - mx);
+        denom += w * pl[at];
+        const float* a = pa + at * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += w * a[d];
+      }
+      for (int64_t d = 0; d < D; ++d) o[d] /= denom;
+    }
+  }
+  return out;
+}
+
+
+// The layer loop of a compact decode step (one new token per row) with the same ATen ops, in
+// the same order, as CompactLlama.qkv / BatchKV.write_step / CompactLlama.finish, so that its
+// results equal the Python loop's bit for bit; it saves the Python and dispatch overhead of
+// about 25 small ops per layer. Weights are the compact forward's (input-major views).
+class DecodeLayers {
+ public:
+  DecodeLayers(std::vector<torch::Tensor> ln1, std::vector<torch::Tensor> qkv,
+               std::vector<std::optional<torch::Tensor>> qkv_bias, std::vector<torch::Tensor> o,
+               std::vector<std::optional<torch::Tensor>> o_bias, std::vector<torch::Tensor> ln2,
+               std::vector<torch::Tensor> gate_up, std::vector<torch::Tensor> down,
+               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
+               double scale)
+      : ln1_(std::move(ln1)), qkv_(std::move(qkv)), qkv_bias_(std::move(qkv_bias)),
+        o_(std::move(o)), o_bias_(std::move(o_bias)), ln2_(std::move(ln2)),
+        gate_up_(std::move(gate_up)), down_(std::move(down)), nh_(num_heads),
+        nkv_(num_kv_heads), d_(head_dim), eps_(eps), scale_(scale) {
+    const size_t L = ln1_.size();
+    TORCH_CHECK(qkv_.size() == L && qkv_bias_.size() == L && o_.size() == L &&
+                    o_bias_.size() == L && ln2_.size() == L && gate_up_.size() == L &&
+                    down_.size() == L, "DecodeLayers: one entry per layer in every list");
+  }
+
+  // h: [B, 1, hidden]; cos, sin: [B, 1, 1, D] (CompactLlama.rope); buffer: [L, 2, R, H_kv, cap,
+  // D]; rows, pos: [B] int64 (row i writes at pos[i]); kv_len: keys read; mask: additive
+  // [B, 1, 1, kv_len] or None. Returns the hidden states after the last layer, [B, 1, hidden].
+  torch::Tensor run(torch::Tensor h, torch::Tensor cos, torch::Tensor sin, torch::Tensor buffer,
+                    torch::Tensor rows, torch::Tensor pos, int64_t kv_len,
+                    std::optional<torch::Tensor> mask) const {
+    using torch::indexing::Slice;
+    const int64_t b = h.size(0), hidden = h.size(2), n = rows.size(0);
+    TORCH_CHECK(h.dim() == 3 && h.size(1) == 1, "DecodeLayers.run: h must be [B, 1, hidden]");
+    TORCH_CHECK(buffer.size(0) == static_cast<int64_t>(ln1_.size()), "DecodeLayers: layers");
+    std::optional<torch::Tensor> flat;
+    if (mask.has_value()) flat = mask->reshape({mask->size(0), -1});
+    const int64_t qk_width = (nh_ + nkv_) * d_;
+    for (size_t i = 0; i < ln1_.size(); ++i) {
+      auto x = at::rms_norm(h, {hidden}, ln1_[i], eps_);
+      auto qkv = at::linear(x, qkv_[i], qkv_bias_[i]);
+      auto qk = qkv.index({"...", Slice(0, qk_width)}).view({b, 1, nh_ + nkv_, d_});
+      qk = at::addcmul(qk * cos, qk.roll({d_ / 2}, {-1}), sin);
+      auto vs = qkv.index({"...", Slice(qk_width, torch::indexing::None)})
+                    .view({b, 1, nkv_, d_}).transpose(1, 2);
+      auto qs = qk.index({Slice(), Slice(), Slice(0, nh_)}).transpose(1, 2);
+      auto ks = qk.index({Slice(), Slice(), Slice(nh_, torch::indexing::None)}).transpose(1, 2);
+      auto k_buf = buffer.select(0, i).select(0, 0), v_buf = buffer.select(0, i).select(0, 1);
+      k_buf.index_put_({rows, Slice(), pos}, ks.index({Slice(), Slice(), 0}));
+      v_buf.index_put_({rows, Slice(), pos}, vs.index({Slice(), Slice(), 0}));
+      auto keys = k_buf.index({Slice(0, n), Slice(), Slice(0, kv_len)});
+      auto values = v_buf.index({Slice(0, n), Slice(), Slice(0, kv_len)});
+      auto attn = decode_attention(qs.select(2, 0), keys, values, flat, scale_).unsqueeze(2);
+      h = h + at::linear(attn.transpose(1, 2).reshape({b, 1, -1}), o_[i], o_bias_[i]);
+      x = at::rms_norm(h, {hidden}, ln2_[i], eps_);
+      auto parts = at::linear(x, gate_up_[i]).chunk(2, -1);
+      h = h + at::linear(at::silu(parts[0]).mul_(parts[1]), down_[i]);
+    }
+    return h;
+  }
+
+ private:
+  std::vector<torch::Tensor> ln1_, qkv_;
+  std::vector<std::optional<torch::Tensor>> qkv_bias_;
+  std::vector<torch::Tensor> o_;
+  std::vector<std::optional<torch::Tensor>> o_bias_;
+  std::vector<torch::Tensor> ln2_, gate_up_, down_;
+  int64_t nh_, nkv_, d_;
+  double eps_, scale_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("decode_attention", &decode_attention,
+             "one-query attention over grouped KV heads, fp32 (see the source's header)",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+  pybind11::class_<DecodeLayers>(module, "DecodeLayers")
+      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>,
+                          std::vector<std::optional<torch::Tensor>>, std::vector<torch::Tensor>,
+                          std::vector<std::optional<torch::Tensor>>, std::vector<torch::Tensor>,
+                          std::vector<torch::Tensor>, std::vector<torch::Tensor>, int64_t,
+                          int64_t, int64_t, double, double>())
+      .def("run", &DecodeLayers::run, "the layer loop of one decode step (see the source)",
+           pybind11::call_guard<pybind11::gil_scoped_release>());
+}

@@ -1,0 +1,154 @@
+"""The C++ kernels of the compact forward (``runtime.kernels``): the decode attention against a
+float64 reference over every shape class it has code for, the C++ layer loop against the Python
+one bit for bit, and the loader's fallbacks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+from runtime.compact_llama import CompactLlama, StepSlots
+from tests.runtime.test_compact_forward import required_native_kernels
+
+NEG_INF = float("-inf")
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        mask: torch.Tensor | None, scale: float) -> torch.Tensor:  # fmt: skip
+    """float64 softmax(q K^T * scale + mask) V with expanded KV heads: ``[B, H, D]``."""
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    scores = torch.einsum("bhd,bhtd->bht", q.double(), kk) * scale
+    if mask is not None:
+        scores = scores + mask.double().unsqueeze(1)
+    return torch.einsum("bht,bhtd->bhd", torch.softmax(scores, dim=-1), vv)
+
+
+@pytest.mark.parametrize(
+    ("group", "head_dim", "length"),
+    [(3, 64, 2001), (1, 64, 256), (4, 128, 257), (5, 128, 600), (2, 8, 1), (7, 40, 300)],
+)
+def test_decode_attention_matches_float64(group: int, head_dim: int, length: int) -> None:
+    """Strided K/V views of a slot buffer (as a batched step reads them), three rows: one with
+    no mask entry, one shorter than the rest, one with a hole covering a whole block of keys;
+    head dims with (64, 128) and without an unrolled loop, 1 to 7 queries per KV head."""
+    kernels = required_native_kernels()
+    torch.manual_seed(group * 1000 + head_dim + length)
+    rows, kv_heads, capacity = 3, 2, length + 37
+    buffer = torch.randn(2, rows + 1, kv_heads, capacity, head_dim)  # NOTE: a spare row
+    k, v = buffer[0, :rows, :, :length], buffer[1, :rows, :, :length]
+    q = torch.randn(rows, kv_heads * group, head_dim)
+    mask = torch.zeros(rows, length)
+    mask[1, length // 2 + 1 :] = NEG_INF
+    mask[2, 256:512] = NEG_INF
+    if length > 1:
+        mask[2, 0] = NEG_INF
+    scale = head_dim**-0.5
+    for m in (None, mask):
+        got = kernels.decode_attention(q, k, v, m, scale)
+        want = reference_attention(q, k, v, m, scale)
+        assert got.shape == (rows, kv_heads * group, head_dim) and got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-5)
+
+
+def test_decode_attention_fully_masked_row_is_zeros_and_bad_input_raises() -> None:
+    """A row with no key to attend to gets zeros (torch's softmax gives NaN) and leaves the
+    other rows alone; wrong dtypes and shapes raise instead of reading out of bounds."""
+    kernels = required_native_kernels()
+    q, k, v = torch.randn(2, 4, 16), torch.randn(2, 2, 300, 16), torch.randn(2, 2, 300, 16)
+    mask = torch.zeros(2, 300)
+    mask[0] = NEG_INF
+    got = kernels.decode_attention(q, k, v, mask, 0.25)
+    assert torch.equal(got[0], torch.zeros(4, 16))
+    torch.testing.assert_close(
+        got[1:].double(), reference_attention(q[1:], k[1:], v[1:], None, 0.25)
+    )
+    with pytest.raises(RuntimeError, match="fp32"):
+        kernels.decode_attention(q.double(), k, v, None, 0.25)
+    with pytest.raises(RuntimeError, match="multiple of H_kv"):
+        kernels.decode_attention(torch.randn(2, 3, 16), k, v, None, 0.25)
+    with pytest.raises(RuntimeError, match="B \\* T"):
+        kernels.decode_attention(q, k, v, torch.zeros(2, 299), 0.25)
+    with pytest.raises(RuntimeError, match="last dim"):
+        kernels.decode_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, None, 0.25)
+
+
+def _model(arch: str, heads: int, kv_heads: int, head_dim: int) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = {"hidden_size": heads * head_dim, "intermediate_size": 96, "num_hidden_layers": 3,
+             "num_attention_heads": heads, "num_key_value_heads": kv_heads, "vocab_size": 120,
+             "max_position_embeddings": 512}  # fmt: skip
+    torch.manual_seed(heads + kv_heads + head_dim)
+    if arch == "qwen2":  # NOTE: QKV biases
+        return Qwen2ForCausalLM(Qwen2Config(**shape)).eval()
+    return LlamaForCausalLM(LlamaConfig(attention_bias=True, **shape)).eval()
+
+
+@pytest.mark.parametrize(
+    ("arch", "heads", "kv_heads", "head_dim"),
+    [("llama", 9, 3, 64), ("qwen2", 4, 2, 8), ("llama", 10, 2, 128), ("qwen2", 2, 2, 24)],
+)
+def test_layer_loop_in_cpp_equals_the_python_loop_bit_for_bit(
+    arch: str, heads: int, kv_heads: int, head_dim: int
+) -> None:
+    """One batched decode step of three rows at different positions (one with a masked tail):
+    ``DecodeLayers`` returns the same logits and writes the same K/V as the Python loop over
+    ``write_kv``, to the bit (same ATen ops in the same order)."""
+    compact = CompactLlama(
+        _model(arch, heads, kv_heads, head_dim), native=required_native_kernels()
+    )
+    layers, rows, capacity = len(compact.layers), 3, 64
+    start = torch.randn(layers, 2, rows + 1, kv_heads, capacity, head_dim)
+    ids = torch.tensor([[5], [17], [99]])
+    positions = torch.tensor([40, 12, 33])
+    kv_len = int(positions.max()) + 1
+    allowed = (torch.arange(kv_len).unsqueeze(0) <= positions.unsqueeze(1)).view(rows, 1, 1, -1)
+    step_rows = torch.arange(rows)
+
+    def python_loop() -> tuple[torch.Tensor, torch.Tensor]:
+        buffer = start.clone()
+
+        def write(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            buffer[i, 0][step_rows, :, positions] = k[:, :, 0]
+            buffer[i, 1][step_rows, :, positions] = v[:, :, 0]
+            return buffer[i, 0, :rows, :, :kv_len], buffer[i, 1, :rows, :, :kv_len]
+
+        return compact.forward(ids, positions.unsqueeze(1), write, allowed), buffer
+
+    def cpp_loop() -> tuple[torch.Tensor, torch.Tensor]:
+        buffer = start.clone()
+
+        def never(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            raise AssertionError("the C++ loop writes K/V itself")
+
+        slots = StepSlots(buffer, step_rows, positions, kv_len)
+        return compact.forward(ids, positions.unsqueeze(1), never, allowed, slots=slots), buffer
+
+    (want, want_kv), (got, got_kv) = python_loop(), cpp_loop()
+    assert got.shape == (rows, 1, 120)
+    assert torch.equal(got, want)
+    assert torch.equal(got_kv, want_kv)
+
+
+def _status_in_child(**env: str) -> str:
+    code = ("from runtime.kernels import native_kernels, native_status; "
+            "print(native_kernels() is None, native_status().reason)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300, check=True)  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_kernels_turned_off_or_unbuildable_leave_the_torch_path(tmp_path: Any) -> None:
+    """``AGENTCACHE_NATIVE_KERNELS=0`` and a kernel dir that cannot be created both give None
+    with the reason, never an exception."""
+    assert _status_in_child(AGENTCACHE_NATIVE_KERNELS="0") == "True AGENTCACHE_NATIVE_KERNELS=0"
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    out = _status_in_child(AGENTCACHE_KERNEL_DIR=str(blocker / "kernels"))
+    assert out.startswith("True native kernel build failed (") and "Error" in out
