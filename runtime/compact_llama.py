@@ -284,8 +284,8 @@ class CompactLlama:
             mask: ``[B, 1, q, kv_len]`` boolean (True = attend) or additive float mask.
             logits_to_keep: Last positions whose logits are computed.
             slots: The layout ``write_kv`` writes to, for a one-token step: with the native
-                kernels the layer loop then runs in C++ (``DecodeLayers``, same ops, equal
-                results) and ``write_kv`` is not called.
+                kernels the layer loop then runs in C++ (``DecodeLayers``: the same math, equal
+                within float32 rounding) and ``write_kv`` is not called.
 
         Returns:
             ``[B, logits_to_keep, vocab]`` logits.

@@ -206,10 +206,12 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
 }
 
 
-// The layer loop of a compact decode step (one new token per row) with the same ATen ops, in
-// the same order, as CompactLlama.qkv / BatchKV.write_step / CompactLlama.finish, so that its
-// results equal the Python loop's bit for bit; it saves the Python and dispatch overhead of
-// about 25 small ops per layer. Weights are the compact forward's (input-major views).
+// The layer loop of a compact decode step (one new token per row): the math of CompactLlama.qkv
+// / BatchKV.write_step / CompactLlama.finish with the products in ATen (at::linear, MKL) and the
+// small ops in plain loops (RMSNorm, RoPE written straight into the KV slots), which saves the
+// Python and dispatch overhead of about 25 small ops per layer. Results equal the Python loop's
+// within float32 rounding (the tests' 1e-5), not to the bit: sums are reassociated and
+// multiply-adds fused. Weights are the compact forward's (input-major views).
 class DecodeLayers {
  public:
   DecodeLayers(std::vector<torch::Tensor> ln1, std::vector<torch::Tensor> qkv,
@@ -235,36 +237,94 @@ class DecodeLayers {
                     torch::Tensor rows, torch::Tensor pos, int64_t kv_len,
                     std::optional<torch::Tensor> mask) const {
     using torch::indexing::Slice;
+    TORCH_CHECK(h.dim() == 3 && h.size(1) == 1 && h.scalar_type() == at::kFloat,
+                "DecodeLayers.run: h must be fp32 [B, 1, hidden]");
     const int64_t b = h.size(0), hidden = h.size(2), n = rows.size(0);
-    TORCH_CHECK(h.dim() == 3 && h.size(1) == 1, "DecodeLayers.run: h must be [B, 1, hidden]");
-    TORCH_CHECK(buffer.size(0) == static_cast<int64_t>(ln1_.size()), "DecodeLayers: layers");
+    TORCH_CHECK(n == b && pos.size(0) == b, "DecodeLayers.run: one row and position per h row");
+    TORCH_CHECK(buffer.dim() == 6 && buffer.size(0) == static_cast<int64_t>(ln1_.size()) &&
+                    buffer.size(1) == 2 && buffer.size(3) == nkv_ && buffer.size(5) == d_ &&
+                    buffer.stride(5) == 1 && buffer.scalar_type() == at::kFloat,
+                "DecodeLayers.run: buffer must be fp32 [L, 2, R, H_kv, capacity, D]");
+    TORCH_CHECK(kv_len >= 1 && kv_len <= buffer.size(4), "DecodeLayers.run: kv_len");
+    auto rows64 = rows.to(at::kLong).contiguous(), pos64 = pos.to(at::kLong).contiguous();
+    const int64_t *rp = rows64.data_ptr<int64_t>(), *pp = pos64.data_ptr<int64_t>();
+    for (int64_t j = 0; j < b; ++j)
+      TORCH_CHECK(rp[j] >= 0 && rp[j] < buffer.size(2) && pp[j] >= 0 && pp[j] < buffer.size(4),
+                  "DecodeLayers.run: row or position outside the buffer");
     std::optional<torch::Tensor> flat;
     if (mask.has_value()) flat = mask->reshape({mask->size(0), -1});
-    const int64_t qk_width = (nh_ + nkv_) * d_;
+    auto cs = cos.reshape({b, d_}).contiguous(), sn = sin.reshape({b, d_}).contiguous();
+    auto hs = h.reshape({b, hidden}).clone();  // the residual stream, updated in place
+    auto x = torch::empty({b, hidden}, hs.options());
+    auto q = torch::empty({b, nh_, d_}, hs.options());
     for (size_t i = 0; i < ln1_.size(); ++i) {
-      auto x = at::rms_norm(h, {hidden}, ln1_[i], eps_);
-      auto qkv = at::linear(x, qkv_[i], qkv_bias_[i]);
-      auto qk = qkv.index({"...", Slice(0, qk_width)}).view({b, 1, nh_ + nkv_, d_});
-      qk = at::addcmul(qk * cos, qk.roll({d_ / 2}, {-1}), sin);
-      auto vs = qkv.index({"...", Slice(qk_width, torch::indexing::None)})
-                    .view({b, 1, nkv_, d_}).transpose(1, 2);
-      auto qs = qk.index({Slice(), Slice(), Slice(0, nh_)}).transpose(1, 2);
-      auto ks = qk.index({Slice(), Slice(), Slice(nh_, torch::indexing::None)}).transpose(1, 2);
-      auto k_buf = buffer.select(0, i).select(0, 0), v_buf = buffer.select(0, i).select(0, 1);
-      k_buf.index_put_({rows, Slice(), pos}, ks.index({Slice(), Slice(), 0}));
-      v_buf.index_put_({rows, Slice(), pos}, vs.index({Slice(), Slice(), 0}));
-      auto keys = k_buf.index({Slice(0, n), Slice(), Slice(0, kv_len)});
-      auto values = v_buf.index({Slice(0, n), Slice(), Slice(0, kv_len)});
-      auto attn = decode_attention(qs.select(2, 0), keys, values, flat, scale_).unsqueeze(2);
-      h = h + at::linear(attn.transpose(1, 2).reshape({b, 1, -1}), o_[i], o_bias_[i]);
-      x = at::rms_norm(h, {hidden}, ln2_[i], eps_);
+      rms_norm(hs, ln1_[i], x);
+      auto qkv = at::linear(x, qkv_[i], qkv_bias_[i]).contiguous();  // [B, (H + 2 H_kv) D]
+      rope_and_store(qkv, cs, sn, q, buffer.select(0, i), rp, pp);
+      auto layer = buffer.select(0, i);
+      auto keys = layer.select(0, 0).index({Slice(0, n), Slice(), Slice(0, kv_len)});
+      auto values = layer.select(0, 1).index({Slice(0, n), Slice(), Slice(0, kv_len)});
+      auto attn = decode_attention(q, keys, values, flat, scale_);  // [B, H, D]
+      hs.add_(at::linear(attn.view({b, nh_ * d_}), o_[i], o_bias_[i]));
+      rms_norm(hs, ln2_[i], x);
       auto parts = at::linear(x, gate_up_[i]).chunk(2, -1);
-      h = h + at::linear(at::silu(parts[0]).mul_(parts[1]), down_[i]);
+      hs.add_(at::linear(at::silu(parts[0]).mul_(parts[1]), down_[i]));
     }
-    return h;
+    return hs.view({b, 1, hidden});
   }
 
  private:
+  // y = x * rsqrt(mean(x^2) + eps) * w, row by row ([B, N] contiguous fp32).
+  void rms_norm(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) const {
+    const int64_t rows = x.size(0), cols = x.size(1);
+    const float* __restrict xp = x.data_ptr<float>();
+    const float* __restrict wp = w.data_ptr<float>();
+    float* __restrict yp = y.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = xp + r * cols;
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t c = 0; c < cols; ++c) ss += xr[c] * xr[c];
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(cols) + static_cast<float>(eps_));
+      float* yr = yp + r * cols;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] * inv * wp[c];
+    }
+  }
+
+  // Rotate-half RoPE (as CompactLlama.qkv: x * cos + roll(x, D / 2) * signed_sin) of the query
+  // and key heads of qkv ([B, (H + 2 H_kv) D]); queries go to q ([B, H, D]), keys and the
+  // values straight into the layer's KV slots (layer: [2, R, H_kv, capacity, D]).
+  void rope_and_store(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                      torch::Tensor& q, const torch::Tensor& layer, const int64_t* rows,
+                      const int64_t* pos) const {
+    const int64_t b = qkv.size(0), width = qkv.size(1), half = d_ / 2;
+    const float* __restrict src = qkv.data_ptr<float>();
+    const float* __restrict cp = cos.data_ptr<float>();
+    const float* __restrict sp = sin.data_ptr<float>();
+    float* __restrict qp = q.data_ptr<float>();
+    float* base = layer.data_ptr<float>();
+    const int64_t s0 = layer.stride(0), s1 = layer.stride(1), s2 = layer.stride(2);
+    const int64_t s3 = layer.stride(3);
+    for (int64_t j = 0; j < b; ++j) {
+      const float* row = src + j * width;
+      const float *c = cp + j * d_, *s = sp + j * d_;
+      float* kslot = base + rows[j] * s1 + pos[j] * s3;
+      float* vslot = base + s0 + rows[j] * s1 + pos[j] * s3;
+      for (int64_t hd = 0; hd < nh_ + nkv_; ++hd) {
+        const float* x = row + hd * d_;
+        float* out = hd < nh_ ? qp + (j * nh_ + hd) * d_ : kslot + (hd - nh_) * s2;
+        for (int64_t d = 0; d < d_; ++d) {
+          const float rolled = x[d < half ? d + half : d - half];
+          out[d] = x[d] * c[d] + rolled * s[d];
+        }
+      }
+      const float* v = row + (nh_ + nkv_) * d_;
+      for (int64_t hd = 0; hd < nkv_; ++hd)
+        std::copy(v + hd * d_, v + (hd + 1) * d_, vslot + hd * s2);
+    }
+  }
+
   std::vector<torch::Tensor> ln1_, qkv_;
   std::vector<std::optional<torch::Tensor>> qkv_bias_;
   std::vector<torch::Tensor> o_;

@@ -94,12 +94,12 @@ def _model(arch: str, heads: int, kv_heads: int, head_dim: int) -> Any:
     ("arch", "heads", "kv_heads", "head_dim"),
     [("llama", 9, 3, 64), ("qwen2", 4, 2, 8), ("llama", 10, 2, 128), ("qwen2", 2, 2, 24)],
 )
-def test_layer_loop_in_cpp_equals_the_python_loop_bit_for_bit(
+def test_layer_loop_in_cpp_equals_the_python_loop(
     arch: str, heads: int, kv_heads: int, head_dim: int
 ) -> None:
     """One batched decode step of three rows at different positions (one with a masked tail):
-    ``DecodeLayers`` returns the same logits and writes the same K/V as the Python loop over
-    ``write_kv``, to the bit (same ATen ops in the same order)."""
+    ``DecodeLayers`` returns the logits and writes the K/V of the Python loop over ``write_kv``,
+    within float32 rounding, and touches no other slot of the buffer."""
     compact = CompactLlama(
         _model(arch, heads, kv_heads, head_dim), native=required_native_kernels()
     )
@@ -132,8 +132,23 @@ def test_layer_loop_in_cpp_equals_the_python_loop_bit_for_bit(
 
     (want, want_kv), (got, got_kv) = python_loop(), cpp_loop()
     assert got.shape == (rows, 1, 120)
-    assert torch.equal(got, want)
-    assert torch.equal(got_kv, want_kv)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_kv, want_kv, atol=1e-5, rtol=1e-5)
+    written = torch.zeros(start.shape[:5], dtype=torch.bool)
+    written[:, :, step_rows, :, positions] = True
+    assert torch.equal(got_kv[~written], start[~written])  # nothing else moved
+
+
+def test_layer_loop_refuses_a_row_or_position_outside_the_buffer() -> None:
+    """A bad slot is an error of that step, never a write past the buffer."""
+    compact = CompactLlama(_model("llama", 4, 2, 8), native=required_native_kernels())
+    buffer = torch.zeros(len(compact.layers), 2, 2, 2, 16, 8)
+    ids, allowed = torch.tensor([[3]]), torch.ones(1, 1, 1, 16, dtype=torch.bool)
+    for row, pos in ((2, 0), (0, 16), (-1, 0)):
+        slots = StepSlots(buffer, torch.tensor([row]), torch.tensor([pos]), 16)
+        with pytest.raises(RuntimeError, match="outside the buffer"):
+            compact.forward(ids, torch.tensor([[pos]]), None, allowed, slots=slots)  # type: ignore[arg-type]
+    assert not buffer.any()
 
 
 def _status_in_child(**env: str) -> str:
