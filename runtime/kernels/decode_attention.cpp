@@ -58,6 +58,24 @@ struct Item {
   float* block_acc;   // [G, D] unnormalized sum of p * V
 };
 
+// P.V of queries [g0, g0 + GT) over the block, their accumulators held in registers.
+template <int64_t DC, int64_t GT>
+void pv_tile(const Item& it, const float* __restrict scores, int64_t g0) {
+  float acc[GT][DC] = {};
+  for (int64_t t = 0; t < it.n; ++t) {
+    const float* __restrict vt = it.v + t * it.vs;
+    if (t + kAhead < it.n)
+      for (int64_t d = 0; d < DC; d += 16) __builtin_prefetch(vt + kAhead * it.vs + d);
+    for (int64_t gi = 0; gi < GT; ++gi) {
+      const float p = scores[(g0 + gi) * kBlock + t];
+#pragma omp simd
+      for (int64_t d = 0; d < DC; ++d) acc[gi][d] += p * vt[d];
+    }
+  }
+  for (int64_t gi = 0; gi < GT; ++gi)
+    std::copy(acc[gi], acc[gi] + DC, it.block_acc + (g0 + gi) * DC);
+}
+
 // DC: the head dim known at compile time (0: read it from `it.D`), so the inner loops unroll.
 template <int64_t DC>
 void run_block(const Item& it, float* __restrict scores) {
@@ -107,19 +125,12 @@ void run_block(const Item& it, float* __restrict scores) {
   for (int64_t g0 = 0; g0 < G; g0 += 4) {
     const int64_t gn = std::min<int64_t>(4, G - g0);
     if constexpr (DC > 0) {
-      float acc[4][DC] = {};
-      for (int64_t t = 0; t < n; ++t) {
-        const float* __restrict vt = it.v + t * it.vs;
-        if (t + kAhead < n)
-          for (int64_t d = 0; d < DC; d += 16) __builtin_prefetch(vt + kAhead * it.vs + d);
-        for (int64_t gi = 0; gi < 4; ++gi) {
-          const float p = gi < gn ? scores[(g0 + gi) * kBlock + t] : 0.f;
-#pragma omp simd
-          for (int64_t d = 0; d < DC; ++d) acc[gi][d] += p * vt[d];
-        }
+      switch (gn) {  // NOTE: a tile of exactly gn queries: no multiply-add by a zero weight
+        case 4: pv_tile<DC, 4>(it, scores, g0); break;
+        case 3: pv_tile<DC, 3>(it, scores, g0); break;
+        case 2: pv_tile<DC, 2>(it, scores, g0); break;
+        default: pv_tile<DC, 1>(it, scores, g0); break;
       }
-      for (int64_t gi = 0; gi < gn; ++gi)
-        std::copy(acc[gi], acc[gi] + DC, it.block_acc + (g0 + gi) * DC);
     } else {
       std::fill(it.block_acc + g0 * D, it.block_acc + (g0 + gn) * D, 0.f);
       for (int64_t t = 0; t < n; ++t) {
