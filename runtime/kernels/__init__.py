@@ -167,10 +167,13 @@ def _load() -> tuple[ModuleType | None, str]:
 
         name = f"agentcache_decode_attention_{_key()}"
         target = _kernel_dir() / f"{name}.so"
-        if not target.is_file():
-            _build(name, target)
-            return sys.modules.get(name) or _import(name, target), str(target)
-        return _import(name, target), str(target)
+        if target.is_file():
+            try:
+                return _import(name, target), str(target)
+            except ImportError as exc:  # NOTE: a damaged file (disk, copy): built again below
+                _log.warning("agentcache: cannot load %s (%s); rebuilding it", target, exc)
+        _build(name, target)
+        return sys.modules.get(name) or _import(name, target), str(target)
     except Exception as exc:  # noqa: BLE001  (any build or load failure: the torch path runs)
         lines = [line for line in str(exc).splitlines() if line.strip()]
         tail = " | ".join(lines[-3:]) if lines else type(exc).__name__

@@ -159,6 +159,18 @@ def _status_in_child(**env: str) -> str:
     return done.stdout.strip()
 
 
+def test_a_damaged_cached_library_is_built_again(tmp_path: Any) -> None:
+    """A truncated library in the kernel dir (a damaged disk or copy) is rebuilt, not loaded and
+    not left to fail every later start."""
+    from runtime.kernels import _key
+
+    target = tmp_path / f"agentcache_decode_attention_{_key()}.so"
+    target.write_bytes(b"\x7fELF truncated")
+    out = _status_in_child(AGENTCACHE_KERNEL_DIR=str(tmp_path))
+    assert out == f"False {target}"
+    assert target.stat().st_size > 10_000
+
+
 def test_kernels_turned_off_or_unbuildable_leave_the_torch_path(tmp_path: Any) -> None:
     """``AGENTCACHE_NATIVE_KERNELS=0`` and a kernel dir that cannot be created both give None
     with the reason, never an exception."""
