@@ -26,13 +26,19 @@ __all__ = ["api_keys", "bind_socket", "make_server", "read_key_file", "run_cli"]
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (what uvicorn would open), bound now.
 
+    Its ``proto`` is ``IPPROTO_TCP``: accepted connections inherit it, and asyncio turns Nagle's
+    algorithm off (``TCP_NODELAY``) only on sockets that say so. With ``proto`` 0 every request
+    after the first on a keep-alive connection sent its stream's first chunk about 40 ms late
+    (the client's delayed ACK) and the rest in one burst (uvicorn issue #3149; measured here:
+    headers at 12 ms, every chunk at 52-56 ms).
+
     Raises:
         OSError: the address is taken, not local, or not allowed.
     """
     family, _, _, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         # NOTE: as uvicorn does; on Linux this still refuses a port another socket listens on.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

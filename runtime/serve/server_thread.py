@@ -33,7 +33,9 @@ class ServerThread:
     def __init__(
         self, app: Any, *, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 30.0
     ) -> None:
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # NOTE: IPPROTO_TCP, so asyncio sets TCP_NODELAY on accepted connections (see
+        # ``cli.bind_socket``).
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = self._sock.getsockname()[:2]
