@@ -239,6 +239,16 @@ class DecodeLayers {
     TORCH_CHECK(qkv_.size() == L && qkv_bias_.size() == L && o_.size() == L &&
                     o_bias_.size() == L && ln2_.size() == L && gate_up_.size() == L &&
                     down_.size() == L, "DecodeLayers: one entry per layer in every list");
+    TORCH_CHECK(L > 0 && nh_ > 0 && nkv_ > 0 && nh_ % nkv_ == 0 && d_ > 0 && d_ % 2 == 0,
+                "DecodeLayers: at least one layer, heads a multiple of KV heads, even head dim");
+    hidden_ = ln1_[0].numel();
+    // NOTE: the plain loops read the norm weights and the qkv product's rows by these sizes.
+    for (size_t i = 0; i < L; ++i)
+      TORCH_CHECK(is_norm_weight(ln1_[i]) && is_norm_weight(ln2_[i]) &&
+                      qkv_[i].dim() == 2 && qkv_[i].size(0) == (nh_ + 2 * nkv_) * d_ &&
+                      qkv_[i].size(1) == hidden_,
+                  "DecodeLayers: layer ", i, " needs fp32 contiguous norm weights [hidden] and "
+                  "a qkv weight [(H + 2 H_kv) D, hidden]");
   }
 
   // h: [B, 1, hidden]; cos, sin: [B, 1, 1, D] (CompactLlama.rope); buffer: [L, 2, R, H_kv, cap,
@@ -251,6 +261,8 @@ class DecodeLayers {
     TORCH_CHECK(h.dim() == 3 && h.size(1) == 1 && h.scalar_type() == at::kFloat,
                 "DecodeLayers.run: h must be fp32 [B, 1, hidden]");
     const int64_t b = h.size(0), hidden = h.size(2), n = rows.size(0);
+    TORCH_CHECK(hidden == hidden_, "DecodeLayers.run: h has hidden size ", hidden,
+                ", the weights ", hidden_);
     TORCH_CHECK(n == b && pos.size(0) == b, "DecodeLayers.run: one row and position per h row");
     TORCH_CHECK(buffer.dim() == 6 && buffer.size(0) == static_cast<int64_t>(ln1_.size()) &&
                     buffer.size(1) == 2 && buffer.size(3) == nkv_ && buffer.size(5) == d_ &&
@@ -265,7 +277,8 @@ class DecodeLayers {
     std::optional<torch::Tensor> flat;
     if (mask.has_value()) flat = mask->reshape({mask->size(0), -1});
     auto cs = cos.reshape({b, d_}).contiguous(), sn = sin.reshape({b, d_}).contiguous();
-    auto hs = h.reshape({b, hidden}).clone();  // the residual stream, updated in place
+    // the residual stream, updated in place; row-major, as rms_norm reads it
+    auto hs = h.reshape({b, hidden}).clone(at::MemoryFormat::Contiguous);
     auto x = torch::empty({b, hidden}, hs.options());
     auto q = torch::empty({b, nh_, d_}, hs.options());
     for (size_t i = 0; i < ln1_.size(); ++i) {
@@ -285,6 +298,11 @@ class DecodeLayers {
   }
 
  private:
+  bool is_norm_weight(const torch::Tensor& w) const {
+    return w.dim() == 1 && w.numel() == hidden_ && w.scalar_type() == at::kFloat &&
+           w.is_contiguous() && w.device().is_cpu();
+  }
+
   // y = x * rsqrt(mean(x^2) + eps) * w, row by row ([B, N] contiguous fp32).
   void rms_norm(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) const {
     const int64_t rows = x.size(0), cols = x.size(1);
@@ -341,7 +359,7 @@ class DecodeLayers {
   std::vector<torch::Tensor> o_;
   std::vector<std::optional<torch::Tensor>> o_bias_;
   std::vector<torch::Tensor> ln2_, gate_up_, down_;
-  int64_t nh_, nkv_, d_;
+  int64_t nh_, nkv_, d_, hidden_ = 0;
   double eps_, scale_;
 };
 

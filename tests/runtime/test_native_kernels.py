@@ -151,6 +151,30 @@ def test_layer_loop_refuses_a_row_or_position_outside_the_buffer() -> None:
     assert not buffer.any()
 
 
+def test_layer_loop_checks_hidden_size_and_reads_h_row_major() -> None:
+    """``DecodeLayers`` is public (``native_kernels().decode_layers``): an ``h`` or a norm weight
+    of another hidden size is a RuntimeError, not a read past the weights (a 4M-wide ``h``
+    segfaulted), and a permuted ``h`` gives the contiguous one's result (it was read as if
+    row-major)."""
+    kernels = required_native_kernels()
+    compact = CompactLlama(_model("llama", 4, 2, 8), native=kernels)
+    parts = [list(p) for p in zip(*compact.layers, strict=True)]
+    layers = kernels.decode_layers(*parts, 4, 2, 8, compact.eps, compact.scale)
+    cos, sin = compact.rope(torch.zeros(2, 1, 32), torch.tensor([[3], [5]]))
+
+    def run(h: torch.Tensor) -> torch.Tensor:
+        buffer = torch.zeros(len(compact.layers), 2, 2, 2, 16, 8)
+        return layers.run(h, cos, sin, buffer, torch.arange(2), torch.tensor([3, 5]), 6, None)
+
+    with pytest.raises(RuntimeError, match="h has hidden size 64, the weights 32"):
+        run(torch.randn(2, 1, 64))
+    h = torch.randn(32, 1, 2).transpose(0, 2)  # [2, 1, 32], strides (1, 2, 2)
+    assert torch.equal(run(h), run(h.contiguous()))
+    parts[0][1] = torch.ones(16)  # layer 1's input norm weight
+    with pytest.raises(RuntimeError, match="layer 1 needs fp32 contiguous norm weights"):
+        kernels.decode_layers(*parts, 4, 2, 8, compact.eps, compact.scale)
+
+
 def _status_in_child(**env: str) -> str:
     code = ("from runtime.kernels import native_kernels, native_status; "
             "print(native_kernels() is None, native_status().reason)")  # fmt: skip
