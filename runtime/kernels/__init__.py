@@ -30,7 +30,8 @@ loaded, by soname) and reassociation (``-fassociative-math -fno-signed-zeros
 Infinities keep their meaning (no ``-ffinite-math-only``): masked keys are ``-inf``.
 
 ``AGENTCACHE_NATIVE_KERNELS=0`` turns the kernels off (the torch path runs instead); a missing
-compiler or a failed build does the same, and ``native_status()`` says why.
+compiler or a failed build does the same, says why once on stderr (logging), and
+``native_status()`` returns the reason.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import importlib.util
 import logging
 import os
 import platform
+import shlex
 import shutil
 import sys
 import tempfile
@@ -144,9 +146,24 @@ def _ensure_ninja_on_path() -> None:
     os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
+def _require_compiler() -> None:
+    """Fail at once, naming it, when torch's builder would find no C++ compiler: it would print
+    a compiler-compatibility warning and end in a ninja error whose last line says 'not found'.
+
+    Raises:
+        FileNotFoundError: ``$CXX`` (default ``c++``, as torch's builder reads it) is not on PATH.
+    """
+    cxx = os.environ.get("CXX", "c++")
+    program = (shlex.split(cxx) or ["c++"])[0]
+    if shutil.which(program) is None:
+        raise FileNotFoundError(f"no C++ compiler: {program!r} not found on PATH (install g++, "
+                                "or set CXX)")  # fmt: skip
+
+
 def _build(name: str, target: Path) -> None:
     from torch.utils.cpp_extension import load
 
+    _require_compiler()
     _ensure_ninja_on_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     _log.warning("agentcache: building native kernels into %s (once per machine, about 35 s)",
@@ -177,7 +194,10 @@ def _load() -> tuple[ModuleType | None, str]:
     except Exception as exc:  # noqa: BLE001  (any build or load failure: the torch path runs)
         lines = [line for line in str(exc).splitlines() if line.strip()]
         tail = " | ".join(lines[-3:]) if lines else type(exc).__name__
-        return None, f"native kernel build failed ({type(exc).__name__}: {tail[:400]})"
+        # NOTE: the end: a compiler's error follows a command line of about 700 characters.
+        reason = f"native kernel build failed ({type(exc).__name__}: {tail[-400:]})"
+        _log.warning("agentcache: %s; decode runs on the torch path", reason)
+        return None, reason
 
 
 def native_kernels() -> NativeKernels | None:

@@ -203,3 +203,20 @@ def test_kernels_turned_off_or_unbuildable_leave_the_torch_path(tmp_path: Any) -
     blocker.write_text("not a directory")
     out = _status_in_child(AGENTCACHE_KERNEL_DIR=str(blocker / "kernels"))
     assert out.startswith("True native kernel build failed (") and "Error" in out
+
+
+def test_no_compiler_is_named_at_once(tmp_path: Any) -> None:
+    """Without a C++ compiler on PATH the reason names it (it was the start of a 700-character
+    compiler command line, cut before ninja's 'c++: not found'), nothing is built and torch's
+    compiler-compatibility warning is not printed; stderr says the torch path runs, and why."""
+    env = {**os.environ, "PATH": str(tmp_path), "AGENTCACHE_KERNEL_DIR": str(tmp_path / "k")}
+    env.pop("CXX", None)
+    code = "from runtime.kernels import native_status; print(native_status().reason)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300, check=True)  # fmt: skip
+    assert done.stdout.strip() == (
+        "native kernel build failed (FileNotFoundError: no C++ compiler: 'c++' not found on "
+        "PATH (install g++, or set CXX))"
+    )
+    assert "WARNING" not in done.stderr and not (tmp_path / "k").exists()
+    assert done.stderr == f"agentcache: {done.stdout.strip()}; decode runs on the torch path\n"
