@@ -63,7 +63,10 @@ __all__ = [
 ]
 
 DISABLE_ENV = "AGENTCACHE_NATIVE_KERNELS"
-"""Set to ``0`` to run the torch path instead of the native kernels."""
+"""Set to ``0`` (or ``false``, ``no``, ``off``) to run the torch path instead of the native
+kernels; ``1``, ``true``, ``yes``, ``on`` or unset: use them. Any other value runs the torch
+path and says so (a switch that is not understood is not taken as on)."""
+_OFF, _ON = ("0", "false", "no", "off"), ("", "1", "true", "yes", "on")
 KERNEL_DIR_ENV = "AGENTCACHE_KERNEL_DIR"
 """Where built kernels are cached (default ``~/.cache/agentcache/kernels``)."""
 
@@ -177,8 +180,13 @@ def _build(name: str, target: Path) -> None:
 
 @functools.cache
 def _load() -> tuple[ModuleType | None, str]:
-    if os.environ.get(DISABLE_ENV, "1").strip() == "0":
-        return None, f"{DISABLE_ENV}=0"
+    switch = os.environ.get(DISABLE_ENV, "").strip()
+    if switch.lower() in _OFF:
+        return None, f"{DISABLE_ENV}={switch}"
+    if switch.lower() not in _ON:
+        reason = f"{DISABLE_ENV}={switch!r} is not 0 or 1"
+        _log.warning("agentcache: %s; decode runs on the torch path", reason)
+        return None, reason
     try:
         import torch  # noqa: F401  (the library links against the loaded torch)
 

@@ -196,9 +196,13 @@ def test_a_damaged_cached_library_is_built_again(tmp_path: Any) -> None:
 
 
 def test_kernels_turned_off_or_unbuildable_leave_the_torch_path(tmp_path: Any) -> None:
-    """``AGENTCACHE_NATIVE_KERNELS=0`` and a kernel dir that cannot be created both give None
-    with the reason, never an exception."""
+    """``AGENTCACHE_NATIVE_KERNELS=0`` (or off, or a value it does not understand) and a kernel
+    dir that cannot be created all give None with the reason, never an exception."""
     assert _status_in_child(AGENTCACHE_NATIVE_KERNELS="0") == "True AGENTCACHE_NATIVE_KERNELS=0"
+    assert _status_in_child(AGENTCACHE_NATIVE_KERNELS="Off") == "True AGENTCACHE_NATIVE_KERNELS=Off"
+    # NOTE: a value it does not understand is not taken as on ('flase' built and loaded them).
+    out = _status_in_child(AGENTCACHE_NATIVE_KERNELS="flase")
+    assert out == "True AGENTCACHE_NATIVE_KERNELS='flase' is not 0 or 1"
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     out = _status_in_child(AGENTCACHE_KERNEL_DIR=str(blocker / "kernels"))
