@@ -21,7 +21,9 @@ source, flags, torch and Python versions and the CPU's feature flags (``-march=n
 directory shared between machines never loads a binary built for another CPU. The first build
 takes about 35 s on 2 cores; later processes load the cached library in milliseconds. A build
 goes to a private temporary directory and is renamed into place, so concurrent first builds
-never read a half-written library and a killed build leaves no lock behind.
+never read a half-written library and a killed build leaves no lock behind (its directory,
+left by SIGTERM or SIGKILL, is removed by the next build after an hour). Concurrent first
+builds each compile: both load, the last rename wins.
 
 Flags: ``-O3 -march=native -fopenmp`` (``at::parallel_for`` is header code that needs OpenMP
 to run on torch's threads; the library's ``libgomp.so.1`` resolves to the one torch already
@@ -47,6 +49,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -77,6 +80,8 @@ _CFLAGS = (
     "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
 )  # fmt: skip
 _LDFLAGS = ("-fopenmp",)
+_PREFIX = "agentcache_decode_attention_"
+_STALE_BUILD_S = 3600.0  # NOTE: a first build takes about 35-90 s on 2 cores
 
 DecodeAttention = Callable[[Any, Any, Any, Any, float], Any]
 """``(q [B, H, D], k [B, H_kv, T, D], v, mask [B, T] additive fp32 or None, scale) ->
@@ -163,12 +168,26 @@ def _require_compiler() -> None:
                                 "or set CXX)")  # fmt: skip
 
 
+def _remove_stale_builds(folder: Path) -> None:
+    """Delete build dirs left by killed builds (SIGTERM/SIGKILL skip ``TemporaryDirectory``'s
+    cleanup): those of this kernel (any key) untouched for ``_STALE_BUILD_S``, far longer than a
+    build, so another process's build in progress is never removed."""
+    cutoff = time.time() - _STALE_BUILD_S
+    for entry in folder.glob(f".{_PREFIX}*-*"):
+        try:
+            if entry.is_dir() and entry.stat().st_mtime < cutoff:
+                shutil.rmtree(entry)
+        except OSError as exc:  # NOTE: another process removed it first, or a permission
+            _log.debug("agentcache: cannot remove %s: %s", entry, exc)
+
+
 def _build(name: str, target: Path) -> None:
     from torch.utils.cpp_extension import load
 
     _require_compiler()
     _ensure_ninja_on_path()
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_builds(target.parent)
     _log.warning("agentcache: building native kernels into %s (once per machine, about 35 s)",
                  target.parent)  # fmt: skip
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
@@ -190,7 +209,7 @@ def _load() -> tuple[ModuleType | None, str]:
     try:
         import torch  # noqa: F401  (the library links against the loaded torch)
 
-        name = f"agentcache_decode_attention_{_key()}"
+        name = f"{_PREFIX}{_key()}"
         target = _kernel_dir() / f"{name}.so"
         if target.is_file():
             try:

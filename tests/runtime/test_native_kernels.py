@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -185,14 +186,29 @@ def _status_in_child(**env: str) -> str:
 
 def test_a_damaged_cached_library_is_built_again(tmp_path: Any) -> None:
     """A truncated library in the kernel dir (a damaged disk or copy) is rebuilt, not loaded and
-    not left to fail every later start."""
+    not left to fail every later start. The build dir of a build killed two hours ago goes with
+    it (a SIGTERM during a first start left one behind for good); a fresh one, maybe another
+    process's build in progress, and other files stay."""
     from runtime.kernels import _key
 
     target = tmp_path / f"agentcache_decode_attention_{_key()}.so"
     target.write_bytes(b"\x7fELF truncated")
+    stale, busy = (
+        tmp_path / ".agentcache_decode_attention_0a1b-x1",
+        tmp_path / ".agentcache_decode_attention_0a1b-x2",
+    )
+    for folder in (stale, busy):
+        folder.mkdir()
+        (folder / "build.ninja").write_text("")
+    two_hours_ago = time.time() - 7200
+    os.utime(stale, (two_hours_ago, two_hours_ago))
+    (tmp_path / "notes.txt").write_text("mine")
     out = _status_in_child(AGENTCACHE_KERNEL_DIR=str(tmp_path))
     assert out == f"False {target}"
     assert target.stat().st_size > 10_000
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [target.name, busy.name, "notes.txt"]
+    )
 
 
 def test_kernels_turned_off_or_unbuildable_leave_the_torch_path(tmp_path: Any) -> None:
