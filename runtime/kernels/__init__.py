@@ -19,7 +19,8 @@ It is built with ``torch.utils.cpp_extension`` (a C++ compiler and ninja) into a
 cache directory, ``$AGENTCACHE_KERNEL_DIR`` or ``~/.cache/agentcache/kernels``, keyed by the
 source, flags, torch and Python versions and the CPU's feature flags (``-march=native``), so a
 directory shared between machines never loads a binary built for another CPU. The first build
-takes about 35 s on 2 cores; later processes load the cached library in milliseconds. A build
+takes about 35-90 s on 2 cores (53 s on a fresh clone here, under load); later processes load
+the cached library in milliseconds. A build
 goes to a private temporary directory and is renamed into place, so concurrent first builds
 never read a half-written library and a killed build leaves no lock behind (its directory,
 left by SIGTERM or SIGKILL, is removed by the next build after an hour). Concurrent first
@@ -188,7 +189,7 @@ def _build(name: str, target: Path) -> None:
     _ensure_ninja_on_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_builds(target.parent)
-    _log.warning("agentcache: building native kernels into %s (once per machine, about 35 s)",
+    _log.warning("agentcache: building native kernels into %s (once per machine, about 35-90 s)",
                  target.parent)  # fmt: skip
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
         load(name=name, sources=[str(_SOURCE)], extra_cflags=list(_CFLAGS),
@@ -230,7 +231,7 @@ def _load() -> tuple[ModuleType | None, str]:
 def native_kernels() -> NativeKernels | None:
     """The native kernels, or None where they cannot run.
 
-    Builds them on first use in this machine's kernel cache (about 35 s once; see the module
+    Builds them on first use in this machine's kernel cache (about 35-90 s once; see the module
     docstring); never raises: a failure leaves the torch path and ``native_status()`` says why.
     """
     module, _ = _load()

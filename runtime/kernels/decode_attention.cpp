@@ -152,7 +152,9 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
                                std::optional<torch::Tensor> mask, double scale) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
                   v.scalar_type() == at::kFloat, "decode_attention: fp32 tensors only");
-  TORCH_CHECK(!q.is_cuda() && !k.is_cuda() && !v.is_cuda(), "decode_attention: CPU tensors only");
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() &&
+                  (!mask.has_value() || mask->device().is_cpu()),
+              "decode_attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4,
               "decode_attention: q [B, H, D], k and v [B, H_kv, T, D]");
   q = q.contiguous();
@@ -258,6 +260,9 @@ class DecodeLayers {
                     torch::Tensor rows, torch::Tensor pos, int64_t kv_len,
                     std::optional<torch::Tensor> mask) const {
     using torch::indexing::Slice;
+    for (const auto* t : {&h, &cos, &sin, &buffer, &rows, &pos})
+      TORCH_CHECK(t->device().is_cpu(), "DecodeLayers.run: CPU tensors only");
+    TORCH_CHECK(!mask.has_value() || mask->device().is_cpu(), "DecodeLayers.run: CPU tensors only");
     TORCH_CHECK(h.dim() == 3 && h.size(1) == 1 && h.scalar_type() == at::kFloat,
                 "DecodeLayers.run: h must be fp32 [B, 1, hidden]");
     const int64_t b = h.size(0), hidden = h.size(2), n = rows.size(0);

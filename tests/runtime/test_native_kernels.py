@@ -79,6 +79,20 @@ def test_decode_attention_fully_masked_row_is_zeros_and_bad_input_raises() -> No
         kernels.decode_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, None, 0.25)
 
 
+def test_tensors_off_the_cpu_are_refused_before_any_read() -> None:
+    """A tensor on another device (a CUDA one would be read from host memory and crash the
+    process; the meta device stands in for it here) is refused by name, in both kernels."""
+    kernels = required_native_kernels()
+    q, k, v = torch.randn(1, 2, 8), torch.randn(1, 1, 5, 8), torch.randn(1, 1, 5, 8)
+    with pytest.raises(RuntimeError, match="CPU tensors only"):
+        kernels.decode_attention(q, k, v, torch.zeros(1, 5, device="meta"), 0.3)
+    compact = CompactLlama(_model("llama", 4, 2, 8), native=kernels)
+    buffer = torch.zeros(len(compact.layers), 2, 1, 2, 16, 8)
+    slots = StepSlots(buffer, torch.tensor([0], device="meta"), torch.tensor([3]), 4)
+    with pytest.raises(RuntimeError, match="CPU tensors only"):
+        compact.forward(torch.tensor([[3]]), torch.tensor([[3]]), None, None, slots=slots)  # type: ignore[arg-type]
+
+
 def _model(arch: str, heads: int, kv_heads: int, head_dim: int) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
