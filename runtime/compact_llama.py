@@ -222,7 +222,9 @@ class CompactLlama:
         if k.stride(-1) != 1 or v.stride(-1) != 1:
             return False
         return mask is None or (
-            mask.dtype == torch.float32 and mask.numel() == k.shape[0] * k.shape[2]
+            mask.dtype == torch.float32
+            and mask.shape[0] == k.shape[0]
+            and mask.numel() == k.shape[0] * k.shape[2]
         )
 
     def rope(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

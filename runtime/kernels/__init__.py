@@ -212,6 +212,8 @@ def _load() -> tuple[ModuleType | None, str]:
 
         name = f"{_PREFIX}{_key()}"
         target = _kernel_dir() / f"{name}.so"
+        if target.exists() and not target.is_file():  # NOTE: a build could never replace it
+            return None, f"native kernels: {target} exists and is not a file"
         if target.is_file():
             try:
                 return _import(name, target), str(target)

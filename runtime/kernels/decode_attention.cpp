@@ -167,8 +167,9 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   const float* mp = nullptr;
   if (mask.has_value()) {
     m = mask->contiguous();
-    TORCH_CHECK(m.scalar_type() == at::kFloat && m.numel() == B * T,
-                "decode_attention: mask must be additive fp32 with B * T elements");
+    TORCH_CHECK(m.scalar_type() == at::kFloat && m.dim() == 2 && m.size(0) == B &&
+                    m.size(1) == T,
+                "decode_attention: mask must be additive fp32 [B, T]");
     mp = m.data_ptr<float>();
   }
   const int64_t G = H / Hkv, S = (T + kBlock - 1) / kBlock;

@@ -73,8 +73,9 @@ def test_decode_attention_fully_masked_row_is_zeros_and_bad_input_raises() -> No
         kernels.decode_attention(q.double(), k, v, None, 0.25)
     with pytest.raises(RuntimeError, match="multiple of H_kv"):
         kernels.decode_attention(torch.randn(2, 3, 16), k, v, None, 0.25)
-    with pytest.raises(RuntimeError, match="B \\* T"):
-        kernels.decode_attention(q, k, v, torch.zeros(2, 299), 0.25)
+    for bad in (torch.zeros(2, 299), torch.zeros(300, 2)):  # NOTE: [T, B] has B * T elements
+        with pytest.raises(RuntimeError, match="additive fp32 \\[B, T\\]"):
+            kernels.decode_attention(q, k, v, bad, 0.25)
     with pytest.raises(RuntimeError, match="last dim"):
         kernels.decode_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, None, 0.25)
 
@@ -223,6 +224,17 @@ def test_a_damaged_cached_library_is_built_again(tmp_path: Any) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [target.name, busy.name, "notes.txt"]
     )
+
+
+def test_a_directory_where_the_library_goes_fails_fast(tmp_path: Any) -> None:
+    """A directory at the library's path could never be replaced by a build: the loader says so
+    at once instead of compiling for a minute and failing on every start."""
+    from runtime.kernels import _key
+
+    (tmp_path / f"agentcache_decode_attention_{_key()}.so").mkdir()
+    out = _status_in_child(AGENTCACHE_KERNEL_DIR=str(tmp_path))
+    assert out.startswith("True native kernels: ") and out.endswith("exists and is not a file")
+    assert [p.name for p in tmp_path.iterdir()] == [f"agentcache_decode_attention_{_key()}.so"]
 
 
 def test_kernels_turned_off_or_unbuildable_leave_the_torch_path(tmp_path: Any) -> None:
