@@ -195,7 +195,7 @@ def _status_in_child(**env: str) -> str:
     code = ("from runtime.kernels import native_kernels, native_status; "
             "print(native_kernels() is None, native_status().reason)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=300, check=True)  # fmt: skip
+                          env={**os.environ, **env}, timeout=900, check=True)  # fmt: skip
     return done.stdout.strip()
 
 
