@@ -166,7 +166,7 @@ class CompactLlama:
         fits = self.embed.dtype == torch.float32 and self.embed.device.type == "cpu"
         self.native = native if fits else None
         """The C++ kernels this forward uses (None: the torch path); see ``attend`` and
-        ``decode_step``."""
+        ``forward``'s ``slots``."""
         self._layers_native = None if self.native is None else self.native.decode_layers(
             *(list(parts) for parts in zip(*self.layers, strict=True)),
             self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale,

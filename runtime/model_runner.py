@@ -163,7 +163,10 @@ class ModelRunner:
         why = compact_blocker(model) if forward != "transformers" else "forward='transformers'"
         if forward == "compact" and why is not None:
             raise ValueError(f"forward='compact' is not available for this model: {why}")
-        self.compact = CompactLlama(model, native=native_kernels()) if why is None else None
+        # NOTE: the kernels are fp32 on the CPU: other models never build them (35-90 s once).
+        is_fp32_cpu = self.dtype == torch.float32 and self.device.type == "cpu"
+        native = native_kernels() if why is None and is_fp32_cpu else None
+        self.compact = CompactLlama(model, native=native) if why is None else None
         self.path: Literal["compact", "transformers"] = (
             "compact" if self.compact else "transformers"
         )

@@ -96,7 +96,7 @@ class NativeKernels(NamedTuple):
     decode_attention: DecodeAttention
     decode_layers: Any
     """The ``DecodeLayers`` class: built from one model's compact weights, ``run`` is the
-    layer loop of one decode step (``CompactLlama.decode_step``)."""
+    layer loop of one decode step (``CompactLlama.forward`` with ``slots``)."""
 
 
 class NativeStatus(NamedTuple):
