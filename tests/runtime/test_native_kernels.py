@@ -1,6 +1,6 @@
 """The C++ kernels of the compact forward (``runtime.kernels``): the decode attention against a
 float64 reference over every shape class it has code for, the C++ layer loop against the Python
-one bit for bit, and the loader's fallbacks."""
+one (within float32 rounding), and the loader's fallbacks."""
 
 from __future__ import annotations
 
