@@ -7,8 +7,8 @@ row's own position and reads all rows at once. It knows nothing about tokens, th
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Collection, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from transformers.cache_utils import Cache
@@ -17,6 +17,28 @@ from runtime.compact_llama import StepSlots
 from runtime.kv_cache import OwnedLayer, RequestKVCache
 
 __all__ = ["BatchKV"]
+
+
+class _CachedPrefix(NamedTuple):
+    """A row's leading positions ``[0, length)`` as copied from prefix-cache pool blocks."""
+
+    blocks: tuple[int, ...]
+    block_size: int
+    length: int
+
+    def common(self, other: _CachedPrefix) -> int:
+        """Positions both rows copied from the same blocks (0 when none)."""
+        if self.block_size != other.block_size:
+            return 0
+        same = 0
+        for mine, theirs in zip(self.blocks, other.blocks, strict=False):
+            if mine != theirs:
+                break
+            same += 1
+        return min(same * self.block_size, self.length, other.length)
+
+
+_NO_PREFIX = _CachedPrefix((), 0, 0)
 
 
 class _StepLayer(OwnedLayer):  # type: ignore[no-untyped-call]
@@ -79,6 +101,10 @@ class BatchKV:
         )
         self.rows: list[RequestKVCache] = []
         self._reserved: list[int] = []
+        self._prefixes: list[_CachedPrefix] = []
+        """Per row: the prefix-cache blocks its leading positions were copied from."""
+        self._sharing: tuple[torch.Tensor, torch.Tensor] | None = None
+        """``share_plan``'s ``(src, shared)`` for the rows now (None: not computed yet)."""
         self.num_grows = 0
         self.num_shrinks = 0
         """Times ``release_idle`` handed a burst's buffer back."""
@@ -123,7 +149,47 @@ class BatchKV:
         )
         self.rows.append(kv)
         self._reserved.append(total_len)
+        self._prefixes.append(_NO_PREFIX)
+        self._sharing = None
         return kv
+
+    def share_prefix(self, kv: RequestKVCache, blocks: Sequence[int], block_size: int,
+                     length: int) -> None:  # fmt: skip
+        """Record that ``kv``'s positions ``[0, length)`` were copied from the prefix cache's
+        pool blocks ``blocks`` (in order, ``block_size`` positions each) and stay as copied.
+
+        Rows that copied the same leading blocks hold the same bytes there for as long as both
+        live (their requests pin the blocks: nothing evicts or rewrites them), so a decode step
+        reads those positions once for all of them (``step_slots``; the native kernel), with a
+        bit-identical result. The caller must not record positions it will overwrite (the
+        prompt's last position, which prefill recomputes).
+        """
+        index = next(i for i, row in enumerate(self.rows) if row is kv)
+        usable = min(length, len(blocks) * block_size)
+        self._prefixes[index] = _CachedPrefix(tuple(blocks), block_size, usable)
+        self._sharing = None
+
+    def share_plan(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(src, shared)``, ``[num_rows]`` int64 each: row ``i``'s positions
+        ``[0, shared[i])`` hold the same bytes as row ``src[i]``'s (``share_prefix``).
+
+        Each row points at the earliest row with which it shares the most positions (itself
+        and 0 when none), so rows sharing one system prompt all point at the first of them.
+        O(rows^2 x blocks) Python, recomputed only when rows come or go.
+        """
+        if self._sharing is None:
+            src, shared = [], []
+            for i, mine in enumerate(self._prefixes):
+                best, best_len = i, 0
+                for j in range(i):
+                    n = mine.common(self._prefixes[j])
+                    if n > best_len:
+                        best, best_len = j, n
+                src.append(best)
+                shared.append(best_len)
+            self._sharing = (torch.tensor(src, dtype=torch.long),
+                             torch.tensor(shared, dtype=torch.long))  # fmt: skip
+        return self._sharing
 
     def remove_row(self, index: int) -> None:
         """Free row ``index``; the last row moves into it (same swap as the caller's list).
@@ -143,11 +209,14 @@ class BatchKV:
             self.buffer[:, :, index, :, :live_len].copy_(self.buffer[:, :, last, :, :live_len])
             moved.buffer = self.buffer[:, :, index]
             self.rows[index], self._reserved[index] = moved, self._reserved[last]
+            self._prefixes[index] = self._prefixes[last]
             self.buffer[:, :, last, :, live_len : live_len + 1].zero_()  # its scratch position
         if dead_len > live_len:
             self.buffer[:, :, index, :, live_len:dead_len].zero_()
         self.rows.pop()
         self._reserved.pop()
+        self._prefixes.pop()
+        self._sharing = None
 
     def release_idle(self) -> bool:
         """Hand a burst's buffer back once no row is live (the scheduler calls this after it
@@ -192,7 +261,12 @@ class BatchKV:
 
     def step_slots(self) -> StepSlots:
         """Where ``write_step`` writes this step (for the C++ layer loop; see ``StepSlots``)."""
-        return StepSlots(self.buffer, self._step_rows, self._step_pos, self.step_kv_len)
+        src, shared = self.share_plan()
+        if not bool(shared.any()):
+            return StepSlots(self.buffer, self._step_rows, self._step_pos, self.step_kv_len)
+        return StepSlots(
+            self.buffer, self._step_rows, self._step_pos, self.step_kv_len, src, shared
+        )
 
     def write_step(
         self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor
@@ -214,6 +288,11 @@ class BatchKV:
         assert len(self.rows) == len(self._reserved) <= self.buffer.shape[2], "row table"
         for kv, reserved in zip(self.rows, self._reserved, strict=True):
             assert kv.length <= reserved <= self.buffer.shape[4], "row past its reservation"
+        assert len(self._prefixes) == len(self.rows), "prefix table"
+        src, shared = self.share_plan()
+        for i, (j, n) in enumerate(zip(src.tolist(), shared.tolist(), strict=True)):
+            mine, theirs = self.buffer[:, :, i, :, :n], self.buffer[:, :, j, :, :n]
+            assert n <= self.rows[i].length and torch.equal(mine, theirs), "shared prefix drifted"
 
     def _grow_row(self, total_len: int) -> None:
         raise AssertionError(f"row grew to {total_len} positions past its admission reservation")

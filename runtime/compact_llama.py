@@ -52,6 +52,12 @@ class StepSlots(NamedTuple):
     pos: torch.Tensor
     """``[B]`` int64."""
     kv_len: int
+    src: torch.Tensor | None = None
+    """``[B]`` int64 with ``shared``: row ``j``'s keys ``[0, shared[j])`` are byte for byte row
+    ``src[j]``'s (a prefix both copied from the same pinned cache blocks), so the native kernel
+    reads them once for all such rows; None: every row reads its own."""
+    shared: torch.Tensor | None = None
+    """``[B]`` int64 shared lengths (positions), see ``src``."""
 
 
 _FAMILY = frozenset({"llama", "qwen2", "mistral"})
@@ -298,8 +304,9 @@ class CompactLlama:
             mask = _decode_mask(mask)
         if slots is not None and ids.shape[1] == 1 and self._layers_native is not None:
             h = self._layers_native.run(
-                h, cos, sin, slots.buffer, slots.rows, slots.pos, slots.kv_len, mask
-            )
+                h, cos, sin, slots.buffer, slots.rows, slots.pos, slots.kv_len, mask,
+                slots.src, slots.shared,
+            )  # fmt: skip
             return self.logits(h)
         for i in range(len(self.layers)):
             qs, ks, vs = self.qkv(i, h, cos, sin)

@@ -444,6 +444,11 @@ class Scheduler:
             return False
         # NOTE: under chunk reuse a hit may end inside a span (kept: ChunkReuse.spans_from)
         req.cached_len, req.node = hit.cached_len, hit.node
+        if hit.cached_len:
+            # NOTE: positions [0, cached_len) are never rewritten (prefill starts there), so
+            # rows that copied the same blocks may read them once per decode step.
+            bs = self.prefix_cache.pool.block_size
+            self.batch.share_prefix(kv, hit.block_ids, bs, hit.cached_len)
         return True
 
     def _add_row(self, req: Request) -> RequestKVCache:

@@ -62,6 +62,9 @@ class PrefixHit(NamedTuple):
 
     cached_len: int
     node: TreeNode | None
+    block_ids: tuple[int, ...] = ()
+    """The pool blocks copied into the buffer, in order (they cover at least ``cached_len``
+    positions; pinned with ``node``, so their bytes do not change until it is released)."""
 
 
 class PrefixCache:
@@ -120,7 +123,7 @@ class PrefixCache:
         kv.length = cached_len
         self.hit_tokens += cached_len
         self.disk_hit_tokens += cached_len - from_memory
-        return PrefixHit(cached_len, found.node)
+        return PrefixHit(cached_len, found.node, tuple(found.block_ids))
 
     def peek(self, namespace: Namespace, tokens: list[int], *, use_cache: bool) -> int:
         """Prompt positions ``match`` would serve now (read-only: no LRU bump, no split).

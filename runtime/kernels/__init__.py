@@ -84,10 +84,13 @@ _LDFLAGS = ("-fopenmp",)
 _PREFIX = "agentcache_decode_attention_"
 _STALE_BUILD_S = 3600.0  # NOTE: a first build takes about 35-90 s on 2 cores
 
-DecodeAttention = Callable[[Any, Any, Any, Any, float], Any]
-"""``(q [B, H, D], k [B, H_kv, T, D], v, mask [B, T] additive fp32 or None, scale) ->
-[B, H, D]``, all fp32 CPU tensors (K/V with a contiguous last dim, any other strides). A row
-whose every key is masked gets zeros."""
+DecodeAttention = Callable[..., Any]
+"""``(q [B, H, D], k [B, H_kv, T, D], v, mask [B, T] additive fp32 or None, scale, src=None,
+shared=None) -> [B, H, D]``, all fp32 CPU tensors (K/V with a contiguous last dim, any other
+strides). A row whose every key is masked gets zeros. ``src`` / ``shared`` (``[B]`` int64,
+together): row ``b``'s keys ``[0, shared[b])`` are byte for byte row ``src[b]``'s, so whole
+blocks of them are read from there, once for every row sharing them (bit-identical output;
+see ``BatchKV.share_prefix``)."""
 
 
 class NativeKernels(NamedTuple):

@@ -148,8 +148,18 @@ void run_block(const Item& it, float* __restrict scores) {
 
 // q: [B, H, D]; k, v: [B, H_kv, T, D] (any strides, last dim contiguous); mask: additive
 // [B, T] or None. Returns [B, H, D]. A row whose every key is masked gets zeros.
+//
+// Shared prefix (src, shared: [B] int64, both or neither): row b's keys [0, shared[b]) hold the
+// same bytes as row src[b]'s (the caller guarantees it: both were copied from the same pinned
+// prefix-cache blocks). A block of keys that lies wholly inside [0, shared[b]) is then read
+// from row src[b], and the work items run block by block across rows, so the rows sharing a
+// prefix read each block from memory once and from cache after that. Every item computes the
+// same numbers from the same bytes in the same order as without sharing: the result is
+// bit-identical; only the memory traffic drops (about B-fold on the shared part).
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                               std::optional<torch::Tensor> mask, double scale) {
+                               std::optional<torch::Tensor> mask, double scale,
+                               std::optional<torch::Tensor> src,
+                               std::optional<torch::Tensor> shared) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
                   v.scalar_type() == at::kFloat, "decode_attention: fp32 tensors only");
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() &&
@@ -172,6 +182,23 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
                 "decode_attention: mask must be additive fp32 [B, T]");
     mp = m.data_ptr<float>();
   }
+  TORCH_CHECK(src.has_value() == shared.has_value(),
+              "decode_attention: pass src and shared together");
+  torch::Tensor src64, shared64;
+  const int64_t *srcp = nullptr, *sharedp = nullptr;
+  if (src.has_value()) {
+    TORCH_CHECK(src->device().is_cpu() && shared->device().is_cpu(),
+                "decode_attention: CPU tensors only");
+    TORCH_CHECK(src->dim() == 1 && src->size(0) == B && shared->dim() == 1 &&
+                    shared->size(0) == B, "decode_attention: src and shared must be [B]");
+    src64 = src->to(at::kLong).contiguous();
+    shared64 = shared->to(at::kLong).contiguous();
+    srcp = src64.data_ptr<int64_t>();
+    sharedp = shared64.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK(srcp[b] >= 0 && srcp[b] < B && sharedp[b] >= 0 && sharedp[b] <= T,
+                  "decode_attention: src must name a row and shared lie within [0, T]");
+  }
   const int64_t G = H / Hkv, S = (T + kBlock - 1) / kBlock;
   auto out = torch::zeros({B, H, D}, q.options());
   if (S == 0 || B == 0) return out;
@@ -186,11 +213,19 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   const float sc = static_cast<float>(scale);
   at::parallel_for(0, B * Hkv * S, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(G * kBlock);
-    for (int64_t idx = begin; idx < end; ++idx) {
-      const int64_t s = idx % S, h = (idx / S) % Hkv, b = idx / (S * Hkv);
-      const int64_t t0 = s * kBlock;
-      const Item it{qp + (b * H + h * G) * D, kp + b * ks0 + h * ks1 + t0 * ks2,
-                    vp + b * vs0 + h * vs1 + t0 * vs2, mp ? mp + b * T + t0 : nullptr,
+    for (int64_t j = begin; j < end; ++j) {
+      // NOTE: with a shared prefix the items run (KV head, block, row): rows sharing a block
+      // follow one another; without, (row, KV head, block), each row's keys streamed in order.
+      int64_t s, h, b;
+      if (srcp != nullptr) {
+        b = j % B, s = (j / B) % S, h = j / (B * S);
+      } else {
+        s = j % S, h = (j / S) % Hkv, b = j / (S * Hkv);
+      }
+      const int64_t idx = (b * Hkv + h) * S + s, t0 = s * kBlock;
+      const int64_t kv_row = srcp != nullptr && t0 + kBlock <= sharedp[b] ? srcp[b] : b;
+      const Item it{qp + (b * H + h * G) * D, kp + kv_row * ks0 + h * ks1 + t0 * ks2,
+                    vp + kv_row * vs0 + h * vs1 + t0 * vs2, mp ? mp + b * T + t0 : nullptr,
                     ks2, vs2, std::min(kBlock, T - t0), G, D, sc,
                     pm + idx * G, pl + idx * G, pa + idx * G * D};
       if (D == 64) run_block<64>(it, scores.data());
@@ -256,10 +291,13 @@ class DecodeLayers {
 
   // h: [B, 1, hidden]; cos, sin: [B, 1, 1, D] (CompactLlama.rope); buffer: [L, 2, R, H_kv, cap,
   // D]; rows, pos: [B] int64 (row i writes at pos[i]); kv_len: keys read; mask: additive
-  // [B, 1, 1, kv_len] or None. Returns the hidden states after the last layer, [B, 1, hidden].
+  // [B, 1, 1, kv_len] or None; src, shared: a shared prefix, as decode_attention reads it (row
+  // j of the step is rows[j]; src names step rows). Returns the hidden states after the last
+  // layer, [B, 1, hidden].
   torch::Tensor run(torch::Tensor h, torch::Tensor cos, torch::Tensor sin, torch::Tensor buffer,
                     torch::Tensor rows, torch::Tensor pos, int64_t kv_len,
-                    std::optional<torch::Tensor> mask) const {
+                    std::optional<torch::Tensor> mask, std::optional<torch::Tensor> src,
+                    std::optional<torch::Tensor> shared) const {
     using torch::indexing::Slice;
     for (const auto* t : {&h, &cos, &sin, &buffer, &rows, &pos})
       TORCH_CHECK(t->device().is_cpu(), "DecodeLayers.run: CPU tensors only");
@@ -294,7 +332,7 @@ class DecodeLayers {
       auto layer = buffer.select(0, i);
       auto keys = layer.select(0, 0).index({Slice(0, n), Slice(), Slice(0, kv_len)});
       auto values = layer.select(0, 1).index({Slice(0, n), Slice(), Slice(0, kv_len)});
-      auto attn = decode_attention(q, keys, values, flat, scale_);  // [B, H, D]
+      auto attn = decode_attention(q, keys, values, flat, scale_, src, shared);  // [B, H, D]
       hs.add_(at::linear(attn.view({b, nh_ * d_}), o_[i], o_bias_[i]));
       rms_norm(hs, ln2_[i], x);
       auto parts = at::linear(x, gate_up_[i]).chunk(2, -1);
@@ -374,6 +412,9 @@ class DecodeLayers {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("decode_attention", &decode_attention,
              "one-query attention over grouped KV heads, fp32 (see the source's header)",
+             pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("mask"),
+             pybind11::arg("scale"), pybind11::arg("src") = pybind11::none(),
+             pybind11::arg("shared") = pybind11::none(),
              pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<DecodeLayers>(module, "DecodeLayers")
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>,
@@ -382,5 +423,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
                           std::vector<torch::Tensor>, std::vector<torch::Tensor>, int64_t,
                           int64_t, int64_t, double, double>())
       .def("run", &DecodeLayers::run, "the layer loop of one decode step (see the source)",
+           pybind11::arg("h"), pybind11::arg("cos"), pybind11::arg("sin"),
+           pybind11::arg("buffer"), pybind11::arg("rows"), pybind11::arg("pos"),
+           pybind11::arg("kv_len"), pybind11::arg("mask"),
+           pybind11::arg("src") = pybind11::none(), pybind11::arg("shared") = pybind11::none(),
            pybind11::call_guard<pybind11::gil_scoped_release>());
 }

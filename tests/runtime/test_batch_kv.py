@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
 import torch
 
 from runtime.batch_kv import BatchKV
@@ -68,3 +69,37 @@ def test_a_burst_buffer_is_freed_without_the_cyclic_gc() -> None:
         assert buffer() is None
     finally:
         gc.enable()
+
+
+def test_share_plan_points_rows_at_the_earliest_row_with_the_longest_common_blocks() -> None:
+    """Rows that copied the same leading pool blocks share those positions (capped by what each
+    recorded); a row that moves on ``remove_row`` takes its record along."""
+    batch = make_batch()
+    rows = [batch.add_row(64) for _ in range(5)]
+    for kv, blocks, length in (
+        (rows[0], (4, 5, 6), 40),  # 3 blocks of 16, 40 positions trusted
+        (rows[1], (4, 5, 6, 7), 60),
+        (rows[2], (4, 5, 9), 47),
+        (rows[4], (4, 5, 6, 7), 63),
+    ):
+        kv.length = length
+        batch.share_prefix(kv, blocks, 16, length)
+    src, shared = batch.share_plan()
+    # row 3 recorded nothing; row 4 shares four blocks with row 1 (more than with row 0)
+    assert src.tolist() == [0, 0, 0, 3, 1] and shared.tolist() == [0, 40, 32, 0, 60]
+    batch.remove_row(1)  # row 4 moves into slot 1
+    src, shared = batch.share_plan()
+    assert src.tolist() == [0, 0, 0, 3] and shared.tolist() == [0, 40, 32, 0]
+
+
+def test_integrity_check_compares_the_shared_bytes() -> None:
+    batch = make_batch()
+    a, b = batch.add_row(32), batch.add_row(32)
+    for kv in (a, b):
+        kv.length = 20
+        batch.share_prefix(kv, (1, 2), 8, 16)
+    batch.buffer[:, :, 1, :, :16] = batch.buffer[:, :, 0, :, :16] = 1.5
+    batch.check_integrity()
+    batch.buffer[1, 0, 1, 0, 15, 3] = 2.0  # one value of row 1's shared keys drifts
+    with pytest.raises(AssertionError, match="shared prefix drifted"):
+        batch.check_integrity()

@@ -80,6 +80,51 @@ def test_decode_attention_fully_masked_row_is_zeros_and_bad_input_raises() -> No
         kernels.decode_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, None, 0.25)
 
 
+def test_shared_prefix_is_read_from_the_source_row_and_bit_identical() -> None:
+    """Rows whose keys ``[0, shared)`` copy row 0's: declaring it gives the same bits as not
+    (the same numbers from the same bytes). Declared over rows that differ, the whole blocks
+    inside the shared range are really read from the source row, and nothing else is."""
+    kernels = required_native_kernels()
+    torch.manual_seed(7)
+    rows, kv_heads, group, d, length, shared = 4, 2, 3, 64, 700, 600
+    buffer = torch.randn(2, rows, kv_heads, length + 5, d)
+    buffer[:, 1:3, :, :shared] = buffer[:, :1, :, :shared]  # rows 1, 2 copied row 0's prefix
+    k, v = buffer[0, :, :, :length], buffer[1, :, :, :length]
+    q = torch.randn(rows, kv_heads * group, d)
+    mask = torch.zeros(rows, length)
+    mask[2, 650:] = NEG_INF  # a shorter row
+    src, share = torch.tensor([0, 0, 0, 3]), torch.tensor([0, shared, shared, 0])
+    for m in (None, mask):
+        plain = kernels.decode_attention(q, k, v, m, 0.125)
+        assert torch.equal(kernels.decode_attention(q, k, v, m, 0.125, src, share), plain)
+    # row 3 differs from row 0 everywhere: declared as sharing 600 positions, its keys
+    # [0, 512) (two whole blocks of 256) come from row 0 and [512, 700) from its own row
+    lied = torch.tensor([0, shared, shared, shared])
+    got = kernels.decode_attention(q, k, v, None, 0.125, torch.zeros(rows, dtype=torch.long), lied)
+    mixed = buffer.clone()
+    mixed[:, 3, :, :512] = buffer[:, 0, :, :512]
+    want = kernels.decode_attention(q, mixed[0, :, :, :length], mixed[1, :, :, :length], None,
+                                    0.125)  # fmt: skip
+    plain = kernels.decode_attention(q, k, v, None, 0.125)
+    assert torch.equal(got, want) and not torch.equal(got[3], plain[3])
+    assert torch.equal(got[:3], plain[:3])
+
+
+def test_shared_prefix_arguments_are_checked() -> None:
+    kernels = required_native_kernels()
+    q, k, v = torch.randn(2, 4, 16), torch.randn(2, 2, 300, 16), torch.randn(2, 2, 300, 16)
+    ok_src, ok_shared = torch.tensor([0, 0]), torch.tensor([0, 256])
+    with pytest.raises(RuntimeError, match="together"):
+        kernels.decode_attention(q, k, v, None, 0.25, ok_src, None)
+    bad = [(torch.tensor([0, 2]), ok_shared), (torch.tensor([0, -1]), ok_shared),
+           (ok_src, torch.tensor([0, 301])), (ok_src, torch.tensor([-1, 0]))]  # fmt: skip
+    for src, shared in bad:
+        with pytest.raises(RuntimeError, match="name a row"):
+            kernels.decode_attention(q, k, v, None, 0.25, src, shared)
+    with pytest.raises(RuntimeError, match=r"must be \[B\]"):
+        kernels.decode_attention(q, k, v, None, 0.25, torch.tensor([0]), torch.tensor([0]))
+
+
 def test_tensors_off_the_cpu_are_refused_before_any_read() -> None:
     """A tensor on another device (a CUDA one would be read from host memory and crash the
     process; the meta device stands in for it here) is refused by name, in both kernels."""

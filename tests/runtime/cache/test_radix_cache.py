@@ -187,7 +187,7 @@ def test_disabled_cache_is_a_force_miss() -> None:
     pc = PrefixCache(make_pool(4), is_enabled=False, disabled_reason="off")
     tokens = list(range(8))
     hit = pc.match(NS, tokens, make_kv([]), use_cache=True)
-    assert hit == (0, None) and pc.insert(NS, tokens, make_kv(tokens), None) is None
+    assert hit == (0, None, ()) and pc.insert(NS, tokens, make_kv(tokens), None) is None
     assert pc.queried_tokens == 8 and pc.hit_tokens == 0
     check(pc)
 
