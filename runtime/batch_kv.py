@@ -153,6 +153,15 @@ class BatchKV:
         self._sharing = None
         return kv
 
+    def reserve(self, num_rows: int, total_len: int) -> None:
+        """Make room for ``num_rows`` rows in all (live ones included) of up to ``total_len``
+        positions in one reallocation, when that fits the budget (else nothing: rows are then
+        added as the budget allows, ``can_fit``)."""
+        need_cap = max([total_len, *self._reserved])
+        fits = num_rows * need_cap * self.position_bytes <= self.budget_bytes
+        if num_rows > self.num_rows and fits:
+            self._ensure(num_rows, need_cap)
+
     def share_prefix(self, kv: RequestKVCache, blocks: Sequence[int], block_size: int,
                      length: int) -> None:  # fmt: skip
         """Record that ``kv``'s positions ``[0, length)`` were copied from the prefix cache's
@@ -304,7 +313,12 @@ class BatchKV:
             return
         grow_rows = max(num_rows, max_rows, 2 * max_rows if num_rows > max_rows else 0)
         grow_cap = max(capacity, cap, 2 * cap if capacity > cap else 0)
-        for rows, length in ((grow_rows, grow_cap), (num_rows, grow_cap), (num_rows, capacity)):
+        # NOTE: when doubling both does not fit the budget, doubling the rows alone comes
+        # next: a burst of 16 long prompts grew row by row before (13 reallocations, each a
+        # zeroed copy of every live row: 3.1 s of a 4.9 s first step on W1 at 1,300 tokens).
+        for rows, length in (
+            (grow_rows, grow_cap), (grow_rows, capacity), (num_rows, grow_cap), (num_rows, capacity)
+        ):  # fmt: skip
             if rows * length * self.position_bytes <= self.budget_bytes:
                 break
         l_, two, _, h, _, d = self.buffer.shape

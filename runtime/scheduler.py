@@ -10,6 +10,7 @@ It drives the prefix cache and the batch KV; it knows nothing about HTTP or chat
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -283,6 +284,7 @@ class Scheduler:
     def _admit(self) -> None:
         """Prefill up to this iteration's budget: the request mid-prefill first, then new ones,
         several requests' chunks packed in one forward where the runner can."""
+        self._reserve_rows()
         chunk = self.config.prefill_chunk_tokens
         is_decoding = any(not _is_prefilling(r) for r in self.running)
         budget = chunk if is_decoding else self.config.max_prefill_tokens
@@ -294,6 +296,23 @@ class Scheduler:
                 budget -= self._prefill(*jobs[0])
             else:
                 budget -= self._prefill_packed(jobs)
+
+    def _reserve_rows(self) -> None:
+        """Grow the batch buffer once for the queued burst (the rows it will take, in queue
+        order, up to ``max_batch_size``) instead of once per doubling as rows are added.
+
+        NOTE: each growth is a zeroed allocation plus a copy of every live row; on W1 a burst
+        of 16 prompts of 1,300 tokens spent 0.7-0.9 s of its first step growing 1, 2, 4, 8, 16.
+        """
+        with self._cv:
+            queued = list(itertools.islice(self.waiting, self.max_batch_size))
+        rows, capacity = len(self.running), 0
+        for req in queued:
+            if rows + 1 + len(req.forks) > self.max_batch_size:
+                break
+            rows, capacity = rows + 1 + len(req.forks), max(capacity, req.max_total_len)
+        if capacity:
+            self.batch.reserve(rows, capacity)
 
     def _gather(self, limit: int) -> list[tuple[Request, int]]:
         """The next prefill jobs ``(request, max tokens)``: at most ``limit`` tokens in all and

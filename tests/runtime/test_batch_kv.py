@@ -103,3 +103,18 @@ def test_integrity_check_compares_the_shared_bytes() -> None:
     batch.buffer[1, 0, 1, 0, 15, 3] = 2.0  # one value of row 1's shared keys drifts
     with pytest.raises(AssertionError, match="shared prefix drifted"):
         batch.check_integrity()
+
+
+def test_reserve_grows_once_for_a_burst_within_the_budget() -> None:
+    batch = make_batch()  # 2 layers x 2 (K/V) x 2 heads x 4 dims x 4 bytes = 128 bytes a position
+    batch.add_row(10)
+    grows = batch.num_grows
+    batch.reserve(6, 40)
+    assert batch.num_grows == grows + 1 and batch.buffer.shape[2] >= 6
+    assert batch.buffer.shape[4] >= 40
+    for _ in range(5):
+        batch.add_row(40)
+    assert batch.num_grows == grows + 1  # the five rows took the reserved room
+    batch.reserve(100, 100)  # 100 x 100 x 128 bytes > the 1 MiB budget: nothing happens
+    assert batch.num_grows == grows + 1
+    batch.check_integrity()

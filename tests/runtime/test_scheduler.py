@@ -350,3 +350,22 @@ def test_engine_that_never_ran_closes_at_once(model_path: Path) -> None:
     engine = make_engine(model_path)
     engine.close()
     assert engine.scheduler._thread is None
+
+
+def test_a_queued_burst_grows_the_batch_once(model_path: Path) -> None:
+    """Eight queued requests are admitted into one reallocation of the batch KV, not one per
+    doubling of its rows (each a zeroed copy of every live row)."""
+    engine = make_engine(model_path, idle_release_s=3600.0)
+    batch = engine.scheduler.batch
+    engine.scheduler.pause()
+    params = SamplingParams(max_tokens=9, ignore_eos=True)
+    reqs = [engine.make_request([i + 3, 3], params) for i in range(8)]
+    engine.scheduler.submit_all(reqs)
+    grows = batch.num_grows
+    for _ in range(4):  # NOTE: packed prefill admits up to max_prefill_batch a step
+        engine.scheduler.step()
+    assert batch.num_rows == 8 and batch.num_grows == grows + 1
+    engine.scheduler.resume()
+    for req in reqs:
+        completion_of(req)
+    engine.close()
