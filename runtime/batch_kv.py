@@ -178,6 +178,15 @@ class BatchKV:
         self._prefixes[index] = _CachedPrefix(tuple(blocks), block_size, usable)
         self._sharing = None
 
+    def common_prefix(self, rows: Sequence[RequestKVCache]) -> int:
+        """Leading positions that all of ``rows`` copied from the same prefix-cache blocks
+        (``share_prefix``): the same bytes in each row; 0 for fewer than two rows."""
+        if len(rows) < 2:
+            return 0
+        index = {id(kv): i for i, kv in enumerate(self.rows)}
+        first = self._prefixes[index[id(rows[0])]]
+        return min(first.common(self._prefixes[index[id(kv)]]) for kv in rows[1:])
+
     def share_plan(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(src, shared)``, ``[num_rows]`` int64 each: row ``i``'s positions
         ``[0, shared[i])`` hold the same bytes as row ``src[i]``'s (``share_prefix``).

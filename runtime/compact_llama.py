@@ -316,7 +316,12 @@ class CompactLlama:
 
     @torch.no_grad()
     def forward_packed(
-        self, ids: torch.Tensor, positions: torch.Tensor, segments: Sequence[Segment]
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        segments: Sequence[Segment],
+        *,
+        shared_len: int = 0,
     ) -> torch.Tensor:
         """Several sequences' new tokens packed in one row: one set of projections for all.
 
@@ -329,6 +334,12 @@ class CompactLlama:
             positions: ``[1, N]`` their absolute positions in their own sequences (RoPE).
             segments: In order, lengths summing to ``N``; each with its own KV write and
                 ``[1, 1, length, kv_len]`` mask (None for one token).
+            shared_len: Every segment's keys and values ``[0, shared_len)`` hold the same
+                bytes and precede all its tokens (a prefix the rows copied from the same cache
+                blocks). With ``CASCADE_MIN_SHARED`` or more and two segments or more, all
+                ``N`` queries attend to that prefix in one product and each segment to the
+                rest of its own keys, merged by log-sum-exp (cascade attention: the same
+                softmax, summed in another order, so equal within float32 rounding).
 
         Returns:
             ``[len(segments), vocab]`` logits of each segment's last token.
@@ -336,17 +347,81 @@ class CompactLlama:
         assert sum(s.length for s in segments) == ids.shape[1], "segments must cover ids"
         h = F.embedding(ids, self.embed)  # [1, N, hidden]
         cos, sin = self.rope(h, positions)
+        cascade = shared_len >= CASCADE_MIN_SHARED and len(segments) > 1 and _HAS_LSE_ATTENTION
         for i in range(len(self.layers)):
             qs, ks, vs = self.qkv(i, h, cos, sin)
-            outs, start = [], 0
+            parts, start = [], 0
             for seg in segments:
                 part = slice(start, start + seg.length)
                 keys, values = seg.write_kv(i, ks[:, :, part], vs[:, :, part])
-                outs.append(self.attend(qs[:, :, part], keys, values, seg.mask))
+                parts.append((part, keys, values, seg.mask))
                 start += seg.length
-            h = self.finish(i, h, torch.cat(outs, dim=2))  # attention [1, H, N, D]
+            if cascade and qs.dtype == torch.float32 and qs.device.type == "cpu":
+                attn = self._attend_cascade(qs, parts, shared_len)
+            else:
+                attn = torch.cat([self.attend(qs[:, :, p], k, v, m) for p, k, v, m in parts], 2)
+            h = self.finish(i, h, attn)  # attention [1, H, N, D]
         ends = list(itertools.accumulate(s.length for s in segments))
         return self.logits(h[:, [end - 1 for end in ends]])[0]  # [G, vocab]
+
+    def _attend_cascade(
+        self,
+        qs: torch.Tensor,
+        parts: list[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor | None]],
+        shared_len: int,
+    ) -> torch.Tensor:
+        """``forward_packed``'s attention with a shared prefix: ``[1, H, N, D]`` queries, each
+        part ``(its query slice, its keys and values [1, H_kv, kv_len, D], its mask)``.
+
+        The ``G = H / H_kv`` query heads of a KV head are folded into the query length, so each
+        product is one plain attention per KV head (K/V never expanded).
+        """
+        _, nh, n, d = qs.shape
+        nkv = parts[0][1].shape[1]
+        g = nh // nkv
+        folded = qs.reshape(1, nkv, g * n, d)  # rows (g, token)
+        k0, v0 = parts[0][1][:, :, :shared_len], parts[0][2][:, :, :shared_len]
+        out, lse = _lse_attention(folded, k0, v0, None, self.scale)
+        out, lse = out.view(1, nkv, g, n, d), lse.view(1, nkv, g, n)
+        merged = torch.empty_like(out)
+        for part, keys, values, mask in parts:
+            m = part.stop - part.start
+            q_own = qs[:, :, part].reshape(1, nkv, g * m, d)
+            own_mask = None
+            if mask is not None:  # [1, 1, m, kv_len] bool -> additive [1, 1, g * m, rest]
+                rest = mask[0, 0, :, shared_len:].repeat(g, 1)
+                own_mask = torch.zeros(rest.shape).masked_fill_(~rest, float("-inf"))
+                own_mask = own_mask.view(1, 1, g * m, -1)
+            o2, l2 = _lse_attention(
+                q_own, keys[:, :, shared_len:], values[:, :, shared_len:], own_mask, self.scale
+            )
+            o1, l1 = out[:, :, :, part], lse[:, :, :, part]
+            l2 = l2.view(1, nkv, g, m)
+            top = torch.maximum(l1, l2)
+            w1, w2 = torch.exp(l1 - top), torch.exp(l2 - top)
+            total = w1 + w2
+            w1, w2 = (w1 / total).unsqueeze(-1), (w2 / total).unsqueeze(-1)
+            merged[:, :, :, part] = o1 * w1 + o2.view(1, nkv, g, m, d) * w2
+        return merged.view(1, nh, n, d)
+
+
+CASCADE_MIN_SHARED = 128
+"""Shared positions from which ``forward_packed`` attends to the prefix once for all segments.
+NOTE: measured on W1 (16 segments of 35 tokens over 1,250 shared, 30 layers, 2 threads): 441
+against 625 ms for the per-segment SDPA."""
+
+_HAS_LSE_ATTENTION = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _lse_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention ``[B, H, L, D]`` and its log-sum-exp ``[B, H, L]`` (torch's CPU flash kernel,
+    what SDPA itself calls on CPU; ``mask`` additive float or None)."""
+    # NOTE: the overload itself: the packet resolves its schema from the arguments per call.
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    out, lse = op(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+    return out, lse
 
 
 def _decode_mask(allowed: torch.Tensor) -> torch.Tensor | None:

@@ -237,12 +237,17 @@ class ModelRunner:
         return out
 
     @torch.no_grad()
-    def forward_packed(self, chunks: Sequence[tuple[list[int], RequestKVCache]]) -> torch.Tensor:
+    def forward_packed(
+        self, chunks: Sequence[tuple[list[int], RequestKVCache]], *, shared_len: int = 0
+    ) -> torch.Tensor:
         """Prefill several requests' chunks in one forward; commit each one's KV.
 
         Chunk ``i``'s tokens run at positions ``[kv_i.length, kv_i.length + n_i)`` of its own
         KV and attend only to it, as ``forward`` would run it alone (same math; the larger
         matrix products may round differently in the last bits).
+
+        ``shared_len``: every chunk's KV holds the same bytes at positions ``[0, shared_len)``
+        (``BatchKV.common_prefix``): attended once for all of them (``CompactLlama``'s cascade).
 
         Returns:
             ``[len(chunks), vocab]`` float logits of each chunk's last position.
@@ -263,7 +268,7 @@ class ModelRunner:
             segments.append(Segment(n, kv.write, prefill_mask(start, n, self.device)))
         ids_t = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, N]
         pos_t = torch.cat(positions).to(self.device).unsqueeze(0)  # [1, N]
-        logits = self.compact.forward_packed(ids_t, pos_t, segments)
+        logits = self.compact.forward_packed(ids_t, pos_t, segments, shared_len=shared_len)
         for token_ids, kv in chunks:
             kv.advance(len(token_ids))
         return logits

@@ -409,7 +409,8 @@ class Scheduler:
             assert req.kv is not None, "a packed job was admitted"
             chunks.append((req.prompt_ids[req.kv.length : req.kv.length + max_tokens], req.kv))
         try:
-            logits = self.runner.forward_packed(chunks)
+            shared = self.batch.common_prefix([kv for _, kv in chunks])
+            logits = self.runner.forward_packed(chunks, shared_len=shared)
         except Exception:  # noqa: BLE001 - retried one by one: the failing request fails alone
             return sum(self._prefill(req, max_tokens) for req, max_tokens in jobs)
         for (req, _), row in zip(jobs, logits, strict=True):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -78,10 +79,10 @@ def spy_packed(engine: Engine, hook: Callable[[Chunks], None] = lambda c: None) 
     sizes: list[int] = []
     packed = engine.runner.forward_packed
 
-    def spy(chunks: Chunks) -> torch.Tensor:
+    def spy(chunks: Chunks, **kwargs: Any) -> torch.Tensor:
         sizes.append(len(chunks))
         hook(chunks)
-        return packed(chunks)
+        return packed(chunks, **kwargs)
 
     engine.runner.forward_packed = spy  # type: ignore[method-assign]
     return sizes

@@ -1,7 +1,7 @@
-"""Rows that copied the same prefix-cache blocks read them once per decode step (the native
-kernel's shared prefix, ``BatchKV.share_prefix``): the same bits as every row reading its own
-copy, on Llama and Qwen2 (QKV biases), with the batch's integrity check comparing the shared
-bytes after every step."""
+"""Rows that copied the same prefix-cache blocks (``BatchKV.share_prefix``) are read once for
+all of them: by the native decode kernel (the same bits as every row reading its own copy) and
+by the packed prefill's cascade attention (equal within float32 rounding), on Llama and Qwen2
+(QKV biases), with the batch's integrity check comparing the shared bytes after every step."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from runtime import compact_llama
 from runtime.batch_kv import BatchKV
 from runtime.engine import Engine
 from runtime.sampling import SamplingParams
 from tests.conftest import EOS_ID, VOCAB_SIZE, make_tokenizer
 from tests.runtime.test_compact_forward import required_native_kernels
+from tests.runtime.test_engine_exactness import TOL
 
 PREFIX = [(7 * i + 5) % (VOCAB_SIZE - 3) + 3 for i in range(600)]
 TAILS = [[9, 10, 11], [12] * 7, [13, 14], [15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]]
@@ -46,20 +48,26 @@ def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return eng
 
 
-def run_batch(engine: Engine) -> tuple[list[list[int]], list[list[torch.Tensor]], int]:
-    """The four prompts admitted in one step and decoded together, stepped by hand.
+def run_batch(engine: Engine) -> tuple[list[list[int]], list[list[torch.Tensor]], int, int]:
+    """The four prompts admitted in one step (one packed prefill) and decoded together,
+    stepped by hand.
 
     Returns:
-        Each request's tokens and logits rows, and the longest shared prefix a step declared.
+        Each request's tokens and logits rows, the longest shared prefix a decode step
+        declared and the shared length the packed prefill was given.
     """
-    batch, shared_seen = engine.scheduler.batch, [0]
-    slots = batch.step_slots
+    batch, shared_seen, packed_shared = engine.scheduler.batch, [0], [-1]
+    slots, packed = batch.step_slots, engine.runner.forward_packed
 
     def spy() -> Any:
         got = slots()
         if got.shared is not None:
             shared_seen[0] = max(shared_seen[0], int(got.shared.max()))
         return got
+
+    def packed_spy(chunks: Any, *, shared_len: int = 0) -> torch.Tensor:
+        packed_shared[0] = shared_len
+        return packed(chunks, shared_len=shared_len)
 
     reqs = [
         engine.make_request(PREFIX + tail, SamplingParams(max_tokens=9, ignore_eos=True),
@@ -68,28 +76,60 @@ def run_batch(engine: Engine) -> tuple[list[list[int]], list[list[torch.Tensor]]
     ]  # fmt: skip
     engine.scheduler.pause()
     batch.step_slots = spy  # type: ignore[method-assign]
+    engine.runner.forward_packed = packed_spy  # type: ignore[method-assign]
     try:
         for req in reqs:
             engine.scheduler.submit(req)
         while any(r.status.value in ("waiting", "running") for r in reqs):
             engine.scheduler.step()
     finally:
-        del batch.step_slots
+        del batch.step_slots, engine.runner.forward_packed
         engine.scheduler.resume()
     assert all(r.logits_log is not None for r in reqs)
-    return [r.output_ids for r in reqs], [list(r.logits_log or []) for r in reqs], shared_seen[0]
+    logits = [list(r.logits_log or []) for r in reqs]
+    return [r.output_ids for r in reqs], logits, shared_seen[0], packed_shared[0]
+
+
+def no_decode_sharing(batch: BatchKV) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.arange(batch.num_rows), torch.zeros(batch.num_rows, dtype=torch.long)
 
 
 def test_shared_prefix_decode_is_bit_identical(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tokens, logits, shared = run_batch(engine)
+    tokens, logits, shared, packed = run_batch(engine)
     # 600 cached positions in blocks of 16: 592 copied, two whole kernel blocks of 256 shared
-    assert shared == 592, shared
+    assert shared == 592 and packed == 592, (shared, packed)
     with monkeypatch.context() as m:
-        m.setattr(BatchKV, "share_prefix", lambda *args, **kwargs: None)
-        plain_tokens, plain_logits, plain_shared = run_batch(engine)
+        m.setattr(BatchKV, "share_plan", no_decode_sharing)
+        plain_tokens, plain_logits, plain_shared, _ = run_batch(engine)
     assert plain_shared == 0
     assert tokens == plain_tokens and all(len(t) == 9 for t in tokens)
     for mine, theirs in zip(logits, plain_logits, strict=True):
         assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
+
+
+def test_cascade_prefill_matches_per_segment_attention(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The packed prefill over the 592 shared positions, attended once (cascade) or per
+    segment: every step's logits within the suite's tolerance, the same greedy tokens."""
+    calls = []
+    cascade = compact_llama.CompactLlama._attend_cascade
+
+    def spy(self: Any, *args: Any) -> torch.Tensor:
+        calls.append(args[-1])
+        return cascade(self, *args)
+
+    with monkeypatch.context() as m:
+        m.setattr(compact_llama.CompactLlama, "_attend_cascade", spy)
+        tokens, logits, _, packed = run_batch(engine)
+    assert packed >= compact_llama.CASCADE_MIN_SHARED and calls == [packed] * 2  # two layers
+    with monkeypatch.context() as m:
+        m.setattr(compact_llama, "CASCADE_MIN_SHARED", 10**9)
+        plain_tokens, plain_logits, _, _ = run_batch(engine)
+    assert tokens == plain_tokens
+    for mine, theirs in zip(logits, plain_logits, strict=True):
+        assert len(mine) == len(theirs) == 9
+        for a, b in zip(mine, theirs, strict=True):
+            assert (a - b).abs().max().item() <= TOL
