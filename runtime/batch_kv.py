@@ -178,6 +178,13 @@ class BatchKV:
         self._prefixes[index] = _CachedPrefix(tuple(blocks), block_size, usable)
         self._sharing = None
 
+    def share_like(self, kv: RequestKVCache, source: RequestKVCache) -> None:
+        """Record for ``kv`` what ``share_prefix`` recorded for ``source``, after ``source``'s
+        positions were copied into ``kv`` (the choices of one prompt, ``n > 1``)."""
+        index = {id(row): i for i, row in enumerate(self.rows)}
+        self._prefixes[index[id(kv)]] = self._prefixes[index[id(source)]]
+        self._sharing = None
+
     def common_prefix(self, rows: Sequence[RequestKVCache]) -> int:
         """Leading positions that all of ``rows`` copied from the same prefix-cache blocks
         (``share_prefix``): the same bytes in each row; 0 for fewer than two rows."""

@@ -429,6 +429,10 @@ class Scheduler:
         group = running_group(req)
         try:
             copy_prompt(req, group[1:], self.prefix_cache)
+            for fork in group[1:]:
+                # NOTE: a fork's prompt is the head's, copied: so is the head's cached prefix
+                assert fork.kv is not None, "fork admitted without a row"
+                self.batch.share_like(fork.kv, req.kv)
             # NOTE: one logits row seen by every choice (the sampler edits its own copy).
             tokens = self._sample(group, logits.unsqueeze(0).expand(len(group), -1))
         except Exception as exc:  # noqa: BLE001 - the request fails, the loop keeps serving

@@ -133,3 +133,42 @@ def test_cascade_prefill_matches_per_segment_attention(
         assert len(mine) == len(theirs) == 9
         for a, b in zip(mine, theirs, strict=True):
             assert (a - b).abs().max().item() <= TOL
+
+
+def test_the_choices_of_one_prompt_share_its_cached_prefix(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``n = 3`` greedy choices: the forks copied the head's prompt, so its cached prefix too;
+    their decode reads it from the head's row, with the same bits."""
+
+    def run() -> tuple[list[list[int]], list[list[torch.Tensor]], list[list[int]]]:
+        plans: list[list[int]] = []
+        batch, slots = engine.scheduler.batch, engine.scheduler.batch.step_slots
+
+        def spy() -> Any:
+            got = slots()
+            plans.append([] if got.shared is None else got.shared.tolist())
+            return got
+
+        req = engine.make_request(PREFIX + [30, 31], SamplingParams(max_tokens=5, ignore_eos=True),
+                                  record_logits=True, n=3)  # fmt: skip
+        engine.scheduler.pause()
+        batch.step_slots = spy  # type: ignore[method-assign]
+        try:
+            engine.scheduler.submit(req)
+            while any(m.status.value in ("waiting", "running") for m in (req, *req.forks)):
+                engine.scheduler.step()
+        finally:
+            del batch.step_slots
+            engine.scheduler.resume()
+        members = [req, *req.forks]
+        return [m.output_ids for m in members], [list(m.logits_log or []) for m in members], plans
+
+    tokens, logits, plans = run()
+    assert [0, 592, 592] in plans, plans
+    with monkeypatch.context() as m:
+        m.setattr(BatchKV, "share_plan", no_decode_sharing)
+        plain_tokens, plain_logits, _ = run()
+    assert tokens == plain_tokens and all(len(t) == 5 for t in tokens)
+    for mine, theirs in zip(logits, plain_logits, strict=True):
+        assert len(mine) == 5 and all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
