@@ -289,6 +289,9 @@ class BatchKV:
         src, shared = self.share_plan()
         if not bool(shared.any()):
             return StepSlots(self.buffer, self._step_rows, self._step_pos, self.step_kv_len)
+        # NOTE: a step reads keys [0, step_kv_len) only; an idle row (mid-prefill) may have
+        # shared positions past it, which the kernel would refuse, failing the whole batch.
+        shared = shared.clamp(max=self.step_kv_len)
         return StepSlots(
             self.buffer, self._step_rows, self._step_pos, self.step_kv_len, src, shared
         )

@@ -118,3 +118,18 @@ def test_reserve_grows_once_for_a_burst_within_the_budget() -> None:
     batch.reserve(100, 100)  # 100 x 100 x 128 bytes > the 1 MiB budget: nothing happens
     assert batch.num_grows == grows + 1
     batch.check_integrity()
+
+
+def test_a_step_never_declares_shared_keys_past_what_it_reads() -> None:
+    """Two rows sharing 40 positions, a step reading 10 keys (its decoding rows are short; an
+    idle row mid-prefill may be longer): the plan is clamped to the keys read, which the
+    kernel requires (a larger value would fail every row of the step)."""
+    batch = make_batch()
+    a, b = batch.add_row(64), batch.add_row(64)
+    for kv in (a, b):
+        kv.length = 40
+        batch.share_prefix(kv, (1, 2, 3), 16, 40)
+    batch.begin_step(torch.tensor([40, 40]), kv_len=10)
+    slots = batch.step_slots()
+    assert slots.src is not None and slots.shared is not None
+    assert slots.src.tolist() == [0, 0] and slots.shared.tolist() == [0, 10]
