@@ -198,20 +198,28 @@ class BatchKV:
         """``(src, shared)``, ``[num_rows]`` int64 each: row ``i``'s positions
         ``[0, shared[i])`` hold the same bytes as row ``src[i]``'s (``share_prefix``).
 
-        Each row points at the earliest row with which it shares the most positions (itself
-        and 0 when none), so rows sharing one system prompt all point at the first of them.
-        O(rows^2 x blocks) Python, recomputed only when rows come or go.
+        Each row points at the earliest row with which it shares the longest run of leading
+        blocks (itself and 0 when none), so rows sharing one system prompt all point at the
+        first of them. A trie over block ids: O(rows x blocks) dict steps, recomputed only when
+        rows come or go (NOTE: comparing every pair took 7.4 ms for 64 rows of 81 blocks, about
+        a whole 64-row decode step of the bundled tiny model).
         """
         if self._sharing is None:
             src, shared = [], []
+            tries: dict[int, dict[int, tuple[int, dict[Any, Any]]]] = {}
             for i, mine in enumerate(self._prefixes):
-                best, best_len = i, 0
-                for j in range(i):
-                    n = mine.common(self._prefixes[j])
-                    if n > best_len:
-                        best, best_len = j, n
-                src.append(best)
-                shared.append(best_len)
+                kids = tries.setdefault(mine.block_size, {})
+                best, depth = i, 0
+                for d, block in enumerate(mine.blocks):
+                    node = kids.get(block)
+                    if node is None:
+                        node = kids[block] = (i, {})
+                    else:
+                        best, depth = node[0], d + 1
+                    kids = node[1]
+                n = min(depth * mine.block_size, mine.length, self._prefixes[best].length)
+                src.append(best if n else i)
+                shared.append(n)
             self._sharing = (torch.tensor(src, dtype=torch.long),
                              torch.tensor(shared, dtype=torch.long))  # fmt: skip
         return self._sharing
