@@ -348,6 +348,7 @@ class CompactLlama:
         h = F.embedding(ids, self.embed)  # [1, N, hidden]
         cos, sin = self.rope(h, positions)
         cascade = shared_len >= CASCADE_MIN_SHARED and len(segments) > 1 and _HAS_LSE_ATTENTION
+        own_masks = self._cascade_masks(segments, shared_len) if cascade else []
         for i in range(len(self.layers)):
             qs, ks, vs = self.qkv(i, h, cos, sin)
             parts, start = [], 0
@@ -357,21 +358,40 @@ class CompactLlama:
                 parts.append((part, keys, values, seg.mask))
                 start += seg.length
             if cascade and qs.dtype == torch.float32 and qs.device.type == "cpu":
-                attn = self._attend_cascade(qs, parts, shared_len)
+                attn = self._attend_cascade(qs, parts, shared_len, own_masks)
             else:
                 attn = torch.cat([self.attend(qs[:, :, p], k, v, m) for p, k, v, m in parts], 2)
             h = self.finish(i, h, attn)  # attention [1, H, N, D]
         ends = list(itertools.accumulate(s.length for s in segments))
         return self.logits(h[:, [end - 1 for end in ends]])[0]  # [G, vocab]
 
+    def _cascade_masks(
+        self, segments: Sequence[Segment], shared_len: int
+    ) -> list[torch.Tensor | None]:
+        """Each segment's additive mask over its keys past ``shared_len``, rows folded as
+        ``_attend_cascade`` folds queries: ``[1, 1, G * length, kv_len - shared_len]`` (None for
+        one token). Built once per forward; every layer uses them."""
+        g = self.num_heads // self.num_kv_heads
+        masks: list[torch.Tensor | None] = []
+        for seg in segments:
+            if seg.mask is None:
+                masks.append(None)
+                continue
+            rest = seg.mask[0, 0, :, shared_len:].repeat(g, 1)  # bool, True = attend
+            own = torch.zeros(rest.shape, device=rest.device).masked_fill_(~rest, float("-inf"))
+            masks.append(own.view(1, 1, g * seg.length, -1))
+        return masks
+
     def _attend_cascade(
         self,
         qs: torch.Tensor,
         parts: list[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor | None]],
         shared_len: int,
+        own_masks: list[torch.Tensor | None],
     ) -> torch.Tensor:
         """``forward_packed``'s attention with a shared prefix: ``[1, H, N, D]`` queries, each
-        part ``(its query slice, its keys and values [1, H_kv, kv_len, D], its mask)``.
+        part ``(its query slice, its keys and values [1, H_kv, kv_len, D], its mask)`` and its
+        folded mask past the prefix (``_cascade_masks``).
 
         The ``G = H / H_kv`` query heads of a KV head are folded into the query length, so each
         product is one plain attention per KV head (K/V never expanded).
@@ -384,13 +404,8 @@ class CompactLlama:
         out, lse = _lse_attention(folded, k0, v0, None, self.scale)
         out, lse = out.view(1, nkv, g, n, d), lse.view(1, nkv, g, n)
         own_out, own_lse = torch.empty_like(out), torch.empty_like(lse)
-        for part, keys, values, mask in parts:
+        for (part, keys, values, _), own_mask in zip(parts, own_masks, strict=True):
             m = part.stop - part.start
-            own_mask = None
-            if mask is not None:  # [1, 1, m, kv_len] bool -> additive [1, 1, g * m, rest]
-                rest = mask[0, 0, :, shared_len:].repeat(g, 1)
-                own_mask = torch.zeros(rest.shape).masked_fill_(~rest, float("-inf"))
-                own_mask = own_mask.view(1, 1, g * m, -1)
             o2, l2 = _lse_attention(
                 qs[:, :, part].reshape(1, nkv, g * m, d),
                 keys[:, :, shared_len:], values[:, :, shared_len:], own_mask, self.scale,

@@ -118,7 +118,7 @@ def test_cascade_prefill_matches_per_segment_attention(
     cascade = compact_llama.CompactLlama._attend_cascade
 
     def spy(self: Any, *args: Any) -> torch.Tensor:
-        calls.append(args[-1])
+        calls.append(args[2])  # shared_len
         return cascade(self, *args)
 
     with monkeypatch.context() as m:
