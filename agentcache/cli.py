@@ -151,6 +151,14 @@ def _add_serve(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
         "~1.2-1.5x (W1, 2 threads); answers match float32 only within 16-bit rounding",
     )
     p.add_argument(
+        "--weights",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="float32 models only: bfloat16 rounds the linear weights to bfloat16 while "
+        "activations, KV cache and arithmetic stay float32; decode steps then read half the "
+        "weight bytes (compact forward, native kernels) (default: float32, the reference)",
+    )
+    p.add_argument(
         "--kv-disk-dir",
         default=None,
         help="disk tier below the KV pool: evicted blocks spill here and survive restarts "

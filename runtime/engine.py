@@ -19,7 +19,7 @@ from runtime.cache.disk_tier import DiskTier
 from runtime.chunk_reuse import ChunkAssembler, ChunkReuse
 from runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
 from runtime.kv_stores import KVStores
-from runtime.model_runner import ForwardPath, ModelRunner, load_model
+from runtime.model_runner import ForwardPath, ModelRunner, WeightsDtype, load_model
 from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.request import Request
 from runtime.request_builder import Prompt, RequestBuilder
@@ -70,6 +70,7 @@ class Engine:
         kv_disk_dir: str | os.PathLike[str] | None = None,
         kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
         chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
+        weights: WeightsDtype = "float32",
     ) -> None:
         """Wrap an already loaded model; prefer ``from_pretrained``.
 
@@ -77,10 +78,13 @@ class Engine:
         transposed views of input-major storage (``runtime.compact_llama``; one copy of each
         weight). Its HF forward still gives the same logits, but ``model.save_pretrained``
         needs ``state_dict={k: v.contiguous() for k, v in model.state_dict().items()}``.
+        ``weights="bfloat16"`` rounds the model's linear weights in place (see
+        ``from_pretrained``).
 
         Raises:
             ValueError: for a non-positive block_size, negative kv_cache_bytes or kv_disk_bytes,
-                or ``forward="compact"`` on a model outside the compact family.
+                ``forward="compact"`` on a model outside the compact family, or
+                ``weights="bfloat16"`` on a model that is not float32.
             ModelLoadError: when the model exposes no usable per-layer KV cache.
             OSError: ``kv_disk_dir`` cannot be created or read.
         """
@@ -90,7 +94,7 @@ class Engine:
                 f">= 0, got {block_size!r}, {kv_cache_bytes!r}, {kv_disk_bytes!r}, "
                 f"{chunk_cache_bytes!r}"
             )
-        self.runner = ModelRunner(model, forward=forward)
+        self.runner = ModelRunner(model, forward=forward, weights=weights)
         logger.info("forward path for %r: %s (%s)", model_id, self.runner.path,
                     self.runner.path_reason or "supported")  # fmt: skip
         self.request_builder = RequestBuilder(
@@ -145,6 +149,7 @@ class Engine:
         kv_disk_dir: str | os.PathLike[str] | None = None,
         kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
         chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
+        weights: WeightsDtype = "float32",
     ) -> Engine:
         """Load a model and its tokenizer (local path, bundled name, or hub id).
 
@@ -166,6 +171,13 @@ class Engine:
             kv_disk_bytes: byte budget of ``kv_disk_dir`` (block files, headers included).
             chunk_cache_bytes: byte budget of the chunk store (document chunks' KV, used only
                 by requests with ``chunk_reuse``).
+            weights: ``"float32"`` (the reference) or ``"bfloat16"``: a float32 model's linear
+                weights (LM head included) rounded to bfloat16 while activations, the KV cache
+                and arithmetic stay float32. On the compact forward with the native kernels,
+                decode steps then read packed bf16 copies, half the weight bytes (the fp32
+                weights are kept for prefill: 1.5x the weight memory). Answers equal float32 on
+                the rounded weights within float32 rounding; against the unrounded model they
+                differ by the rounding (see the README's figures).
 
         Raises:
             ModelLoadError: the model or tokenizer cannot be loaded.
@@ -185,6 +197,7 @@ class Engine:
             kv_disk_dir=kv_disk_dir,
             kv_disk_bytes=kv_disk_bytes,
             chunk_cache_bytes=chunk_cache_bytes,
+            weights=weights,
         )
 
     @property

@@ -29,15 +29,23 @@ __all__ = [
     "ForwardPath",
     "KVShape",
     "ModelRunner",
+    "WeightsDtype",
     "is_local_path",
     "load_model",
     "reuse_blocker",
+    "round_weights_bf16",
     "weights_fingerprint",
 ]
 
 ForwardPath: TypeAlias = Literal["auto", "compact", "transformers"]
 """``compact``: ``runtime.compact_llama`` (Llama family); ``transformers``: the model's own
 forward (every architecture, the reference); ``auto``: compact where supported."""
+
+WeightsDtype: TypeAlias = Literal["float32", "bfloat16"]
+"""How a float32 model holds its weights: ``float32`` as loaded (the reference), or
+``bfloat16``: every linear layer's weight (the LM head and a tied embedding included) rounded to
+bfloat16, nearest even, while activations, the KV cache and all arithmetic stay float32 (see
+``round_weights_bf16``)."""
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +67,35 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"unknown dtype {name!r}; valid: {sorted(_DTYPES)}")
     return _DTYPES[name]
+
+
+def round_weights_bf16(model: Any) -> int:
+    """Round, in place, the weight of every ``torch.nn.Linear`` in ``model`` (the LM head and a
+    tied input embedding included) to the nearest bfloat16 value (ties to even), kept as fp32.
+
+    Every forward of the model then computes with the same rounded weights, so the compact
+    forward's packed bf16 copies (``CompactLlama(bf16_weights=True)``) and its fp32 products
+    agree within float32 rounding, and the transformers forward stays their reference.
+    Norm weights, biases and an untied embedding keep full precision (a few KB, or a lookup).
+
+    Returns:
+        The number of weights rounded (elements).
+
+    Raises:
+        ValueError: a linear weight that is not float32.
+    """
+    count = 0
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if not isinstance(module, torch.nn.Linear):
+                continue
+            weight = module.weight
+            if weight.dtype != torch.float32:
+                raise ValueError(f"weights='bfloat16' needs float32 weights; {name} is "
+                                 f"{weight.dtype}")  # fmt: skip
+            weight.copy_(weight.to(torch.bfloat16))
+            count += weight.numel()
+    return count
 
 
 def _bundled() -> tuple[Any, tuple[str, ...]]:
@@ -145,15 +182,35 @@ def reuse_blocker(config: Any) -> str | None:
 class ModelRunner:
     """Forward passes of one model: prefill on one request's KV row, decode on all rows."""
 
-    def __init__(self, model: Any, *, forward: ForwardPath = "auto") -> None:
+    def __init__(
+        self, model: Any, *, forward: ForwardPath = "auto", weights: WeightsDtype = "float32"
+    ) -> None:
         """Wrap a loaded model.
 
+        Args:
+            model: A loaded transformers causal LM (eval mode).
+            forward: Which forward runs it (see ``ForwardPath``).
+            weights: ``"bfloat16"`` rounds a float32 model's linear weights in place
+                (``round_weights_bf16``); on the compact forward with the native kernels, decode
+                steps then read packed bf16 copies (half the weight bytes). Elsewhere it only
+                rounds (the same answers, no speed-up).
+
         Raises:
-            ValueError: ``forward="compact"`` on a model ``compact_blocker`` refuses.
+            ValueError: ``forward="compact"`` on a model ``compact_blocker`` refuses, an unknown
+                ``weights``, or ``weights="bfloat16"`` on a model that is not float32.
         """
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        if weights not in ("float32", "bfloat16"):
+            raise ValueError(f"unknown weights {weights!r}; valid: ['bfloat16', 'float32']")
+        if weights == "bfloat16":
+            if self.dtype != torch.float32:
+                raise ValueError(f"weights='bfloat16' needs a float32 model (dtype='float32'), "
+                                 f"not {self.dtype}")  # fmt: skip
+            round_weights_bf16(model)
+        self.weights: WeightsDtype = weights
+        """How the weights are held (``WeightsDtype``)."""
         self.kv_shape = self._probe()
         plan, no_batch = mask_plan(model)
         self.mask_plan: MaskPlan | None = plan
@@ -166,7 +223,11 @@ class ModelRunner:
         # NOTE: the kernels are fp32 on the CPU: other models never build them (35-90 s once).
         is_fp32_cpu = self.dtype == torch.float32 and self.device.type == "cpu"
         native = native_kernels() if why is None and is_fp32_cpu else None
-        self.compact = CompactLlama(model, native=native) if why is None else None
+        self.compact = (
+            CompactLlama(model, native=native, bf16_weights=weights == "bfloat16")
+            if why is None
+            else None
+        )
         self.path: Literal["compact", "transformers"] = (
             "compact" if self.compact else "transformers"
         )

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from runtime.bench._argtypes import positive_int
 from runtime.engine import Engine
-from runtime.model_runner import ForwardPath
+from runtime.model_runner import ForwardPath, WeightsDtype, round_weights_bf16
 from runtime.sampling import SamplingParams
 
 __all__ = [
@@ -42,7 +42,8 @@ class NullTokenizer:
 
 
 def w1_model(args: argparse.Namespace) -> Any:
-    """SmolLM2-135M-shaped Llama (W1) with random weights; ``--layers`` scales it down."""
+    """SmolLM2-135M-shaped Llama (W1) with random weights; ``--layers`` scales it down and
+    ``--weights bfloat16`` rounds its linear weights (``round_weights_bf16``)."""
     torch.manual_seed(0)
     config = LlamaConfig(
         hidden_size=576, num_hidden_layers=args.layers, num_attention_heads=9,
@@ -50,17 +51,21 @@ def w1_model(args: argparse.Namespace) -> Any:
         max_position_embeddings=8192, tie_word_embeddings=True,
     )  # fmt: skip
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()  # type: ignore[no-untyped-call]
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()  # type: ignore[no-untyped-call]
+    if getattr(args, "weights", "float32") == "bfloat16":  # NOTE: the peers see the same weights
+        round_weights_bf16(model)
+    return model
 
 
 def bench_engine(
     model: Any, *, kv_bytes: int, prefix_cache: bool = True, forward: ForwardPath = "auto",
-    disk_dir: str | None = None, disk_bytes: int = 0,
+    disk_dir: str | None = None, disk_bytes: int = 0, weights: WeightsDtype = "float32",
 ) -> Engine:  # fmt: skip
     disk: dict[str, Any] = {} if disk_dir is None else {"kv_disk_dir": disk_dir,
                                                          "kv_disk_bytes": disk_bytes}  # fmt: skip
     return Engine(model, NullTokenizer(), model_id="bench-w1", kv_cache_bytes=kv_bytes,
-                  prefix_cache=prefix_cache, forward=forward, **disk)  # fmt: skip
+                  prefix_cache=prefix_cache, forward=forward, weights=weights,
+                  **disk)  # fmt: skip
 
 
 def ttft(eng: Engine, ids: list[int], *, use_cache: bool = True, max_tokens: int = 1) -> Any:

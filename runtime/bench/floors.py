@@ -61,15 +61,20 @@ class W1Shape(NamedTuple):
     intermediate: int
     vocab: int
     bytes_per_value: int
+    """Bytes of one K/V value (the model's dtype)."""
+    bytes_per_weight: int
+    """Bytes of one weight a decode step reads (2 with ``weights="bfloat16"``: packed copies)."""
 
     @classmethod
-    def of(cls, model: Any) -> W1Shape:
+    def of(cls, model: Any, *, weight_bytes: int | None = None) -> W1Shape:
+        """The shape of ``model``; ``weight_bytes`` overrides the bytes per weight a decode
+        step reads (default: the model's element size)."""
         c = model.config
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         size = next(model.parameters()).element_size()
         q_width, kv_width = c.num_attention_heads * head_dim, c.num_key_value_heads * head_dim
         return cls(c.num_hidden_layers, c.hidden_size, q_width, kv_width, c.intermediate_size,
-                   c.vocab_size, size)  # fmt: skip
+                   c.vocab_size, size, weight_bytes or size)  # fmt: skip
 
     @property
     def layer_weights(self) -> int:
@@ -89,4 +94,4 @@ class W1Shape(NamedTuple):
         matrix) and the K/V of ``context`` positions."""
         weights = self.num_layers * self.layer_weights + self.hidden * self.vocab
         kv = self.num_layers * 2 * self.kv_width * context
-        return float((weights + kv) * self.bytes_per_value)
+        return float(weights * self.bytes_per_weight + kv * self.bytes_per_value)

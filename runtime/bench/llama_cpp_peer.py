@@ -43,9 +43,9 @@ decoded 0.5-3.4 tok/s and this engine 3.9-6.7; 1 thread, 5.1-8.5 and 6.2-9.5).""
 
 _CONVERT = r"""
 import sys
-src, model_dir, out = sys.argv[1:4]
+src, model_dir, out = sys.argv[1:4]  # NOTE: sys.argv[4] is the outtype (f32 or bf16)
 sys.path[:0] = [src, src + "/gguf-py"]
-sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outfile", out, "--outtype", "f32"]
+sys.argv = ["convert_hf_to_gguf.py", model_dir, "--outfile", out, "--outtype", sys.argv[4]]
 import conversion.base as base
 import convert_hf_to_gguf as convert
 from conversion.llama import LlamaModel
@@ -146,14 +146,17 @@ def save_hf(model: Any, folder: Path) -> Path:
     return hf_dir
 
 
-def export_gguf(model: Any, folder: Path, convert_script: Path) -> Path:
-    """``save_hf(model, folder)``, then write ``folder/w1-f32.gguf`` with llama.cpp's converter.
+def export_gguf(model: Any, folder: Path, convert_script: Path, *, outtype: str = "f32") -> Path:
+    """``save_hf(model, folder)``, then write ``folder/w1-<outtype>.gguf`` with llama.cpp's
+    converter (``outtype``: ``f32``, or ``bf16`` for ``--weights bfloat16``: the weights are
+    already bf16 values, so the conversion is exact).
 
     Raises:
         RuntimeError: the converter failed (its last output lines are in the message).
     """
-    hf_dir, out = save_hf(model, folder), folder / "w1-f32.gguf"
-    args = [sys.executable, "-c", _CONVERT, str(convert_script.parent), str(hf_dir), str(out)]
+    hf_dir, out = save_hf(model, folder), folder / f"w1-{outtype}.gguf"
+    args = [sys.executable, "-c", _CONVERT, str(convert_script.parent), str(hf_dir), str(out),
+            outtype]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not out.is_file():
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-8:])

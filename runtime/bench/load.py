@@ -243,6 +243,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--url", default=None, help="target a running server instead")
     p.add_argument(
+        "--weights",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the in-process engine's weights (serve --weights; not with --url). With "
+        "--llama-server, bfloat16 also converts W1 to a bf16 GGUF for the peer",
+    )
+    p.add_argument(
         "--threads",
         type=positive_int,
         default=None,
@@ -298,6 +305,8 @@ def main(argv: list[str]) -> int:
         return _usage_error(HF_DROPPED)
     if (problem := peer_problem(args)) is not None:
         return _usage_error(problem)
+    if args.weights != "float32" and args.url is not None:
+        return _usage_error("--weights sets the in-process server's weights (no --url)")
     if args.compare_packed_prefill and args.url is not None:
         return _usage_error("--compare-packed-prefill needs the in-process server (no --url)")
     if (problem := check_plot_path(args.plot)) is not None:
@@ -348,7 +357,7 @@ def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
 
     default_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or default_threads)
-    engine = Engine.from_pretrained(args.model or "tiny")
+    engine = Engine.from_pretrained(args.model or "tiny", weights=args.weights)
     app = create_app(engine)
     try:
         with ServerThread(app) as url:

@@ -230,11 +230,13 @@ def _weights(args: argparse.Namespace, folder: Path) -> tuple[Path, Path]:
     from runtime.bench._common import w1_model
 
     layers = args.layers or DEFAULT_LAYERS
-    model = w1_model(argparse.Namespace(layers=layers, dtype="float32"))
+    model = w1_model(argparse.Namespace(layers=layers, dtype="float32", weights=args.weights))
     if args.gguf is not None:
         return save_hf(model, folder), Path(args.gguf)
+    outtype = "bf16" if args.weights == "bfloat16" else "f32"
     try:
-        return folder / "hf", export_gguf(model, folder, Path(args.llama_cpp_convert))
+        return folder / "hf", export_gguf(model, folder, Path(args.llama_cpp_convert),
+                                          outtype=outtype)  # fmt: skip
     except RuntimeError as exc:
         raise PeerError(str(exc)) from exc
 
@@ -246,11 +248,12 @@ def _serve_both(args: argparse.Namespace, folder: Path, threads: int) -> dict[st
     from runtime.serve.server_thread import ServerThread
 
     hf_dir, gguf = _weights(args, folder)
-    engine = Engine.from_pretrained(str(hf_dir))
+    engine = Engine.from_pretrained(str(hf_dir), weights=args.weights)
     prompts = partial(peer_prompts, engine.tokenize, args.system_words)
     prompt_len = len(prompts("slot", 1)[0])
     print(
-        f"W1 ({args.layers or DEFAULT_LAYERS} layers, f32), {prompt_len}-token prompts, "
+        f"W1 ({args.layers or DEFAULT_LAYERS} layers, "
+        f"{'bf16 weights' if args.weights == 'bfloat16' else 'f32'}), {prompt_len}-token prompts, "
         f"{args.max_tokens} tokens each, threads per engine: {threads}"
     )
     levels: list[dict[str, Any]] = []

@@ -75,8 +75,8 @@ def _measure_prefix(
     suffixes = [toks(args.suffix_len) for _ in range(reps + 1)]
     kv_bytes = args.kv_cache_bytes
     eng, off = (
-        bench_engine(model, kv_bytes=kv_bytes),
-        bench_engine(model, kv_bytes=kv_bytes, prefix_cache=False),
+        bench_engine(model, kv_bytes=kv_bytes, weights=args.weights),
+        bench_engine(model, kv_bytes=kv_bytes, prefix_cache=False, weights=args.weights),
     )
     ttft(eng, prefix + suffixes[-1])  # warm-up + store the prefix
     r: dict[str, list[float]] = {
@@ -119,12 +119,14 @@ def _measure_peers(
     """Miss TTFT, hit TTFT and decode rate of both forward paths and llama.cpp, alternating
     request by request (same weights, same token ids, greedy), plus the hardware floors
     measured before and after (the best of both)."""
-    gguf = args.gguf or export_gguf(model, folder, Path(args.llama_cpp_convert))
+    outtype = "bf16" if args.weights == "bfloat16" else "f32"
+    gguf = args.gguf or export_gguf(model, folder, Path(args.llama_cpp_convert), outtype=outtype)
     n_ctx = args.prefix_len + args.suffix_len + args.decode_tokens + 16
     threads = torch.get_num_threads()
     peer = LlamaCppPeer(peer_python(args.llama_cpp), Path(gguf), n_ctx=n_ctx, threads=threads)
     paths: tuple[ForwardPath, ...] = ("compact", "transformers")
-    engines = {p: bench_engine(model, kv_bytes=args.kv_cache_bytes, forward=p) for p in paths}
+    engines = {p: bench_engine(model, kv_bytes=args.kv_cache_bytes, forward=p,
+                               weights=args.weights) for p in paths}  # fmt: skip
     rng = random.Random(1)
     hw = [measure_hardware()]
     out: dict[str, list[float]] = {}
@@ -148,7 +150,8 @@ def _measure_peers(
             eng.close()
     hw.append(measure_hardware())
     out["same_ids_as_compact"] = [_same_prefix_len(ids["compact"], ids[p]) for p in _PEER_PATHS]
-    shape, total = W1Shape.of(model), args.prefix_len + args.suffix_len
+    weight_bytes = 2 if args.weights == "bfloat16" else None
+    shape, total = W1Shape.of(model, weight_bytes=weight_bytes), args.prefix_len + args.suffix_len
     out["gemm_gflops"] = [max(h.gemm_gflops for h in hw)]
     out["read_gb_s"] = [max(h.read_gb_s for h in hw)]
     out["miss_gflop"] = [shape.prefill_flops(0, total) / 1e9]
@@ -228,7 +231,8 @@ def _measure_paths(
     model: Any, prefix: list[int], suffixes: list[list[int]], args: argparse.Namespace
 ) -> dict[str, list[float]]:
     """Hit TTFT and decode rate on each forward path, alternating A/B (same weights, same run)."""
-    engines = {p: bench_engine(model, kv_bytes=args.kv_cache_bytes, forward=p)
+    engines = {p: bench_engine(model, kv_bytes=args.kv_cache_bytes, forward=p,
+                               weights=args.weights)
                for p in ("compact", "transformers")}  # fmt: skip
     hit: dict[str, list[float]] = {p: [] for p in engines}
     decode: dict[str, list[float]] = {p: [] for p in engines}
@@ -303,7 +307,7 @@ def _measure_restart(args: argparse.Namespace) -> dict[str, float]:
 
         def engine() -> Engine:
             return bench_engine(model, kv_bytes=args.kv_cache_bytes, disk_dir=disk_dir,
-                                disk_bytes=8 << 30)  # fmt: skip
+                                disk_bytes=8 << 30, weights=args.weights)  # fmt: skip
 
         first = engine()
         ttft(first, prefix + toks(args.suffix_len))
@@ -361,7 +365,15 @@ def prefix_main(argv: list[str]) -> int:
         "--llama-cpp-convert",
         metavar="convert_hf_to_gguf.py",
         default=None,
-        help="llama.cpp's converter, to write the W1 weights as an f32 GGUF",
+        help="llama.cpp's converter, to write the W1 weights as an f32 GGUF (bf16 with "
+        "--weights bfloat16)",
+    )
+    p.add_argument(
+        "--weights",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="bfloat16: round W1's linear weights to bf16 for every engine and peer (ours then "
+        "decodes from packed bf16 copies; llama.cpp gets a bf16 GGUF); default float32",
     )
     p.add_argument("--gguf", default=None, help="use this GGUF of the W1 weights instead")
     args = p.parse_args(argv)
@@ -388,6 +400,7 @@ def prefix_main(argv: list[str]) -> int:
     title = (
         f"bench prefix: W1, {args.layers} layers, {args.prefix_len}-token prefix + "
         f"{args.suffix_len}-token suffix, {args.dtype}"
+        + (", bf16 weights" if args.weights == "bfloat16" else "")
     )
     tables = [
         spread_table(f"{title}: time to first token", timings),

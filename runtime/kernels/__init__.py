@@ -1,12 +1,13 @@
 """Native (C++) kernels of the compact forward, compiled on this machine on first use.
 
-Two, in ``decode_attention.cpp``: ``decode_attention``, one query per row over grouped KV
+Three, in ``decode_attention.cpp``: ``decode_attention``, one query per row over grouped KV
 heads, fp32, as flash-decoding does it (blocks of keys on torch's intra-op threads, block-local
 softmax, one merge); and ``DecodeLayers``, the layer loop of a compact decode step in C++:
 the products through ATen (MKL), RMSNorm and RoPE as plain loops, RoPE'd keys and the values
 written straight into the KV slots. It equals the Python loop within float32 rounding (sums
 reassociated, multiply-adds fused) without the Python and dispatch overhead of about 25 small
-ops per layer.
+ops per layer; and ``linear_bf16``, a product with fp32 inputs and outputs over weights held as
+bfloat16 (``pack_bf16``), which the decode step uses for ``weights="bfloat16"``.
 
 NOTE: measured on W1 (30 layers, 3 KV heads of 64, 2 threads, same process, noisy host):
 the attention over 2,001 cached tokens (caches flushed between layers) took 7.9 ms per decode
@@ -64,6 +65,7 @@ __all__ = [
     "NativeStatus",
     "native_kernels",
     "native_status",
+    "pack_bf16",
 ]
 
 DISABLE_ENV = "AGENTCACHE_NATIVE_KERNELS"
@@ -100,6 +102,10 @@ class NativeKernels(NamedTuple):
     decode_layers: Any
     """The ``DecodeLayers`` class: built from one model's compact weights, ``run`` is the
     layer loop of one decode step (``CompactLlama.forward`` with ``slots``)."""
+    linear_bf16: Callable[..., Any]
+    """``(x [..., K] fp32, packed, bias [N] fp32 or None, n) -> [..., N] fp32``: ``x . W^T +
+    bias`` with ``W`` (``[N, K]``) packed by ``pack_bf16``; fp32 multiply-adds, so it equals
+    ``F.linear`` over the rounded weights within float32 rounding."""
 
 
 class NativeStatus(NamedTuple):
@@ -242,7 +248,7 @@ def native_kernels() -> NativeKernels | None:
     module, _ = _load()
     if module is None:
         return None
-    return NativeKernels(module.decode_attention, module.DecodeLayers)
+    return NativeKernels(module.decode_attention, module.DecodeLayers, module.linear_bf16)
 
 
 def native_status() -> NativeStatus:
@@ -250,3 +256,30 @@ def native_status() -> NativeStatus:
     not."""
     module, reason = _load()
     return NativeStatus(module is not None, reason)
+
+
+BF16_COLUMNS = 32
+"""Output columns per packed block of ``pack_bf16`` (one 64-byte line of bf16 per input)."""
+
+
+def _bf16_order() -> list[int]:
+    """Column held at each position of a packed line: AVX-512's unpack of 16-bit lanes widens
+    positions ``8l + j`` (``j < 4``) to fp32 lane ``4l + j`` of the low half and the others to
+    lane ``16 + 4l + j - 4``, so the kernel widens a line with two shuffles."""
+    return [lane * 4 + j if j < 4 else 16 + lane * 4 + j - 4
+            for lane in range(BF16_COLUMNS // 8) for j in range(8)]  # fmt: skip
+
+
+def pack_bf16(weight: Any) -> Any:
+    """``weight`` (``[N, K]`` float, any strides) rounded to bfloat16 (nearest even, as
+    ``Tensor.to``) and packed for ``linear_bf16``: ``[ceil(N / 32), K, 32]`` contiguous bf16,
+    block ``b`` holding output columns ``[32 b, 32 b + 32)`` (zero past ``N``) in the kernel's
+    lane order, so each block is one contiguous stream of ``K`` 64-byte lines."""
+    import torch
+
+    n, k = weight.shape
+    blocks = -(-n // BF16_COLUMNS)
+    padded = torch.zeros(blocks * BF16_COLUMNS, k, dtype=torch.bfloat16)
+    padded[:n] = weight.detach().to(torch.bfloat16)
+    order = torch.tensor(_bf16_order())
+    return padded.view(blocks, BF16_COLUMNS, k)[:, order].transpose(1, 2).contiguous()

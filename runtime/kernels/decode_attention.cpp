@@ -12,6 +12,10 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -255,12 +259,173 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
 }
 
 
+// y = x . W^T + bias with W held as bfloat16 (the compact forward's weights="bfloat16"): the
+// products of a decode step read half the bytes of fp32 weights. x, the accumulation and y are
+// fp32, so the result equals fp32 arithmetic on the bf16-rounded weights within float32
+// rounding (sums in another order). W is packed by runtime.kernels.pack_bf16 into blocks of
+// kCols output columns, [ceil(N / kCols), K, kCols] bf16, zero padded past N: a block is one
+// contiguous stream (one 64-byte line per k) and, inside a line, the columns come in the order
+// that AVX-512's unpack instructions widen them to fp32 (two shuffles per line, no shift).
+constexpr int64_t kCols = 32;
+constexpr int64_t kRowsPerTile = 8;  // rows of x per pass over a block (16 accumulators)
+constexpr int64_t kPrefetch = 96;    // lines ahead: measured best of 8-160 on W1's shapes
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// MR rows of x against one packed block; KU independent partial sums per output vector hide the
+// fused multiply-add latency when MR is small. Stores ncols (<= kCols) columns per row.
+template <int MR, int KU>
+inline void bf16_tile(const float* __restrict x, int64_t ldx, const uint16_t* __restrict w,
+                      int64_t K, float* __restrict out, int64_t ldo, int64_t ncols,
+                      const float* bias) {
+  __m512 acc[KU][MR][2];
+  for (int u = 0; u < KU; ++u)
+    for (int r = 0; r < MR; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  int64_t k = 0;
+  for (; k + KU <= K; k += KU) {
+    for (int u = 0; u < KU; ++u) {
+      // NOTE: past the block's end this prefetches the next block (or nothing useful); a
+      // prefetch never faults.
+      _mm_prefetch(reinterpret_cast<const char*>(w + (k + u + kPrefetch) * kCols), _MM_HINT_T0);
+      const __m512i raw = _mm512_loadu_si512(w + (k + u) * kCols);
+      const __m512 w0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, raw));
+      const __m512 w1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
+      for (int r = 0; r < MR; ++r) {
+        const __m512 xb = _mm512_set1_ps(x[r * ldx + k + u]);
+        acc[u][r][0] = _mm512_fmadd_ps(w0, xb, acc[u][r][0]);
+        acc[u][r][1] = _mm512_fmadd_ps(w1, xb, acc[u][r][1]);
+      }
+    }
+  }
+  for (; k < K; ++k) {
+    const __m512i raw = _mm512_loadu_si512(w + k * kCols);
+    const __m512 w0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, raw));
+    const __m512 w1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * ldx + k]);
+      acc[0][r][0] = _mm512_fmadd_ps(w0, xb, acc[0][r][0]);
+      acc[0][r][1] = _mm512_fmadd_ps(w1, xb, acc[0][r][1]);
+    }
+  }
+  const auto lanes = [](int64_t n) -> __mmask16 {
+    return n >= 16 ? static_cast<__mmask16>(0xFFFF)
+                   : n <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << n) - 1);
+  };
+  const __mmask16 m0 = lanes(ncols), m1 = lanes(ncols - 16);
+  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+  if (bias != nullptr) {
+    b0 = _mm512_maskz_loadu_ps(m0, bias);
+    b1 = _mm512_maskz_loadu_ps(m1, bias + 16);
+  }
+  for (int r = 0; r < MR; ++r) {
+    __m512 s0 = acc[0][r][0], s1 = acc[0][r][1];
+    for (int u = 1; u < KU; ++u) {
+      s0 = _mm512_add_ps(s0, acc[u][r][0]);
+      s1 = _mm512_add_ps(s1, acc[u][r][1]);
+    }
+    _mm512_mask_storeu_ps(out + r * ldo, m0, _mm512_add_ps(s0, b0));
+    _mm512_mask_storeu_ps(out + r * ldo + 16, m1, _mm512_add_ps(s1, b1));
+  }
+}
+
+template <int MR>
+inline void bf16_rows(const float* x, int64_t K, const uint16_t* w, float* out, int64_t ldo,
+                      int64_t ncols, const float* bias) {
+  constexpr int KU = MR <= 2 ? 4 : (MR <= 4 ? 2 : 1);
+  bf16_tile<MR, KU>(x, K, w, K, out, ldo, ncols, bias);
+}
+#endif
+
+// Packed position p of a block holds column bf16_column(p): what unpacklo / unpackhi of 16-bit
+// lanes put in fp32 lane p of the low / high half. pack_bf16 (Python) applies the same order.
+inline int64_t bf16_column(int64_t p) {
+  const int64_t lane = p / 8, j = p % 8;
+  return j < 4 ? lane * 4 + j : 16 + lane * 4 + (j - 4);
+}
+
+// One block of columns for rows [0, m) of x (fp32 [m, K] contiguous) into out (row stride ldo).
+void bf16_block(const float* x, int64_t m, int64_t K, const uint16_t* w, float* out, int64_t ldo,
+                int64_t ncols, const float* bias) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  for (int64_t r = 0; r < m; r += kRowsPerTile) {
+    const float* xr = x + r * K;
+    float* o = out + r * ldo;
+    switch (std::min(kRowsPerTile, m - r)) {
+      case 1: bf16_rows<1>(xr, K, w, o, ldo, ncols, bias); break;
+      case 2: bf16_rows<2>(xr, K, w, o, ldo, ncols, bias); break;
+      case 3: bf16_rows<3>(xr, K, w, o, ldo, ncols, bias); break;
+      case 4: bf16_rows<4>(xr, K, w, o, ldo, ncols, bias); break;
+      case 5: bf16_rows<5>(xr, K, w, o, ldo, ncols, bias); break;
+      case 6: bf16_rows<6>(xr, K, w, o, ldo, ncols, bias); break;
+      case 7: bf16_rows<7>(xr, K, w, o, ldo, ncols, bias); break;
+      default: bf16_rows<8>(xr, K, w, o, ldo, ncols, bias); break;
+    }
+  }
+#else
+  // Portable path (no AVX-512): the same arithmetic, one column at a time.
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t p = 0; p < kCols; ++p) {
+      const int64_t c = bf16_column(p);
+      if (c >= ncols) continue;
+      float acc = 0.f;
+      for (int64_t k = 0; k < K; ++k) {
+        const uint32_t bits = static_cast<uint32_t>(w[k * kCols + p]) << 16;
+        float wv;
+        std::memcpy(&wv, &bits, sizeof(float));
+        acc += x[r * K + k] * wv;
+      }
+      out[r * ldo + c] = acc + (bias != nullptr ? bias[c] : 0.f);
+    }
+#endif
+}
+
+// x: fp32 [..., K] (any leading shape); packed: bf16 [ceil(n / kCols), K, kCols] from pack_bf16;
+// bias: fp32 [n] or None. Returns fp32 [..., n]. Blocks of columns run on torch's threads.
+torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed,
+                          const std::optional<torch::Tensor>& bias, int64_t n) {
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "linear_bf16: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1, "linear_bf16: x must be fp32");
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 3 &&
+                  packed.size(2) == kCols && packed.is_contiguous(),
+              "linear_bf16: packed must be contiguous bf16 [blocks, K, 32] (pack_bf16)");
+  const int64_t K = packed.size(1), blocks = packed.size(0);
+  TORCH_CHECK(x.size(-1) == K, "linear_bf16: x has ", x.size(-1), " inputs, the weight ", K);
+  TORCH_CHECK(n > 0 && n <= blocks * kCols && n > (blocks - 1) * kCols,
+              "linear_bf16: n = ", n, " does not match ", blocks, " packed blocks");
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->dim() == 1 &&
+                                    bias->numel() == n && bias->device().is_cpu()),
+              "linear_bf16: bias must be fp32 [n]");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  auto xs = x.reshape({-1, K}).contiguous();
+  const int64_t m = xs.size(0);
+  auto out = torch::empty({m, n}, xs.options());
+  if (m == 0) return out.view(shape);
+  std::optional<torch::Tensor> b;
+  if (bias.has_value()) b = bias->contiguous();
+  const float* xp = xs.data_ptr<float>();
+  const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+  const float* bp = b.has_value() ? b->data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t blk = first; blk < last; ++blk) {
+      const int64_t c0 = blk * kCols;
+      bf16_block(xp, m, K, wp + blk * K * kCols, op + c0, n, std::min(kCols, n - c0),
+                 bp != nullptr ? bp + c0 : nullptr);
+    }
+  });
+  return out.view(shape);
+}
+
+
 // The layer loop of a compact decode step (one new token per row): the math of CompactLlama.qkv
 // / BatchKV.write_step / CompactLlama.finish with the products in ATen (at::linear, MKL) and the
 // small ops in plain loops (RMSNorm, RoPE written straight into the KV slots), which saves the
 // Python and dispatch overhead of about 25 small ops per layer. Results equal the Python loop's
 // within float32 rounding (the tests' 1e-5), not to the bit: sums are reassociated and
-// multiply-adds fused. Weights are the compact forward's (input-major views).
+// multiply-adds fused. Weights are the compact forward's (input-major views). With packed bf16
+// copies of them (weights="bfloat16", the fp32 weights then hold the same rounded values), a
+// step of at most packed_max_rows rows runs its products in linear_bf16 instead of at::linear.
 class DecodeLayers {
  public:
   DecodeLayers(std::vector<torch::Tensor> ln1, std::vector<torch::Tensor> qkv,
@@ -268,11 +433,12 @@ class DecodeLayers {
                std::vector<std::optional<torch::Tensor>> o_bias, std::vector<torch::Tensor> ln2,
                std::vector<torch::Tensor> gate_up, std::vector<torch::Tensor> down,
                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
-               double scale)
+               double scale, std::vector<torch::Tensor> packed, int64_t packed_max_rows)
       : ln1_(std::move(ln1)), qkv_(std::move(qkv)), qkv_bias_(std::move(qkv_bias)),
         o_(std::move(o)), o_bias_(std::move(o_bias)), ln2_(std::move(ln2)),
-        gate_up_(std::move(gate_up)), down_(std::move(down)), nh_(num_heads),
-        nkv_(num_kv_heads), d_(head_dim), eps_(eps), scale_(scale) {
+        gate_up_(std::move(gate_up)), down_(std::move(down)), packed_(std::move(packed)),
+        nh_(num_heads), nkv_(num_kv_heads), d_(head_dim), packed_max_rows_(packed_max_rows),
+        eps_(eps), scale_(scale) {
     const size_t L = ln1_.size();
     TORCH_CHECK(qkv_.size() == L && qkv_bias_.size() == L && o_.size() == L &&
                     o_bias_.size() == L && ln2_.size() == L && gate_up_.size() == L &&
@@ -287,6 +453,17 @@ class DecodeLayers {
                       qkv_[i].size(1) == hidden_,
                   "DecodeLayers: layer ", i, " needs fp32 contiguous norm weights [hidden] and "
                   "a qkv weight [(H + 2 H_kv) D, hidden]");
+    // packed: empty, or per layer the bf16 blocks of qkv, o, gate_up and down (pack_bf16)
+    TORCH_CHECK(packed_.empty() || packed_.size() == 4 * L,
+                "DecodeLayers: packed holds 4 weights per layer, or none");
+    for (size_t i = 0; i < packed_.size(); ++i) {
+      const auto& w = i % 4 == 0 ? qkv_[i / 4] : i % 4 == 1 ? o_[i / 4]
+                    : i % 4 == 2 ? gate_up_[i / 4] : down_[i / 4];
+      TORCH_CHECK(packed_[i].scalar_type() == at::kBFloat16 && packed_[i].dim() == 3 &&
+                      packed_[i].size(1) == w.size(1) && packed_[i].size(2) == kCols &&
+                      packed_[i].size(0) == (w.size(0) + kCols - 1) / kCols,
+                  "DecodeLayers: packed weight ", i, " does not match its fp32 weight");
+    }
   }
 
   // h: [B, 1, hidden]; cos, sin: [B, 1, 1, D] (CompactLlama.rope); buffer: [L, 2, R, H_kv, cap,
@@ -327,16 +504,22 @@ class DecodeLayers {
     auto q = torch::empty({b, nh_, d_}, hs.options());
     for (size_t i = 0; i < ln1_.size(); ++i) {
       rms_norm(hs, ln1_[i], x);
-      auto qkv = at::linear(x, qkv_[i], qkv_bias_[i]).contiguous();  // [B, (H + 2 H_kv) D]
+      const bool bf16 = !packed_.empty() && b <= packed_max_rows_;
+      const auto proj = [&](const torch::Tensor& in, size_t which, const torch::Tensor& w,
+                            const std::optional<torch::Tensor>& bias) {
+        return bf16 ? linear_bf16(in, packed_[4 * i + which], bias, w.size(0))
+                    : at::linear(in, w, bias);
+      };
+      auto qkv = proj(x, 0, qkv_[i], qkv_bias_[i]).contiguous();  // [B, (H + 2 H_kv) D]
       rope_and_store(qkv, cs, sn, q, buffer.select(0, i), rp, pp);
       auto layer = buffer.select(0, i);
       auto keys = layer.select(0, 0).index({Slice(0, n), Slice(), Slice(0, kv_len)});
       auto values = layer.select(0, 1).index({Slice(0, n), Slice(), Slice(0, kv_len)});
       auto attn = decode_attention(q, keys, values, flat, scale_, src, shared);  // [B, H, D]
-      hs.add_(at::linear(attn.view({b, nh_ * d_}), o_[i], o_bias_[i]));
+      hs.add_(proj(attn.view({b, nh_ * d_}), 1, o_[i], o_bias_[i]));
       rms_norm(hs, ln2_[i], x);
-      auto parts = at::linear(x, gate_up_[i]).chunk(2, -1);
-      hs.add_(at::linear(at::silu(parts[0]).mul_(parts[1]), down_[i]));
+      auto parts = proj(x, 2, gate_up_[i], std::nullopt).chunk(2, -1);
+      hs.add_(proj(at::silu(parts[0]).mul_(parts[1]), 3, down_[i], std::nullopt));
     }
     return hs.view({b, 1, hidden});
   }
@@ -402,8 +585,8 @@ class DecodeLayers {
   std::vector<std::optional<torch::Tensor>> qkv_bias_;
   std::vector<torch::Tensor> o_;
   std::vector<std::optional<torch::Tensor>> o_bias_;
-  std::vector<torch::Tensor> ln2_, gate_up_, down_;
-  int64_t nh_, nkv_, d_, hidden_ = 0;
+  std::vector<torch::Tensor> ln2_, gate_up_, down_, packed_;
+  int64_t nh_, nkv_, d_, packed_max_rows_, hidden_ = 0;
   double eps_, scale_;
 };
 
@@ -416,12 +599,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              pybind11::arg("scale"), pybind11::arg("src") = pybind11::none(),
              pybind11::arg("shared") = pybind11::none(),
              pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("linear_bf16", &linear_bf16,
+             "x . W^T + bias with W packed as bf16 (pack_bf16), fp32 in and out (see the source)",
+             pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias"), pybind11::arg("n"),
+             pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<DecodeLayers>(module, "DecodeLayers")
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>,
                           std::vector<std::optional<torch::Tensor>>, std::vector<torch::Tensor>,
                           std::vector<std::optional<torch::Tensor>>, std::vector<torch::Tensor>,
                           std::vector<torch::Tensor>, std::vector<torch::Tensor>, int64_t,
-                          int64_t, int64_t, double, double>())
+                          int64_t, int64_t, double, double, std::vector<torch::Tensor>,
+                          int64_t>())
       .def("run", &DecodeLayers::run, "the layer loop of one decode step (see the source)",
            pybind11::arg("h"), pybind11::arg("cos"), pybind11::arg("sin"),
            pybind11::arg("buffer"), pybind11::arg("rows"), pybind11::arg("pos"),

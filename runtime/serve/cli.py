@@ -127,7 +127,8 @@ def _runs(engine: ServingEngine) -> str:
     if runner is None or path is None:
         return ""
     kernel = ", native decode attention" if runner.decode_attention == "native" else ""
-    return f" ({str(runner.dtype).removeprefix('torch.')}, {path} forward{kernel})"
+    weights = ", bfloat16 weights" if getattr(runner, "weights", "float32") == "bfloat16" else ""
+    return f" ({str(runner.dtype).removeprefix('torch.')}{weights}, {path} forward{kernel})"
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -135,6 +136,10 @@ def _serve(args: argparse.Namespace) -> int:
         check_model_name(args.model)  # NOTE: before torch is imported (seconds) or a hub lookup.
     except ModelLoadError as exc:
         print(f"agentcache serve: {exc}")
+        return 2
+    weights = getattr(args, "weights", None)
+    if weights == "bfloat16" and getattr(args, "dtype", None) not in (None, "float32"):
+        print(f"agentcache serve: --weights bfloat16 needs --dtype float32, not {args.dtype}")
         return 2
     disk_dir = getattr(args, "kv_disk_dir", None)
     disk_bytes = getattr(args, "kv_disk_bytes", None)
@@ -160,6 +165,8 @@ def _serve(args: argparse.Namespace) -> int:
             kwargs["kv_cache_bytes"] = args.kv_cache_bytes
         if getattr(args, "dtype", None) is not None:
             kwargs["dtype"] = args.dtype
+        if weights is not None:
+            kwargs["weights"] = weights
         if getattr(args, "chunk_cache_bytes", None) is not None:
             kwargs["chunk_cache_bytes"] = args.chunk_cache_bytes
         if disk_dir is not None:

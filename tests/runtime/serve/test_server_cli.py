@@ -91,8 +91,9 @@ def test_a_model_name_typo_is_one_line_before_torch_or_the_port(
 def test_kv_disk_and_budget_flags_reach_the_engine(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """--kv-disk-*, --kv-cache-bytes, --chunk-cache-bytes and --dtype become the engine's
-    options (and the dtype stays the engine's float32 default when not given)."""
+    """--kv-disk-*, --kv-cache-bytes, --chunk-cache-bytes, --dtype and --weights become the
+    engine's options (and the dtype stays the engine's float32 default when not given);
+    --weights bfloat16 with a 16-bit --dtype is refused before the model loads."""
     from agentcache.cli import build_parser
     from runtime.exceptions import ModelLoadError
 
@@ -119,6 +120,14 @@ def test_kv_disk_and_budget_flags_reach_the_engine(
     lone = build_parser().parse_args(["serve", "--port", port, "--kv-disk-bytes", "4096"])
     assert server.run_cli(lone) == 2
     assert "--kv-disk-bytes needs --kv-disk-dir" in capsys.readouterr().out
+    assert server.run_cli(build_parser().parse_args(["serve", "--port", port, "--weights",
+                                                     "bfloat16"])) == 2  # fmt: skip
+    assert seen["weights"] == "bfloat16" and "dtype" not in seen
+    seen.clear()
+    both = ["serve", "--port", port, "--weights", "bfloat16", "--dtype", "float16"]
+    assert server.run_cli(build_parser().parse_args(both)) == 2
+    assert not seen  # NOTE: refused before the model loads
+    assert "--weights bfloat16 needs --dtype float32, not float16" in capsys.readouterr().out
 
 
 def test_api_keys_from_repeated_flags_and_files(tmp_path: Path) -> None:
