@@ -195,6 +195,8 @@ class CompactLlama:
             self._head_bf16 = pack_bf16(self.lm_head)
         self.bf16_products = bool(packed)
         """Whether small products read packed bf16 weights (``bf16_weights`` with ``native``)."""
+        self._packed = packed
+        """Per layer the packed qkv, o, gate_up and down weights (``pack_bf16``), or empty."""
         self._layers_native = None if self.native is None else self.native.decode_layers(
             *(list(parts) for parts in zip(*self.layers, strict=True)),
             self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale,
@@ -277,7 +279,7 @@ class CompactLlama:
         layer, (b, q, _) = self.layers[i], h.shape
         d, nh, nkv = self.head_dim, self.num_heads, self.num_kv_heads
         x = F.rms_norm(h, (h.shape[-1],), layer.ln1, self.eps)
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [B, q, (H + 2 H_kv) D]
+        qkv = self._linear(x, 4 * i, layer.qkv, layer.qkv_bias)  # [B, q, (H + 2 H_kv) D]
         qk = qkv[..., : (nh + nkv) * d].view(b, q, nh + nkv, d)
         qk = torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), sin)  # rotate-half RoPE
         vs = qkv[..., (nh + nkv) * d :].view(b, q, nkv, d).transpose(1, 2)
@@ -286,10 +288,26 @@ class CompactLlama:
     def finish(self, i: int, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Layer ``i``'s output projection and MLP over ``attn`` (``[B, H, q, D]``): new ``h``."""
         layer, (b, q, _) = self.layers[i], h.shape
-        h = h + F.linear(attn.transpose(1, 2).reshape(b, q, -1), layer.o, layer.o_bias)
+        h = h + self._linear(attn.transpose(1, 2).reshape(b, q, -1), 4 * i + 1, layer.o,
+                             layer.o_bias)  # fmt: skip
         x = F.rms_norm(h, (h.shape[-1],), layer.ln2, self.eps)
-        gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-        return h + F.linear(F.silu(gate).mul_(up), layer.down)
+        gate, up = self._linear(x, 4 * i + 2, layer.gate_up, None).chunk(2, dim=-1)
+        return h + self._linear(F.silu(gate).mul_(up), 4 * i + 3, layer.down, None)
+
+    def _linear(
+        self, x: torch.Tensor, which: int, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``F.linear(x, weight, bias)``; with ``bf16_products`` and at most ``BF16_MAX_ROWS``
+        rows (a short prefill chunk, a prompt's few new tokens after a hit), the packed copy
+        ``which`` (``4 * layer + {0: qkv, 1: o, 2: gate_up, 3: down}``) instead: the same
+        rounded values, half the bytes."""
+        if self._packed and self.native is not None and x.dtype == torch.float32:
+            if x.numel() <= BF16_MAX_ROWS * x.shape[-1]:
+                out: torch.Tensor = self.native.linear_bf16(
+                    x, self._packed[which], bias, weight.shape[0]
+                )
+                return out
+        return F.linear(x, weight, bias)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: ``[B, q, hidden]`` -> ``[B, q, vocab]``."""

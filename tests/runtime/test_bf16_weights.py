@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime import compact_llama
-from runtime.compact_llama import CompactLlama, StepSlots
+from runtime.compact_llama import CompactLlama, StepSlots, prefill_mask
 from runtime.engine import Engine
 from runtime.kernels import pack_bf16
 from runtime.model_runner import round_weights_bf16
@@ -82,13 +82,25 @@ def _step(compact: CompactLlama, rows: int) -> torch.Tensor:
     return compact.forward(ids, pos.unsqueeze(1), None, allowed, slots=slots)  # type: ignore[arg-type]
 
 
+def _prefill(compact: CompactLlama, n: int) -> torch.Tensor:
+    """The Python path: ``n`` tokens from position 0, no cache, every position's logits."""
+    ids, positions = torch.arange(3, 3 + n).unsqueeze(0), torch.arange(n).unsqueeze(0)
+
+    def write(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return k, v
+
+    mask = prefill_mask(0, n, torch.device("cpu"))
+    return compact.forward(ids, positions, write, mask, logits_to_keep=n)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_decode_steps_of_few_rows_read_the_packed_copies(
     arch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Built beside weights that were NOT rounded (so the two copies differ), a step of at most
     ``BF16_MAX_ROWS`` rows follows the rounded model and a larger one the fp32 weights: the
-    packed copies are what small steps read, the LM head included."""
+    packed copies are what small steps read, the LM head included; so does a short prefill on
+    the Python path."""
     kernels = required_native_kernels()
     monkeypatch.setattr(compact_llama, "BF16_MAX_ROWS", 2)
     model = _model(arch, 4, 2, 16)
@@ -103,6 +115,11 @@ def test_decode_steps_of_few_rows_read_the_packed_copies(
     assert (small - _step(want_fp32, 2)).abs().max() > 1e-4
     torch.testing.assert_close(large, _step(want_fp32, 3), atol=1e-5, rtol=1e-5)
     assert (large - _step(want_rounded, 3)).abs().max() > 1e-4
+    # the Python path (prefill, chunk rows) too: a 2-token prefill reads the packed copies
+    small, large = _prefill(mixed, 2), _prefill(mixed, 3)
+    torch.testing.assert_close(small, _prefill(want_rounded, 2), atol=1e-5, rtol=1e-5)
+    assert (small - _prefill(want_fp32, 2)).abs().max() > 1e-4
+    torch.testing.assert_close(large, _prefill(want_fp32, 3), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
