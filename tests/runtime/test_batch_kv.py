@@ -120,6 +120,37 @@ def test_reserve_grows_once_for_a_burst_within_the_budget() -> None:
     batch.check_integrity()
 
 
+def test_growth_takes_what_the_budget_allows_when_doubling_does_not_fit() -> None:
+    """A budget that holds 17 rows of 1,000 positions but not 18 (W1's 1 GiB at ~1,380
+    tokens): from 9 rows, the 10th grows the buffer once to all 17 rows that fit, not row by row;
+    a longer row grows rows and capacity as far as the budget allows, not to the exact size
+    (which reallocated again at the next row or position)."""
+    batch = BatchKV(num_layers=2, num_kv_heads=2, head_dim=4, dtype=torch.float32,
+                    device=torch.device("cpu"), budget_bytes=17 * 1000 * 128)  # fmt: skip
+    batch.reserve(9, 1000)
+    for _ in range(9):
+        batch.add_row(1000)
+    grows = batch.num_grows
+    batch.add_row(1000)
+    assert batch.num_grows == grows + 1 and batch.buffer.shape[2] == 17
+    for _ in range(7):
+        batch.add_row(1000)
+    assert batch.num_grows == grows + 1 and batch.num_rows == 17
+    for _ in range(9):
+        batch.remove_row(0)
+    batch.add_row(1100)  # NOTE: 17 rows of 1,100 do not fit: 15 rows of 1,133 do
+    assert batch.num_grows == grows + 2 and tuple(batch.buffer.shape[2::2]) == (15, 1133)
+    for _ in range(6):
+        batch.add_row(1133)
+    assert batch.num_grows == grows + 2 and batch.num_rows == 15
+    for _ in range(14):
+        batch.remove_row(0)
+    batch.add_row(1134)  # NOTE: one position past the rows' capacity: room for more, not one
+    assert tuple(batch.buffer.shape[2::2]) == (14, 1214)
+    assert batch.bytes_allocated <= batch.budget_bytes
+    batch.check_integrity()
+
+
 def test_a_step_never_declares_shared_keys_past_what_it_reads() -> None:
     """Two rows sharing 40 positions, a step reading 10 keys (its decoding rows are short; an
     idle row mid-prefill may be longer): the plan is clamped to the keys read, which the

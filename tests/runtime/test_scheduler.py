@@ -369,3 +369,25 @@ def test_a_queued_burst_grows_the_batch_once(model_path: Path) -> None:
     for req in reqs:
         completion_of(req)
     engine.close()
+
+
+def test_a_burst_still_arriving_fits_the_rounded_up_room(model_path: Path) -> None:
+    """Five queued requests reserve room for eight rows (the next power of two), so three more
+    arriving after the first step are admitted without a second reallocation."""
+    engine = make_engine(model_path, idle_release_s=3600.0)
+    batch = engine.scheduler.batch
+    engine.scheduler.pause()
+    params = SamplingParams(max_tokens=9, ignore_eos=True)
+    reqs = [engine.make_request([i + 3, 3], params) for i in range(8)]
+    engine.scheduler.submit_all(reqs[:5])
+    grows = batch.num_grows
+    engine.scheduler.step()
+    assert batch.buffer.shape[2] == 8
+    engine.scheduler.submit_all(reqs[5:])
+    for _ in range(4):
+        engine.scheduler.step()
+    assert batch.num_rows == 8 and batch.num_grows == grows + 1
+    engine.scheduler.resume()
+    for req in reqs:
+        completion_of(req)
+    engine.close()
