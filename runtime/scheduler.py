@@ -504,7 +504,10 @@ class Scheduler:
                 self._fail(req, exc)
             return
         # NOTE: a row that cannot be sampled ends alone; the others' KV rows are untouched.
-        for req, picked in zip(reqs, picks, strict=True):
+        # Last row first: a finished row's slot takes the batch's last row (a copy of its KV),
+        # so when several finish together (the same max_tokens) none of them is moved just to
+        # be freed next; 16 W1 rows ending in one step spent 63 ms copying them.
+        for req, picked in reversed(list(zip(reqs, picks, strict=True))):
             self._finish_step(req, picked)
 
     def _finish_step(self, req: Request, picked: Sampled | SamplingError) -> None:
