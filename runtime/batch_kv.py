@@ -254,6 +254,13 @@ class BatchKV:
         self._prefixes.pop()
         self._sharing = None
 
+    def empty_like(self) -> BatchKV:
+        """A new, empty batch with this one's geometry, dtype, device and budget."""
+        _, _, _, h, _, d = self.buffer.shape
+        return BatchKV(num_layers=self.buffer.shape[0], num_kv_heads=h, head_dim=d,
+                       dtype=self.buffer.dtype, device=self.buffer.device,
+                       budget_bytes=self.budget_bytes)  # fmt: skip
+
     def release_idle(self) -> bool:
         """Hand a burst's buffer back once no row is live (the scheduler calls this after it
         has been idle ``SchedulerConfig.idle_release_s``); True when it was released.

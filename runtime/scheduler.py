@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -31,6 +32,8 @@ from runtime.prompt_scoring import prefill_scored
 from runtime.request import Request, RequestStatus
 from runtime.sampler import Sampled, sample_batch
 from runtime.scheduler_config import SchedulerConfig, SchedulerStats
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats"]
 
@@ -264,8 +267,44 @@ class Scheduler:
                     continue
                 if is_idle_long:
                     self.batch.release_idle()  # NOTE: a no-op once a request holds a row again
-                else:
+                    continue
+                try:
                     self._iterate()
+                except Exception as exc:  # noqa: BLE001 - a fault outside every request's guard
+                    self._recover(exc)
+
+    def _recover(self, exc: Exception) -> None:
+        """Fail every request in flight after an iteration raised outside the per-request
+        guards, free their rows and cache pins, and keep serving (holding the engine lock).
+
+        A request's own faults (its input, a forward over its rows, non-finite logits) fail it
+        where they happen; reaching here means the scheduler's bookkeeping itself failed, so no
+        request in flight is known to be sound and each gets an error naming the fault. Before
+        this, the exception ended the loop thread: every stream in flight and every later
+        request waited forever while ``/health`` still answered.
+        """
+        _log.error("agentcache: scheduler iteration failed; failing every request in flight",
+                   exc_info=exc)  # fmt: skip
+        error = RuntimeEngineError(
+            f"the engine's scheduler failed ({type(exc).__name__}: {exc}); this request was "
+            "ended, the engine keeps serving"
+        )
+        with self._cv:
+            queued = [member for head in self.waiting for member in (head, *head.forks)]
+            self.waiting.clear()
+        for req in [*reversed(self.running), *queued]:
+            try:
+                self._fail(req, error)
+            except Exception:  # noqa: BLE001 - its bookkeeping is broken too: end it anyway
+                req.status = RequestStatus.RELEASED
+                req.post(error)
+                req.released.set()
+        if self.running or self.batch.num_rows:  # NOTE: rows the pass above could not free
+            _log.error("agentcache: %d rows left after the failure; the batch starts empty",
+                       self.batch.num_rows)  # fmt: skip
+            self.running.clear()
+            self.batch = self.batch.empty_like()
+        self._prefilling = None
 
     def _iterate(self) -> None:
         for req in [r for r in self.running if r.is_cancelled]:
