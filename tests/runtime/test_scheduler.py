@@ -352,39 +352,23 @@ def test_engine_that_never_ran_closes_at_once(model_path: Path) -> None:
     assert engine.scheduler._thread is None
 
 
-def test_a_queued_burst_grows_the_batch_once(model_path: Path) -> None:
-    """Eight queued requests are admitted into one reallocation of the batch KV, not one per
-    doubling of its rows (each a zeroed copy of every live row)."""
+@pytest.mark.parametrize("first", [8, 5])
+def test_a_queued_burst_grows_the_batch_once(model_path: Path, first: int) -> None:
+    """Eight requests are admitted into one reallocation of the batch KV, not one per doubling
+    of its rows (each a zeroed copy of every live row): queued together, or five queued and
+    three arriving after the first step (five reserve room for eight rows, the next power of
+    two)."""
     engine = make_engine(model_path, idle_release_s=3600.0)
     batch = engine.scheduler.batch
     engine.scheduler.pause()
     params = SamplingParams(max_tokens=9, ignore_eos=True)
     reqs = [engine.make_request([i + 3, 3], params) for i in range(8)]
-    engine.scheduler.submit_all(reqs)
-    grows = batch.num_grows
-    for _ in range(4):  # NOTE: packed prefill admits up to max_prefill_batch a step
-        engine.scheduler.step()
-    assert batch.num_rows == 8 and batch.num_grows == grows + 1
-    engine.scheduler.resume()
-    for req in reqs:
-        completion_of(req)
-    engine.close()
-
-
-def test_a_burst_still_arriving_fits_the_rounded_up_room(model_path: Path) -> None:
-    """Five queued requests reserve room for eight rows (the next power of two), so three more
-    arriving after the first step are admitted without a second reallocation."""
-    engine = make_engine(model_path, idle_release_s=3600.0)
-    batch = engine.scheduler.batch
-    engine.scheduler.pause()
-    params = SamplingParams(max_tokens=9, ignore_eos=True)
-    reqs = [engine.make_request([i + 3, 3], params) for i in range(8)]
-    engine.scheduler.submit_all(reqs[:5])
+    engine.scheduler.submit_all(reqs[:first])
     grows = batch.num_grows
     engine.scheduler.step()
     assert batch.buffer.shape[2] == 8
-    engine.scheduler.submit_all(reqs[5:])
-    for _ in range(4):
+    engine.scheduler.submit_all(reqs[first:])
+    for _ in range(4):  # NOTE: packed prefill admits up to max_prefill_batch a step
         engine.scheduler.step()
     assert batch.num_rows == 8 and batch.num_grows == grows + 1
     engine.scheduler.resume()
