@@ -364,9 +364,11 @@ def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
             threads = torch.get_num_threads()
             print(
                 f"serving {engine.model_id!r} at {url} (max batch "
-                f"{engine.scheduler.max_batch_size}, {threads} torch threads)"
+                f"{engine.scheduler.max_batch_size}, {threads} torch threads, "
+                f"{args.weights} weights)"
             )
-            return {**run_load(url, engine.model_id, args, engine), "threads": threads}
+            report = run_load(url, engine.model_id, args, engine)
+            return {**report, "threads": threads, "weights": args.weights}
     finally:
         engine.close()
         torch.set_num_threads(default_threads)  # NOTE: main() may run inside another program

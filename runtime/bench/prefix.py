@@ -377,6 +377,8 @@ def prefix_main(argv: list[str]) -> int:
     )
     p.add_argument("--gguf", default=None, help="use this GGUF of the W1 weights instead")
     args = p.parse_args(argv)
+    if args.weights == "bfloat16" and args.dtype != "float32":
+        p.error(f"--weights bfloat16 needs --dtype float32, not {args.dtype}")
     if args.llama_cpp is not None:
         problem = _peer_problem(args)
         if problem is not None:
