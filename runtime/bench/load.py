@@ -36,6 +36,7 @@ from runtime.bench._plot import check_plot_path, plot_load
 from runtime.bench.llama_server_peer import BUILD_HELP as LLAMA_SERVER_BUILD_HELP
 from runtime.bench.llama_server_peer import DEFAULT_NUM_SLOTS, PeerError, add_peer_options
 from runtime.bench.load_peer import peer_problem, run_vs_llama_server
+from runtime.exceptions import ModelLoadError
 
 __all__ = ["PhaseReport", "main"]
 
@@ -320,7 +321,7 @@ def main(argv: list[str]) -> int:
             report = run_load(url, model, args)
         else:
             report = _run_in_process(args)
-    except BadURL as exc:
+    except (BadURL, ModelLoadError) as exc:  # NOTE: --model names no model: a usage error
         return _usage_error(str(exc))
     except PeerError as exc:
         print(f"agentcache bench load: {exc}", file=sys.stderr)

@@ -66,6 +66,7 @@ def test_load_script_takes_the_v1_url_says_what_it_cannot_see_and_plots(
         (["--plot", "out.svg"], "give a .png file name"),
         (["--url", "http://x", "--compare-packed-prefill"], "needs the in-process server"),
         (["--url", "http://x", "--weights", "bfloat16"], "in-process server's weights"),
+        (["--model", "/nonexistent/w1"], "no such model directory '/nonexistent/w1'"),
     ],
 )
 def test_load_script_bad_input_is_one_line_and_exit_2(
