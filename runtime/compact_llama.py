@@ -193,8 +193,6 @@ class CompactLlama:
             packed = [pack_bf16(w) for layer in self.layers
                       for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]  # fmt: skip
             self._head_bf16 = pack_bf16(self.lm_head)
-        self.bf16_products = bool(packed)
-        """Whether small products read packed bf16 weights (``bf16_weights`` with ``native``)."""
         self._packed = packed
         """Per layer the packed qkv, o, gate_up and down weights (``pack_bf16``), or empty."""
         self._layers_native = None if self.native is None else self.native.decode_layers(
@@ -202,6 +200,11 @@ class CompactLlama:
             self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale,
             packed, BF16_MAX_ROWS,
         )  # fmt: skip
+
+    @property
+    def bf16_products(self) -> bool:
+        """Whether small products read packed bf16 weights (``bf16_weights`` with ``native``)."""
+        return bool(self._packed)
 
     @staticmethod
     def _layer(layer: Any) -> _Layer:
@@ -279,7 +282,7 @@ class CompactLlama:
         layer, (b, q, _) = self.layers[i], h.shape
         d, nh, nkv = self.head_dim, self.num_heads, self.num_kv_heads
         x = F.rms_norm(h, (h.shape[-1],), layer.ln1, self.eps)
-        qkv = self._linear(x, 4 * i, layer.qkv, layer.qkv_bias)  # [B, q, (H + 2 H_kv) D]
+        qkv = self._linear(x, layer.qkv, layer.qkv_bias, self._pack(i, 0))  # [B, q, (H + 2 H_kv) D]
         qk = qkv[..., : (nh + nkv) * d].view(b, q, nh + nkv, d)
         qk = torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), sin)  # rotate-half RoPE
         vs = qkv[..., (nh + nkv) * d :].view(b, q, nkv, d).transpose(1, 2)
@@ -288,37 +291,38 @@ class CompactLlama:
     def finish(self, i: int, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Layer ``i``'s output projection and MLP over ``attn`` (``[B, H, q, D]``): new ``h``."""
         layer, (b, q, _) = self.layers[i], h.shape
-        h = h + self._linear(attn.transpose(1, 2).reshape(b, q, -1), 4 * i + 1, layer.o,
-                             layer.o_bias)  # fmt: skip
+        attn = attn.transpose(1, 2).reshape(b, q, -1)
+        h = h + self._linear(attn, layer.o, layer.o_bias, self._pack(i, 1))
         x = F.rms_norm(h, (h.shape[-1],), layer.ln2, self.eps)
-        gate, up = self._linear(x, 4 * i + 2, layer.gate_up, None).chunk(2, dim=-1)
-        return h + self._linear(F.silu(gate).mul_(up), 4 * i + 3, layer.down, None)
+        gate, up = self._linear(x, layer.gate_up, None, self._pack(i, 2)).chunk(2, dim=-1)
+        return h + self._linear(F.silu(gate).mul_(up), layer.down, None, self._pack(i, 3))
+
+    def _pack(self, i: int, which: int) -> torch.Tensor | None:
+        """Layer ``i``'s packed copy of qkv (0), o (1), gate_up (2) or down (3), or None."""
+        return self._packed[4 * i + which] if self._packed else None
 
     def _linear(
-        self, x: torch.Tensor, which: int, weight: torch.Tensor, bias: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        packed: torch.Tensor | None,
     ) -> torch.Tensor:
-        """``F.linear(x, weight, bias)``; with ``bf16_products`` and at most ``BF16_MAX_ROWS``
-        rows (a short prefill chunk, a prompt's few new tokens after a hit), the packed copy
-        ``which`` (``4 * layer + {0: qkv, 1: o, 2: gate_up, 3: down}``) instead: the same
+        """``F.linear(x, weight, bias)``; for at most ``BF16_MAX_ROWS`` fp32 rows (a decode
+        step's LM head, a short prefill chunk, a prompt's few new tokens after a hit) with a
+        ``packed`` copy of ``weight`` (``pack_bf16``), ``linear_bf16`` over it instead: the same
         rounded values, half the bytes."""
-        if self._packed and self.native is not None and x.dtype == torch.float32:
-            if x.numel() <= BF16_MAX_ROWS * x.shape[-1]:
-                out: torch.Tensor = self.native.linear_bf16(
-                    x, self._packed[which], bias, weight.shape[0]
-                )
+        rows = x.numel() // x.shape[-1]
+        if packed is not None and self.native is not None and x.dtype == torch.float32:
+            if rows <= BF16_MAX_ROWS:
+                out: torch.Tensor = self.native.linear_bf16(x, packed, bias, weight.shape[0])
                 return out
         return F.linear(x, weight, bias)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: ``[B, q, hidden]`` -> ``[B, q, vocab]``."""
         x = F.rms_norm(h, (h.shape[-1],), self.norm, self.eps)
-        if self._head_bf16 is not None and self.native is not None:
-            if x.shape[0] * x.shape[1] <= BF16_MAX_ROWS and x.dtype == torch.float32:
-                out: torch.Tensor = self.native.linear_bf16(
-                    x, self._head_bf16, None, self.lm_head.shape[0]
-                )
-                return out
-        return F.linear(x, self.lm_head)
+        return self._linear(x, self.lm_head, None, self._head_bf16)
 
     @torch.no_grad()
     def forward(

@@ -69,7 +69,7 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def round_weights_bf16(model: Any) -> int:
+def round_weights_bf16(model: Any) -> None:
     """Round, in place, the weight of every ``torch.nn.Linear`` in ``model`` (the LM head and a
     tied input embedding included) to the nearest bfloat16 value (ties to even), kept as fp32.
 
@@ -78,13 +78,9 @@ def round_weights_bf16(model: Any) -> int:
     agree within float32 rounding, and the transformers forward stays their reference.
     Norm weights, biases and an untied embedding keep full precision (a few KB, or a lookup).
 
-    Returns:
-        The number of weights rounded (elements).
-
     Raises:
         ValueError: a linear weight that is not float32.
     """
-    count = 0
     with torch.no_grad():
         for name, module in model.named_modules():
             if not isinstance(module, torch.nn.Linear):
@@ -94,8 +90,6 @@ def round_weights_bf16(model: Any) -> int:
                 raise ValueError(f"weights='bfloat16' needs float32 weights; {name} is "
                                  f"{weight.dtype}")  # fmt: skip
             weight.copy_(weight.to(torch.bfloat16))
-            count += weight.numel()
-    return count
 
 
 def _bundled() -> tuple[Any, tuple[str, ...]]:
