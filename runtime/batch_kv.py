@@ -73,9 +73,13 @@ class BatchKV:
     """KV rows of all running requests in one tensor, bounded by a byte budget.
 
     ``buffer`` has shape ``[L, 2 (K/V), max_rows, H_kv, capacity, D]``; rows ``[0, num_rows)``
-    are live and row ``i``'s positions ``[0, rows[i].length)`` are valid. The buffer is zeroed
-    when allocated, and a freed row's positions are zeroed, so masked padding is finite (a NaN
-    there would leak through ``0 * v``).
+    are live and row ``i``'s positions ``[0, rows[i].length)`` are valid. A decode step reads
+    every live row up to the longest one, the rest masked, so masked padding must be finite (a
+    NaN there would leak through ``0 * v``): before each step, a row that was added, moved or
+    reallocated since the last one has its positions ``[length, capacity)`` zeroed
+    (``begin_step``). The buffer itself is allocated uninitialized, so the pages of rows never
+    used are never touched (``bytes_allocated`` is address space; resident memory follows the
+    rows in use).
 
     Args:
         budget_bytes: the buffer never holds more than this many bytes.
@@ -103,6 +107,8 @@ class BatchKV:
         self._reserved: list[int] = []
         self._prefixes: list[_CachedPrefix] = []
         """Per row: the prefix-cache blocks its leading positions were copied from."""
+        self._padded: list[bool] = []
+        """Per row: whether its positions past its length are known zero (``begin_step``)."""
         self._sharing: tuple[torch.Tensor, torch.Tensor] | None = None
         """``share_plan``'s ``(src, shared)`` for the rows now (None: not computed yet)."""
         self.num_grows = 0
@@ -150,6 +156,7 @@ class BatchKV:
         self.rows.append(kv)
         self._reserved.append(total_len)
         self._prefixes.append(_NO_PREFIX)
+        self._padded.append(False)
         self._sharing = None
         return kv
 
@@ -230,28 +237,24 @@ class BatchKV:
     def remove_row(self, index: int) -> None:
         """Free row ``index``; the last row moves into it (same swap as the caller's list).
 
-        The freed request's positions are zeroed: a later row in this slot sees them as masked
-        padding, and a NaN there (a request that failed on non-finite KV) would leak through
-        ``0 * v`` into every later request.
+        Nothing is zeroed here: the moved row's positions past its length (the freed request's
+        data there, possibly non-finite if it failed) are zeroed before the next decode step,
+        as is a later row added in a freed slot (``begin_step``).
         """
         last = self.num_rows - 1
-        # NOTE: + 1 covers an idle decode row's scratch write just past its length.
-        dead_len = min(self.rows[index].length + 1, self.buffer.shape[4])
-        live_len = 0
         if index != last:
             moved = self.rows[last]
-            live_len = moved.length
             # NOTE: only the valid positions move; one row copy per finished request.
+            live_len = moved.length
             self.buffer[:, :, index, :, :live_len].copy_(self.buffer[:, :, last, :, :live_len])
             moved.buffer = self.buffer[:, :, index]
             self.rows[index], self._reserved[index] = moved, self._reserved[last]
             self._prefixes[index] = self._prefixes[last]
-            self.buffer[:, :, last, :, live_len : live_len + 1].zero_()  # its scratch position
-        if dead_len > live_len:
-            self.buffer[:, :, index, :, live_len:dead_len].zero_()
+            self._padded[index] = False
         self.rows.pop()
         self._reserved.pop()
         self._prefixes.pop()
+        self._padded.pop()
         self._sharing = None
 
     def empty_like(self) -> BatchKV:
@@ -292,9 +295,17 @@ class BatchKV:
         """
         n = int(positions.shape[0])
         assert n == self.num_rows, "a decode step covers every live row"
+        self._zero_padding()
         self._step_rows = torch.arange(n, device=self.buffer.device)
         self._step_pos = positions.to(self.buffer.device)
         self.step_kv_len = int(positions.max().item()) + 1 if kv_len is None else kv_len
+
+    def _zero_padding(self) -> None:
+        """Zero positions ``[length, capacity)`` of each row not known to be zero there."""
+        for i, kv in enumerate(self.rows):
+            if not self._padded[i]:
+                self.buffer[:, :, i, :, kv.length :].zero_()
+                self._padded[i] = True
 
     def end_step(self, idle: Collection[int] = ()) -> None:
         """Commit the decode step: every row but the ``idle`` ones grew by one position."""
@@ -334,7 +345,7 @@ class BatchKV:
         assert len(self.rows) == len(self._reserved) <= self.buffer.shape[2], "row table"
         for kv, reserved in zip(self.rows, self._reserved, strict=True):
             assert kv.length <= reserved <= self.buffer.shape[4], "row past its reservation"
-        assert len(self._prefixes) == len(self.rows), "prefix table"
+        assert len(self._prefixes) == len(self._padded) == len(self.rows), "prefix table"
         src, shared = self.share_plan()
         for i, (j, n) in enumerate(zip(src.tolist(), shared.tolist(), strict=True)):
             mine, theirs = self.buffer[:, :, i, :, :n], self.buffer[:, :, j, :, :n]
@@ -362,12 +373,15 @@ class BatchKV:
             rows = max(num_rows, min(grow_rows, self.budget_bytes // (capacity * per_position)))
             length = max(capacity, min(grow_cap, self.budget_bytes // (rows * per_position)))
         l_, two, _, h, _, d = self.buffer.shape
-        new = torch.zeros(
+        # NOTE: uninitialized (no page is touched until a row uses it); the live rows' new
+        # padding is zeroed before the next step (begin_step).
+        new = torch.empty(
             (l_, two, rows, h, length, d), dtype=self.buffer.dtype, device=self.buffer.device
         )
         for i, kv in enumerate(self.rows):
             new[:, :, i, :, : kv.length].copy_(self.buffer[:, :, i, :, : kv.length])
             kv.buffer = new[:, :, i]
             kv.num_grows += 1
+            self._padded[i] = False
         self.buffer = new
         self.num_grows += 1

@@ -337,14 +337,14 @@ class Scheduler:
                 budget -= self._prefill_packed(jobs)
 
     def _reserve_rows(self) -> None:
-        """Grow the batch buffer once for the queued burst (the rows it will take, in queue
-        order, up to ``max_batch_size``) instead of once per doubling as rows are added.
+        """Grow the batch buffer once for the queued burst instead of once per doubling as rows
+        are added: room for the rows it will take (in queue order, up to ``max_batch_size``) and
+        for as many more as the budget allows, within ``max_batch_size``.
 
-        NOTE: each growth is a zeroed allocation plus a copy of every live row; on W1 a burst
-        of 16 prompts of 1,300 tokens spent 0.7-0.9 s of its first step growing 1, 2, 4, 8, 16.
-        The room is rounded up to a power of two of rows (within ``max_batch_size`` and the
-        budget): a burst is often still arriving, and on W1 (1 GiB, 1,378 tokens) the 16th
-        request, arriving after 15 were reserved, cost a second growth of 1.5 s.
+        NOTE: a burst is often still arriving. On W1 (1 GiB, prompts of 1,378 tokens) 7 queued
+        requests grew the buffer to 8 rows, the 9th to 16: two reallocations, 1.0 s of the
+        first step. The buffer is allocated uninitialized, so rows that no request uses cost
+        address space only (``BatchKV``).
         """
         with self._cv:
             queued = list(itertools.islice(self.waiting, self.max_batch_size))
@@ -354,8 +354,7 @@ class Scheduler:
                 break
             rows, capacity = rows + 1 + len(req.forks), max(capacity, req.max_total_len)
         if capacity:
-            headroom = min(1 << max(rows - 1, 0).bit_length(), self.max_batch_size)
-            self.batch.reserve(rows, capacity, up_to=headroom)
+            self.batch.reserve(rows, capacity, up_to=self.max_batch_size)
 
     def _gather(self, limit: int) -> list[tuple[Request, int]]:
         """The next prefill jobs ``(request, max tokens)``: at most ``limit`` tokens in all and

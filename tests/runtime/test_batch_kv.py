@@ -1,4 +1,5 @@
-"""BatchKV rows: the buffer gives a burst's bytes back when asked once every row has left."""
+"""BatchKV rows: the buffer gives a burst's bytes back when asked once every row has left, grows
+once per burst, and a decode step never reads non-finite padding."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def test_buffer_is_released_when_idle_after_a_burst() -> None:
     assert batch.num_rows == 0 and batch.bytes_allocated > 0 and batch.holds_idle_rows
     assert batch.release_idle() and not batch.release_idle()
     assert batch.bytes_allocated == 0 and batch.num_shrinks == 1
-    kv = batch.add_row(8)  # the next request allocates again, zeroed
+    kv = batch.add_row(8)  # the next request allocates again, uninitialized
+    batch.begin_step(torch.tensor([0]))  # its padding is zeroed before a step reads it
     assert kv.buffer.abs().sum().item() == 0
     batch.check_integrity()
 
@@ -164,3 +166,48 @@ def test_a_step_never_declares_shared_keys_past_what_it_reads() -> None:
     slots = batch.step_slots()
     assert slots.src is not None and slots.shared is not None
     assert slots.src.tolist() == [0, 0] and slots.shared.tolist() == [0, 10]
+
+
+def test_padding_is_zeroed_before_a_step_after_add_move_and_growth() -> None:
+    """The buffer is allocated uninitialized and freed rows are not cleared, so a step must zero
+    what it may read past each row's length: a new row (its slot held a NaN row), a row moved
+    into a freed slot, and every live row after a reallocation; valid positions are kept."""
+    batch = make_batch()
+    a, b, c = batch.add_row(16), batch.add_row(16), batch.add_row(16)
+    for kv in (a, b, c):
+        kv.length = 6
+    batch.begin_step(torch.tensor([6, 6, 6]))
+    for kv, fill in ((a, 1.0), (b, float("nan")), (c, 3.0)):
+        kv.buffer.fill_(fill)  # NOTE: b failed on NaN KV, written past its length too
+    for kv in (a, c):
+        kv.buffer[:, :, :, 6:] = 0.0
+    batch.remove_row(1)  # c moves into b's slot, over b's NaN
+    assert batch.rows[1] is c and not bool(c.buffer[:, :, :, 6:].isfinite().all())
+    d = batch.add_row(16)  # in c's old slot, which still holds 3.0 everywhere
+    batch.begin_step(torch.tensor([6, 6, 0]))
+    assert bool((c.buffer[:, :, :, :6] == 3.0).all()) and bool((a.buffer[:, :, :, :6] == 1.0).all())
+    for kv in (a, c):
+        assert kv.buffer[:, :, :, 6:].abs().sum().item() == 0
+    assert d.buffer.abs().sum().item() == 0
+    grows = batch.num_grows
+    batch.add_row(200)  # past the capacity: a new, uninitialized buffer
+    assert batch.num_grows == grows + 1
+    torch.nn.init.constant_(batch.buffer[:, :, 4:], float("nan"))  # whatever the allocator gave
+    batch.buffer[:, :, :3, :, 6:] = float("nan")
+    batch.begin_step(torch.tensor([6, 6, 0, 0]))
+    assert bool((batch.rows[1].buffer[:, :, :, :6] == 3.0).all())
+    assert bool(batch.buffer[:, :, :4].isfinite().all())
+    batch.check_integrity()
+
+
+def test_a_burst_reserves_every_row_the_budget_allows_in_one_growth() -> None:
+    """``reserve(up_to=...)`` takes all the rows the budget holds (requests are still arriving),
+    and later rows of the burst fit without another reallocation."""
+    batch = BatchKV(num_layers=2, num_kv_heads=2, head_dim=4, dtype=torch.float32,
+                    device=torch.device("cpu"), budget_bytes=16 * 1000 * 128)  # fmt: skip
+    batch.reserve(7, 1000, up_to=64)
+    assert tuple(batch.buffer.shape[2::2]) == (16, 1000) and batch.num_grows == 1
+    for _ in range(16):
+        batch.add_row(1000)
+    assert batch.num_grows == 1 and batch.num_rows == 16
+    batch.check_integrity()

@@ -355,9 +355,9 @@ def test_engine_that_never_ran_closes_at_once(model_path: Path) -> None:
 @pytest.mark.parametrize("first", [8, 5])
 def test_a_queued_burst_grows_the_batch_once(model_path: Path, first: int) -> None:
     """Eight requests are admitted into one reallocation of the batch KV, not one per doubling
-    of its rows (each a zeroed copy of every live row): queued together, or five queued and
-    three arriving after the first step (five reserve room for eight rows, the next power of
-    two)."""
+    of its rows (each a copy of every live row): queued together, or five queued and three
+    arriving after the first step (the first reserves every row the budget allows, here
+    ``max_batch_size``)."""
     engine = make_engine(model_path, idle_release_s=3600.0)
     batch = engine.scheduler.batch
     engine.scheduler.pause()
@@ -366,7 +366,7 @@ def test_a_queued_burst_grows_the_batch_once(model_path: Path, first: int) -> No
     engine.scheduler.submit_all(reqs[:first])
     grows = batch.num_grows
     engine.scheduler.step()
-    assert batch.buffer.shape[2] == 8
+    assert batch.buffer.shape[2] == engine.scheduler.max_batch_size
     engine.scheduler.submit_all(reqs[first:])
     for _ in range(4):  # NOTE: packed prefill admits up to max_prefill_batch a step
         engine.scheduler.step()
