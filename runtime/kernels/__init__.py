@@ -91,8 +91,8 @@ DecodeAttention = Callable[..., Any]
 shared=None) -> [B, H, D]``, all fp32 CPU tensors (K/V with a contiguous last dim, any other
 strides). A row whose every key is masked gets zeros. ``src`` / ``shared`` (``[B]`` int64,
 together): row ``b``'s keys ``[0, shared[b])`` are byte for byte row ``src[b]``'s, so whole
-blocks of them are read from there, once for every row sharing them (bit-identical output;
-see ``BatchKV.share_prefix``)."""
+blocks of them are read from there, once for every row sharing them, and those rows' queries
+run together (the same output within float32 rounding; see ``BatchKV.share_prefix``)."""
 
 
 class NativeKernels(NamedTuple):

@@ -5,7 +5,9 @@
 // that share the KV head, a block-local softmax (max, sum) and the weighted sum of V; a serial
 // merge rescales the blocks by exp(block max - global max). K and V are read once per KV head
 // and never expanded. A block whose additive mask is -inf everywhere is skipped (rows of a
-// batched step shorter than the longest row read nothing past their end).
+// batched step shorter than the longest row read nothing past their end). Rows that read one
+// block of keys from the same source row (a shared prefix) are one work item: their queries
+// together against the block, as two small matrix products (run_group).
 //
 // Built by runtime/kernels/__init__.py with torch.utils.cpp_extension; see its docstring for
 // the flags and why reassociation is allowed.
@@ -17,6 +19,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -150,16 +153,149 @@ void run_block(const Item& it, float* __restrict scores) {
   }
 }
 
+
+// Rows that read one whole block of keys from the same row (a shared prefix), computed together:
+// their m * G queries become the lanes of vectors, so scores are Q.K^T and the weighted sum P.V
+// as register-tiled products over the block (every key and value loaded once per 4 keys x 64
+// queries, not once per query), where run_block pays a horizontal sum per query and key. The
+// numbers equal run_block's within float32 rounding (each score is a sum over the head dim in
+// another order), not to the bit.
+typedef float v16 __attribute__((vector_size(64)));  // GCC/Clang: the target's widest vectors
+constexpr int64_t kLanes = 16;
+constexpr int64_t kGroupLanes = 64;  // queries per pass over the block (4 vectors)
+
+inline v16 load16(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+
+struct GroupQuery {
+  const float* q;  // [D]
+  float* block_max;
+  float* block_sum;
+  float* block_acc;  // [D]
+};
+
+struct GroupScratch {
+  std::vector<float> qt;      // [D][kGroupLanes] the queries, transposed
+  std::vector<float> scores;  // [kBlock][kGroupLanes], then the weights exp(s - max)
+};
+
+// scores[t][lane] = scale * q_lane . k_t over tiles of KT keys and NV vectors of queries (KT * NV
+// accumulators held in registers across the head dim; 8 keys measured no faster than 4).
+template <int NV, int KT = 4>
+void group_scores(const float* qt, const float* k, int64_t ks, int64_t D, int64_t n, float scale,
+                  float* scores) {
+  static_assert(kBlock % KT == 0, "whole tiles of keys");
+  for (int64_t t = 0; t < n; t += KT) {
+    v16 acc[KT][NV] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      v16 qv[NV];
+      for (int v = 0; v < NV; ++v) qv[v] = load16(qt + d * kGroupLanes + v * kLanes);
+      for (int kk = 0; kk < KT; ++kk) {
+        const float kv = k[(t + kk) * ks + d];
+        for (int v = 0; v < NV; ++v) acc[kk][v] += qv[v] * kv;
+      }
+    }
+    for (int kk = 0; kk < KT; ++kk)
+      for (int v = 0; v < NV; ++v)
+        store16(scores + (t + kk) * kGroupLanes + v * kLanes, acc[kk][v] * scale);
+  }
+}
+
+// acc of queries [q0, q0 + QT) over one chunk of DV vectors of the head dim: sum_t w[t][q] v_t.
+template <int QT, int DV>
+void group_pv(const float* w, const float* vb, int64_t vs, int64_t n, int64_t q0, int64_t d0,
+              const GroupQuery* queries) {
+  v16 acc[QT][DV] = {};
+  for (int64_t t = 0; t < n; ++t) {
+    const float* vt = vb + t * vs + d0;
+    if (t + kAhead < n) __builtin_prefetch(vt + kAhead * vs);
+    v16 vv[DV];
+    for (int j = 0; j < DV; ++j) vv[j] = load16(vt + j * kLanes);
+    for (int qi = 0; qi < QT; ++qi) {
+      const float p = w[t * kGroupLanes + q0 + qi];
+      for (int j = 0; j < DV; ++j) acc[qi][j] += vv[j] * p;
+    }
+  }
+  for (int qi = 0; qi < QT; ++qi)
+    for (int j = 0; j < DV; ++j) store16(queries[q0 + qi].block_acc + d0 + j * kLanes, acc[qi][j]);
+}
+
+template <int QT>
+void group_pv_dims(const float* w, const float* vb, int64_t vs, int64_t n, int64_t q0, int64_t D,
+                   const GroupQuery* queries) {
+  for (int64_t d0 = 0; d0 < D; d0 += 4 * kLanes) {
+    switch ((std::min<int64_t>(4 * kLanes, D - d0)) / kLanes) {
+      case 4: group_pv<QT, 4>(w, vb, vs, n, q0, d0, queries); break;
+      case 3: group_pv<QT, 3>(w, vb, vs, n, q0, d0, queries); break;
+      case 2: group_pv<QT, 2>(w, vb, vs, n, q0, d0, queries); break;
+      default: group_pv<QT, 1>(w, vb, vs, n, q0, d0, queries); break;
+    }
+  }
+}
+
+// The block's keys k / values v (rows ks / vs floats apart, n == kBlock, D % kLanes == 0)
+// for queries nq queries, no key masked; writes each query's block max, sum and accumulator as
+// run_block does.
+void run_group(const float* k, const float* v, int64_t ks, int64_t vs, int64_t n, int64_t D,
+               float scale, const GroupQuery* queries, int64_t nq, GroupScratch& scratch) {
+  scratch.qt.resize(D * kGroupLanes);
+  scratch.scores.resize(kBlock * kGroupLanes);
+  float* qt = scratch.qt.data();
+  float* sc = scratch.scores.data();
+  for (int64_t c0 = 0; c0 < nq; c0 += kGroupLanes) {
+    const int64_t m = std::min(kGroupLanes, nq - c0), nv = (m + kLanes - 1) / kLanes;
+    const GroupQuery* qs = queries + c0;
+    std::fill(qt, qt + D * kGroupLanes, 0.f);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t d = 0; d < D; ++d) qt[d * kGroupLanes + i] = qs[i].q[d];
+    switch (nv) {
+      case 4: group_scores<4>(qt, k, ks, D, n, scale, sc); break;
+      case 3: group_scores<3>(qt, k, ks, D, n, scale, sc); break;
+      case 2: group_scores<2>(qt, k, ks, D, n, scale, sc); break;
+      default: group_scores<1>(qt, k, ks, D, n, scale, sc); break;
+    }
+    // softmax over the block, lane by lane (every key is unmasked: the max is finite)
+    float mx[kGroupLanes], sum[kGroupLanes];
+    std::fill(mx, mx + kGroupLanes, kNegInf);
+    std::fill(sum, sum + kGroupLanes, 0.f);
+    for (int64_t t = 0; t < n; ++t) {
+      const float* st = sc + t * kGroupLanes;
+#pragma omp simd
+      for (int64_t i = 0; i < kGroupLanes; ++i) mx[i] = std::max(mx[i], st[i]);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      float* st = sc + t * kGroupLanes;
+#pragma omp simd
+      for (int64_t i = 0; i < kGroupLanes; ++i) {
+        const float e = exp_nonpositive(st[i] - mx[i]);
+        st[i] = e;
+        sum[i] += e;
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      *qs[i].block_max = mx[i];
+      *qs[i].block_sum = sum[i];
+    }
+    int64_t q0 = 0;
+    for (; q0 + 4 <= m; q0 += 4) group_pv_dims<4>(sc, v, vs, n, q0, D, qs);
+    for (; q0 < m; ++q0) group_pv_dims<1>(sc, v, vs, n, q0, D, qs);
+  }
+}
+
 // q: [B, H, D]; k, v: [B, H_kv, T, D] (any strides, last dim contiguous); mask: additive
 // [B, T] or None. Returns [B, H, D]. A row whose every key is masked gets zeros.
 //
 // Shared prefix (src, shared: [B] int64, both or neither): row b's keys [0, shared[b]) hold the
 // same bytes as row src[b]'s (the caller guarantees it: both were copied from the same pinned
 // prefix-cache blocks). A block of keys that lies wholly inside [0, shared[b]) is then read
-// from row src[b], and the work items run block by block across rows, so the rows sharing a
-// prefix read each block from memory once and from cache after that. Every item computes the
-// same numbers from the same bytes in the same order as without sharing: the result is
-// bit-identical; only the memory traffic drops (about B-fold on the shared part).
+// from row src[b]. The rows that read a block from the same row, with no key of it masked, are
+// one work item (run_group): the block is read once for all of them and their queries run as
+// register-tiled products. Results equal those without sharing within float32 rounding.
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                std::optional<torch::Tensor> mask, double scale,
                                std::optional<torch::Tensor> src,
@@ -215,21 +351,75 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
   const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, B * Hkv * S, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(G * kBlock);
-    for (int64_t j = begin; j < end; ++j) {
-      // NOTE: with a shared prefix the items run (KV head, block, row): rows sharing a block
-      // follow one another; without, (row, KV head, block), each row's keys streamed in order.
-      int64_t s, h, b;
-      if (srcp != nullptr) {
-        b = j % B, s = (j / B) % S, h = j / (B * S);
-      } else {
-        s = j % S, h = (j / S) % Hkv, b = j / (S * Hkv);
+  // Work: (row, KV head, block) items for run_block, and with a shared prefix, group items for
+  // the rows reading one whole block from the same row (run_group); groups first (the heaviest),
+  // handed out one at a time to torch's threads (their costs differ up to B-fold).
+  struct Work {
+    int64_t b, h, s, kv_row, first, count;  // count > 0: members [first, first + count)
+  };
+  std::vector<Work> work;
+  std::vector<int64_t> members;
+  std::vector<Work> singles;
+  work.reserve(B * Hkv * S);
+  const bool groups = srcp != nullptr && D % kLanes == 0;
+  for (int64_t b = 0; b < B && !groups; ++b)
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t t0 = s * kBlock;
+        const int64_t kv_row = srcp != nullptr && t0 + kBlock <= sharedp[b] ? srcp[b] : b;
+        work.push_back({b, h, s, kv_row, 0, 0});
       }
-      const int64_t idx = (b * Hkv + h) * S + s, t0 = s * kBlock;
-      const int64_t kv_row = srcp != nullptr && t0 + kBlock <= sharedp[b] ? srcp[b] : b;
-      const Item it{qp + (b * H + h * G) * D, kp + kv_row * ks0 + h * ks1 + t0 * ks2,
-                    vp + kv_row * vs0 + h * vs1 + t0 * vs2, mp ? mp + b * T + t0 : nullptr,
+  if (groups) {
+    std::vector<int64_t> reader(B);
+    std::vector<char> unmasked(B);
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t t0 = s * kBlock, n = std::min(kBlock, T - t0);
+      for (int64_t b = 0; b < B; ++b) {
+        reader[b] = t0 + kBlock <= sharedp[b] ? srcp[b] : b;
+        bool clear = n == kBlock;
+        for (int64_t t = 0; mp != nullptr && clear && t < n; ++t) clear = mp[b * T + t0 + t] == 0.f;
+        unmasked[b] = clear;
+      }
+      for (int64_t r = 0; r < B; ++r) {
+        const int64_t first = static_cast<int64_t>(members.size());
+        for (int64_t b = 0; b < B; ++b)
+          if (reader[b] == r && unmasked[b]) members.push_back(b);
+        const int64_t count = static_cast<int64_t>(members.size()) - first;
+        if (count < 2) members.resize(first);
+        for (int64_t h = 0; h < Hkv; ++h) {
+          if (count >= 2) work.push_back({-1, h, s, r, first, count});
+          for (int64_t b = 0; b < B; ++b)
+            if (reader[b] == r && (count < 2 || !unmasked[b])) singles.push_back({b, h, s, r, 0, 0});
+        }
+      }
+    }
+    work.insert(work.end(), singles.begin(), singles.end());
+  }
+  std::atomic<int64_t> next{0};
+  const int64_t total = static_cast<int64_t>(work.size());
+  at::parallel_for(0, std::min<int64_t>(total, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+    std::vector<float> scores(G * kBlock);
+    GroupScratch scratch;
+    std::vector<GroupQuery> queries;
+    for (int64_t j = next++; j < total; j = next++) {
+      const Work& w = work[j];
+      const int64_t t0 = w.s * kBlock;
+      const float* kb = kp + w.kv_row * ks0 + w.h * ks1 + t0 * ks2;
+      const float* vb = vp + w.kv_row * vs0 + w.h * vs1 + t0 * vs2;
+      if (w.count > 0) {
+        queries.clear();
+        for (int64_t i = 0; i < w.count; ++i) {
+          const int64_t b = members[w.first + i], idx = (b * Hkv + w.h) * S + w.s;
+          for (int64_t g = 0; g < G; ++g)
+            queries.push_back({qp + (b * H + w.h * G + g) * D, pm + idx * G + g, pl + idx * G + g,
+                               pa + (idx * G + g) * D});
+        }
+        run_group(kb, vb, ks2, vs2, kBlock, D, sc, queries.data(),
+                  static_cast<int64_t>(queries.size()), scratch);
+        continue;
+      }
+      const int64_t b = w.b, idx = (b * Hkv + w.h) * S + w.s;
+      const Item it{qp + (b * H + w.h * G) * D, kb, vb, mp ? mp + b * T + t0 : nullptr,
                     ks2, vs2, std::min(kBlock, T - t0), G, D, sc,
                     pm + idx * G, pl + idx * G, pa + idx * G * D};
       if (D == 64) run_block<64>(it, scores.data());

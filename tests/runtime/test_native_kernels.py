@@ -80,10 +80,11 @@ def test_decode_attention_fully_masked_row_is_zeros_and_bad_input_raises() -> No
         kernels.decode_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, None, 0.25)
 
 
-def test_shared_prefix_is_read_from_the_source_row_and_bit_identical() -> None:
-    """Rows whose keys ``[0, shared)`` copy row 0's: declaring it gives the same bits as not
-    (the same numbers from the same bytes). Declared over rows that differ, the whole blocks
-    inside the shared range are really read from the source row, and nothing else is."""
+def test_shared_prefix_is_read_from_the_source_row() -> None:
+    """Rows whose keys ``[0, shared)`` copy row 0's: declaring it gives the same numbers as not,
+    within float32 rounding (the rows reading a block from row 0 run as one group). Declared
+    over rows that differ, the whole blocks inside the shared range are really read from the
+    source row, and nothing else is."""
     kernels = required_native_kernels()
     torch.manual_seed(7)
     rows, kv_heads, group, d, length, shared = 4, 2, 3, 64, 700, 600
@@ -96,18 +97,49 @@ def test_shared_prefix_is_read_from_the_source_row_and_bit_identical() -> None:
     src, share = torch.tensor([0, 0, 0, 3]), torch.tensor([0, shared, shared, 0])
     for m in (None, mask):
         plain = kernels.decode_attention(q, k, v, m, 0.125)
-        assert torch.equal(kernels.decode_attention(q, k, v, m, 0.125, src, share), plain)
+        got = kernels.decode_attention(q, k, v, m, 0.125, src, share)
+        torch.testing.assert_close(got, plain, atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(got.double(), reference_attention(q, k, v, m, 0.125),
+                                   atol=2e-6, rtol=1e-5)  # fmt: skip
     # row 3 differs from row 0 everywhere: declared as sharing 600 positions, its keys
     # [0, 512) (two whole blocks of 256) come from row 0 and [512, 700) from its own row
     lied = torch.tensor([0, shared, shared, shared])
     got = kernels.decode_attention(q, k, v, None, 0.125, torch.zeros(rows, dtype=torch.long), lied)
     mixed = buffer.clone()
     mixed[:, 3, :, :512] = buffer[:, 0, :, :512]
-    want = kernels.decode_attention(q, mixed[0, :, :, :length], mixed[1, :, :, :length], None,
-                                    0.125)  # fmt: skip
+    want = reference_attention(q, mixed[0, :, :, :length], mixed[1, :, :, :length], None, 0.125)
     plain = kernels.decode_attention(q, k, v, None, 0.125)
-    assert torch.equal(got, want) and not torch.equal(got[3], plain[3])
-    assert torch.equal(got[:3], plain[:3])
+    torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-5)
+    assert (got[3] - plain[3]).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize(
+    ("rows", "group", "head_dim"), [(20, 4, 64), (6, 7, 128), (9, 2, 80), (5, 3, 24), (2, 1, 16)]
+)
+def test_rows_sharing_a_block_run_as_one_group(rows: int, group: int, head_dim: int) -> None:
+    """Many rows reading whole blocks from one source row, against float64: more queries than
+    one pass holds (20 x 4 = 80), head dims of one, two and five vectors per pass and one that
+    no group takes (24), rows that share and rows that do not, a row whose mask masks a key of
+    a shared block (it runs alone), and a source row with a shorter prefix of its own."""
+    kernels = required_native_kernels()
+    torch.manual_seed(rows * 100 + group * 10 + head_dim)
+    kv_heads, length, shared = 2, 900, 780
+    buffer = torch.randn(2, rows, kv_heads, length, head_dim)
+    buffer[:, 1:, :, :shared] = buffer[:, :1, :, :shared]
+    k, v = buffer[0], buffer[1]
+    q = torch.randn(rows, kv_heads * group, head_dim)
+    mask = torch.zeros(rows, length)
+    mask[-1, 300] = NEG_INF  # inside a shared block
+    mask[0, 850:] = NEG_INF
+    src = torch.zeros(rows, dtype=torch.long)
+    share = torch.full((rows,), shared)
+    share[0] = 0
+    if rows > 2:
+        src[1], share[1] = 1, 0  # a row that declares nothing
+    for m in (None, mask):
+        got = kernels.decode_attention(q, k, v, m, head_dim**-0.5, src, share)
+        want = reference_attention(q, k, v, m, head_dim**-0.5)
+        torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-5)
 
 
 def test_shared_prefix_arguments_are_checked() -> None:

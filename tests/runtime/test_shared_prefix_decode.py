@@ -1,5 +1,5 @@
 """Rows that copied the same prefix-cache blocks (``BatchKV.share_prefix``) are read once for
-all of them: by the native decode kernel (the same bits as every row reading its own copy) and
+all of them: by the native decode kernel (as one group per block; equal within float32 rounding) and
 by the packed prefill's cascade attention (equal within float32 rounding), on Llama and Qwen2
 (QKV biases), with the batch's integrity check comparing the shared bytes after every step."""
 
@@ -94,7 +94,7 @@ def no_decode_sharing(batch: BatchKV) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.arange(batch.num_rows), torch.zeros(batch.num_rows, dtype=torch.long)
 
 
-def test_shared_prefix_decode_is_bit_identical(
+def test_shared_prefix_decode_matches_unshared(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tokens, logits, shared, packed = run_batch(engine)
@@ -106,7 +106,7 @@ def test_shared_prefix_decode_is_bit_identical(
     assert plain_shared == 0
     assert tokens == plain_tokens and all(len(t) == 9 for t in tokens)
     for mine, theirs in zip(logits, plain_logits, strict=True):
-        assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
+        assert all((a - b).abs().max().item() <= TOL for a, b in zip(mine, theirs, strict=True))
 
 
 def test_cascade_prefill_matches_per_segment_attention(
@@ -139,7 +139,7 @@ def test_the_choices_of_one_prompt_share_its_cached_prefix(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``n = 3`` greedy choices: the forks copied the head's prompt, so its cached prefix too;
-    their decode reads it from the head's row, with the same bits."""
+    their decode reads it from the head's row, with the same numbers within float32 rounding."""
 
     def run() -> tuple[list[list[int]], list[list[torch.Tensor]], list[list[int]]]:
         plans: list[list[int]] = []
@@ -171,4 +171,5 @@ def test_the_choices_of_one_prompt_share_its_cached_prefix(
         plain_tokens, plain_logits, _ = run()
     assert tokens == plain_tokens and all(len(t) == 5 for t in tokens)
     for mine, theirs in zip(logits, plain_logits, strict=True):
-        assert len(mine) == 5 and all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
+        assert len(mine) == 5
+        assert all((a - b).abs().max().item() <= TOL for a, b in zip(mine, theirs, strict=True))
