@@ -114,13 +114,14 @@ def test_shared_prefix_is_read_from_the_source_row() -> None:
 
 
 @pytest.mark.parametrize(
-    ("rows", "group", "head_dim"), [(20, 4, 64), (6, 7, 128), (9, 2, 80), (5, 3, 24), (2, 1, 16)]
+    ("rows", "group", "head_dim"),
+    [(20, 4, 64), (6, 7, 128), (9, 2, 80), (5, 3, 24), (2, 1, 16), (4, 2, 48), (3, 3, 32)],
 )
 def test_rows_sharing_a_block_run_as_one_group(rows: int, group: int, head_dim: int) -> None:
     """Many rows reading whole blocks from one source row, against float64: more queries than
-    one pass holds (20 x 4 = 80), head dims of one, two and five vectors per pass and one that
-    no group takes (24), rows that share and rows that do not, a row whose mask masks a key of
-    a shared block (it runs alone), and a source row with a shorter prefix of its own."""
+    one pass holds (20 x 4 = 80), head dims of one to eight vectors (a pass takes four) and one
+    that no group takes (24), a row that declares nothing (it reads its own keys), a row whose
+    mask masks a key of a shared block (it runs alone), and the source row's own masked tail."""
     kernels = required_native_kernels()
     torch.manual_seed(rows * 100 + group * 10 + head_dim)
     kv_heads, length, shared = 2, 900, 780
