@@ -76,7 +76,8 @@ class SchedulerStats(NamedTuple):
     num_waiting: int
     num_blocks_pinned: int
     batch_kv_bytes: int
-    """Bytes of the running requests' KV rows now allocated."""
+    """Bytes of the batch KV buffer now reserved (address space: rows no request has used
+    are not resident, ``BatchKV``)."""
     max_batch_size: int
     prefill_tokens_computed: int = 0
     """Prompt tokens run through the model by every request released so far: finished,
