@@ -16,7 +16,7 @@ import pytest
 from runtime import EngineBusyError, RuntimeEngineError, SamplingParams
 from runtime.engine import Engine
 from runtime.outputs import Completion
-from runtime.request import Request
+from runtime.request import Request, RequestStatus
 from runtime.scheduler import SchedulerConfig
 from tests.conftest import VOCAB_SIZE
 
@@ -374,6 +374,43 @@ def test_a_queued_burst_grows_the_batch_once(model_path: Path, first: int) -> No
     engine.scheduler.resume()
     for req in reqs:
         completion_of(req)
+    engine.close()
+
+
+def test_a_request_whose_release_fails_during_recovery_still_ends_and_the_batch_restarts(
+    model_path: Path,
+) -> None:
+    """The recovery's last resort: the iteration raised, and freeing the running request's row
+    raises too. The request still ends with the named error (its stream is not left waiting),
+    the rows that could not be freed are dropped (the batch starts empty) and the next request
+    is served."""
+    engine = make_engine(model_path)
+    sched = engine.scheduler
+    running = engine.make_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=60, ignore_eos=True))
+    sched.pause()
+    sched.submit(running)
+    sched.step()
+    assert sched.running == [running] and not isinstance(running.outbox.get(timeout=60), Exception)
+    broken_batch = sched.batch
+
+    def broken_iterate() -> None:
+        raise RuntimeError("bookkeeping bug")
+
+    def broken_remove(index: int) -> None:
+        raise RuntimeError("row table bug")
+
+    sched._iterate = broken_iterate  # type: ignore[method-assign]
+    broken_batch.remove_row = broken_remove  # type: ignore[method-assign]
+    sched.resume()
+    with pytest.raises(RuntimeEngineError, match="bookkeeping bug"):
+        completion_of(running)
+    assert running.released.is_set() and running.status is RequestStatus.RELEASED
+    del sched._iterate
+    assert sched._thread is not None and sched._thread.is_alive()
+    assert sched.batch is not broken_batch and sched.batch.num_rows == 0 and not sched.running
+    later = engine.make_request([13, 14], SamplingParams(max_tokens=4, ignore_eos=True))
+    sched.submit(later)
+    assert len(completion_of(later).token_ids) == 4
     engine.close()
 
 
