@@ -180,8 +180,8 @@ class BatchKV:
         Rows that copied the same leading blocks hold the same bytes there for as long as both
         live (their requests pin the blocks: nothing evicts or rewrites them), so a decode step
         reads those positions once for all of them (``step_slots``; the native kernel), with
-        the same result within float32 rounding. The caller must not record positions it will overwrite (the
-        prompt's last position, which prefill recomputes).
+        the same result within float32 rounding. The caller must not record positions it will
+        overwrite (the prompt's last position, which prefill recomputes).
         """
         index = next(i for i, row in enumerate(self.rows) if row is kv)
         usable = min(length, len(blocks) * block_size)
