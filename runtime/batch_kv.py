@@ -7,6 +7,7 @@ row's own position and reads all rows at once. It knows nothing about tokens, th
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
@@ -17,6 +18,8 @@ from runtime.compact_llama import StepSlots
 from runtime.kv_cache import OwnedLayer, RequestKVCache
 
 __all__ = ["BatchKV"]
+
+_log = logging.getLogger(__name__)
 
 
 class _CachedPrefix(NamedTuple):
@@ -164,13 +167,27 @@ class BatchKV:
         """Make room for ``num_rows`` rows in all (live ones included) of up to ``total_len``
         positions in one reallocation, when that fits the budget (else nothing: rows are then
         added as the budget allows, ``can_fit``); with ``up_to``, room for up to that many rows
-        where the budget allows (requests still arriving), never fewer than ``num_rows``."""
+        where the budget allows (requests still arriving), never fewer than ``num_rows``.
+
+        Raises:
+            RuntimeError: the allocator refused even ``num_rows`` rows (torch's out-of-memory
+                error); a refused headroom falls back to ``num_rows`` rows instead.
+        """
         need_cap = max([total_len, *self._reserved])
         per_row = need_cap * self.position_bytes
         if num_rows <= self.num_rows or num_rows * per_row > self.budget_bytes:
             return
         rows = max(num_rows, min(up_to or num_rows, self.budget_bytes // per_row))
-        self._ensure(rows, need_cap)
+        try:
+            self._ensure(rows, need_cap)
+        except RuntimeError:
+            # NOTE: the headroom is address space the requests in hand do not need (under
+            # strict overcommit, or a budget above free memory, it can be refused).
+            if rows == num_rows:
+                raise
+            _log.warning("agentcache: batch KV headroom of %d rows refused; reserving %d",
+                         rows, num_rows)  # fmt: skip
+            self._ensure(num_rows, need_cap)
 
     def share_prefix(self, kv: RequestKVCache, blocks: Sequence[int], block_size: int,
                      length: int) -> None:  # fmt: skip

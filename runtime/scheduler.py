@@ -354,7 +354,11 @@ class Scheduler:
                 break
             rows, capacity = rows + 1 + len(req.forks), max(capacity, req.max_total_len)
         if capacity:
-            self.batch.reserve(rows, capacity, up_to=self.max_batch_size)
+            try:
+                self.batch.reserve(rows, capacity, up_to=self.max_batch_size)
+            except RuntimeError as exc:  # NOTE: rows are then added one by one, each may fail
+                _log.warning("agentcache: cannot reserve the batch KV for %d rows: %s",
+                             rows, str(exc).splitlines()[0])  # fmt: skip
 
     def _gather(self, limit: int) -> list[tuple[Request, int]]:
         """The next prefill jobs ``(request, max tokens)``: at most ``limit`` tokens in all and
@@ -499,7 +503,16 @@ class Scheduler:
             False when the match failed (the group has failed).
         """
         group = [req, *live_forks(req)]
-        kv = [self._add_row(member) for member in group][0]
+        try:
+            kv = [self._add_row(member) for member in group][0]
+        except RuntimeError as exc:  # NOTE: torch's allocator refused to grow the batch buffer
+            error = RuntimeEngineError(
+                f"no memory for this request's KV rows ({str(exc).splitlines()[0]}); lower "
+                "SchedulerConfig.batch_kv_bytes or the load"
+            )
+            for member in group:
+                self._fail(member, error)
+            return False
         try:
             hit = self.prefix_cache.match(
                 req.cache_namespace, req.cacheable_ids, kv, use_cache=req.use_prefix_cache

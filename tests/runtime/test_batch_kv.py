@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -210,4 +211,25 @@ def test_a_burst_reserves_every_row_the_budget_allows_in_one_growth() -> None:
     for _ in range(16):
         batch.add_row(1000)
     assert batch.num_grows == 1 and batch.num_rows == 16
+    batch.check_integrity()
+
+
+def test_a_refused_headroom_falls_back_to_the_rows_in_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows a burst reserves beyond the requests in hand are optional: when the allocator
+    refuses them (torch raises RuntimeError), the buffer takes just the rows asked for; when it
+    refuses those too, the error propagates."""
+    batch = make_batch()  # 128 bytes a position, a 1 MiB budget: 81 rows of 100 fit
+    real_empty = torch.empty
+
+    def stingy(*shape: Any, **kwargs: Any) -> torch.Tensor:
+        if shape[0][2] > 3:  # NOTE: [L, 2, rows, H, capacity, D]
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+        return real_empty(*shape, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", stingy)
+    batch.reserve(3, 100, up_to=64)
+    assert tuple(batch.buffer.shape[2::2]) == (3, 100) and batch.num_grows == 1
+    with pytest.raises(RuntimeError, match="can't allocate"):
+        batch.reserve(5, 100, up_to=64)
+    assert tuple(batch.buffer.shape[2::2]) == (3, 100)
     batch.check_integrity()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from runtime import EngineBusyError, RuntimeEngineError, SamplingParams
 from runtime.engine import Engine
@@ -377,6 +378,42 @@ def test_a_queued_burst_grows_the_batch_once(model_path: Path, first: int) -> No
     engine.close()
 
 
+def test_a_request_the_allocator_refuses_rows_fails_alone(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When torch's allocator refuses to grow the batch buffer (memory pressure), the burst's
+    optional headroom is given up, the requests that got rows run to the end, the ones that
+    could not get a row fail with an error saying so, and later requests are served."""
+    engine = make_engine(model_path)
+    sched = engine.scheduler
+    real_empty = torch.empty
+
+    def stingy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        shape = args[0] if args and isinstance(args[0], tuple) else ()
+        if len(shape) == 6 and shape[2] > 2:  # NOTE: the batch buffer [L, 2, rows, H, cap, D]
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+        return real_empty(*args, **kwargs)
+
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    reqs = [engine.make_request([5 + i, 6, 7], params) for i in range(4)]
+    monkeypatch.setattr(torch, "empty", stingy)
+    sched.pause()
+    sched.submit_all(reqs)
+    sched.step()
+    monkeypatch.undo()
+    sched.resume()
+    assert [len(completion_of(req).token_ids) for req in reqs[:2]] == [5, 5]
+    for req in reqs[2:]:
+        with pytest.raises(RuntimeEngineError, match="no memory for this request's KV rows"):
+            completion_of(req)
+    later = engine.make_request([13, 14], params)
+    sched.submit(later)
+    assert len(completion_of(later).token_ids) == 5
+    assert engine.scheduler_stats().num_blocks_pinned == 0 and not sched.running
+    engine.check_integrity()
+    engine.close()
+
+
 def test_a_request_whose_release_fails_during_recovery_still_ends_and_the_batch_restarts(
     model_path: Path,
 ) -> None:
@@ -406,6 +443,8 @@ def test_a_request_whose_release_fails_during_recovery_still_ends_and_the_batch_
         completion_of(running)
     assert running.released.is_set() and running.status is RequestStatus.RELEASED
     del sched._iterate
+    with sched._lock:  # NOTE: the recovery goes on after the error is posted, under this lock
+        pass
     assert sched._thread is not None and sched._thread.is_alive()
     assert sched.batch is not broken_batch and sched.batch.num_rows == 0 and not sched.running
     later = engine.make_request([13, 14], SamplingParams(max_tokens=4, ignore_eos=True))
