@@ -358,7 +358,7 @@ class Scheduler:
                 self.batch.reserve(rows, capacity, up_to=self.max_batch_size)
             except RuntimeError as exc:  # NOTE: rows are then added one by one, each may fail
                 _log.warning("agentcache: cannot reserve the batch KV for %d rows: %s",
-                             rows, str(exc).splitlines()[0])  # fmt: skip
+                             rows, _first_line(exc))  # fmt: skip
 
     def _gather(self, limit: int) -> list[tuple[Request, int]]:
         """The next prefill jobs ``(request, max tokens)``: at most ``limit`` tokens in all and
@@ -507,7 +507,7 @@ class Scheduler:
             kv = [self._add_row(member) for member in group][0]
         except RuntimeError as exc:  # NOTE: torch's allocator refused to grow the batch buffer
             error = RuntimeEngineError(
-                f"no memory for this request's KV rows ({str(exc).splitlines()[0]}); lower "
+                f"no memory for this request's KV rows ({_first_line(exc)}); lower "
                 "SchedulerConfig.batch_kv_bytes or the load"
             )
             for member in group:
@@ -617,6 +617,12 @@ class Scheduler:
         # NOTE: the row is reused by the next request; drop the view so nothing reads stale KV.
         req.node, req.kv, req.status = None, None, RequestStatus.RELEASED
         req.released.set()
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, or its type's name when it has none."""
+    lines = str(exc).splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _remaining(req: Request) -> int:

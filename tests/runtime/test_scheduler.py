@@ -391,7 +391,7 @@ def test_a_request_the_allocator_refuses_rows_fails_alone(
     def stingy(*args: Any, **kwargs: Any) -> torch.Tensor:
         shape = args[0] if args and isinstance(args[0], tuple) else ()
         if len(shape) == 6 and shape[2] > 2:  # NOTE: the batch buffer [L, 2, rows, H, cap, D]
-            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+            raise RuntimeError()  # NOTE: no message: the error still says what failed
         return real_empty(*args, **kwargs)
 
     params = SamplingParams(max_tokens=5, ignore_eos=True)
@@ -403,8 +403,9 @@ def test_a_request_the_allocator_refuses_rows_fails_alone(
     monkeypatch.undo()
     sched.resume()
     assert [len(completion_of(req).token_ids) for req in reqs[:2]] == [5, 5]
+    says = r"no memory for this request's KV rows \(RuntimeError\)"
     for req in reqs[2:]:
-        with pytest.raises(RuntimeEngineError, match="no memory for this request's KV rows"):
+        with pytest.raises(RuntimeEngineError, match=says):
             completion_of(req)
     later = engine.make_request([13, 14], params)
     sched.submit(later)
