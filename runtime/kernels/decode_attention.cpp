@@ -361,21 +361,21 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   std::vector<int64_t> members;
   std::vector<Work> singles;
   work.reserve(B * Hkv * S);
-  const bool groups = srcp != nullptr && D % kLanes == 0;
-  for (int64_t b = 0; b < B && !groups; ++b)
-    for (int64_t h = 0; h < Hkv; ++h)
-      for (int64_t s = 0; s < S; ++s) {
-        const int64_t t0 = s * kBlock;
-        const int64_t kv_row = srcp != nullptr && t0 + kBlock <= sharedp[b] ? srcp[b] : b;
-        work.push_back({b, h, s, kv_row, 0, 0});
-      }
-  if (groups) {
+  // the row whose keys row b reads in block s: its source for a block wholly inside its prefix
+  const auto reads_from = [&](int64_t b, int64_t s) {
+    return srcp != nullptr && (s + 1) * kBlock <= sharedp[b] ? srcp[b] : b;
+  };
+  if (srcp == nullptr || D % kLanes != 0) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t s = 0; s < S; ++s) work.push_back({b, h, s, reads_from(b, s), 0, 0});
+  } else {
     std::vector<int64_t> reader(B);
     std::vector<char> unmasked(B);
     for (int64_t s = 0; s < S; ++s) {
       const int64_t t0 = s * kBlock, n = std::min(kBlock, T - t0);
       for (int64_t b = 0; b < B; ++b) {
-        reader[b] = t0 + kBlock <= sharedp[b] ? srcp[b] : b;
+        reader[b] = reads_from(b, s);
         bool clear = n == kBlock;
         for (int64_t t = 0; mp != nullptr && clear && t < n; ++t) clear = mp[b * T + t0 + t] == 0.f;
         unmasked[b] = clear;
