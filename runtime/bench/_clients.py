@@ -59,6 +59,10 @@ class PhaseReport:
     num_errors: int
     wall_s: float
     output_tokens: int
+    prompt_tokens: int
+    """Prompt tokens of the requests that succeeded, from their usage."""
+    cached_tokens: int
+    """Of those, the tokens the prefix cache served (usage's ``cached_tokens``)."""
     tokens_per_s: float
     """Generated tokens per wall-clock second over the whole phase."""
     ttft_p50_s: float | None
@@ -172,6 +176,8 @@ def phase_report(
         num_errors=sum(r.error is not None for r in results),
         wall_s=round(wall_s, 4),
         output_tokens=out,
+        prompt_tokens=prompt,
+        cached_tokens=sum(r.cached_tokens for r in results),
         tokens_per_s=round(out / wall_s, 2) if wall_s > 0 else 0.0,
         ttft_p50_s=_percentile(ttfts, 50),
         ttft_p99_s=_percentile(ttfts, 99),

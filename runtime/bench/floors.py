@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["Hardware", "W1Shape", "measure_hardware"]
+__all__ = ["Hardware", "W1Shape", "batching_floor_ratio", "measure_hardware"]
 
 
 class Hardware(NamedTuple):
@@ -89,9 +89,53 @@ class W1Shape(NamedTuple):
         per_layer = 2 * self.layer_weights * new + 4 * self.q_width * seen
         return self.num_layers * per_layer + 2 * self.hidden * self.vocab
 
+    def decode_flops(self, context: int) -> float:
+        """FLOPs of one row of a decode step over ``context`` keys: every weight once (the
+        logits matrix included) and attention over the keys."""
+        weights = self.num_layers * self.layer_weights + self.hidden * self.vocab
+        return 2.0 * weights + 4.0 * self.q_width * context * self.num_layers
+
     def decode_bytes(self, context: int) -> float:
         """Bytes one decode step reads: every weight once (the tied embedding as the logits
         matrix) and the K/V of ``context`` positions."""
         weights = self.num_layers * self.layer_weights + self.hidden * self.vocab
         kv = self.num_layers * 2 * self.kv_width * context
         return float(weights * self.bytes_per_weight + kv * self.bytes_per_value)
+
+
+def batching_floor_ratio(
+    shape: W1Shape, hw: Hardware, *, clients: int, prompt: int, cached: int, completion: int
+) -> float:
+    """Throughput of ``clients`` requests served together over the same requests one by one,
+    with both paths at this machine's floors: what batching can gain on this turn shape.
+
+    Each request has ``prompt`` tokens of which ``cached`` hit the prefix cache and generates
+    ``completion`` tokens (the first from its prefill). A prefill costs its FLOPs at the peak
+    GEMM rate in both paths (batching a compute-bound prefill saves nothing at the floor). A
+    decode step of ``r`` rows at context ``c`` costs the larger of ``r`` rows' FLOPs at the peak
+    rate and its bytes at the read bandwidth: the weights and the cached prefix's K/V once (the
+    rows share it), each row's other K/V once per row. One by one, ``r = 1``.
+
+    Returns:
+        The ratio (> 0): the ``throughput concurrent/sequential`` an engine at both floors
+        would show. An engine nearer its floor on one path than on the other lands off it.
+
+    Raises:
+        ValueError: ``clients`` or ``prompt`` below 1, ``cached`` outside ``[0, prompt)``,
+            ``completion`` below 1.
+    """
+    if clients < 1 or prompt < 1 or not 0 <= cached < prompt or completion < 1:
+        raise ValueError(
+            f"need clients >= 1, 0 <= cached < prompt, completion >= 1; got {clients=}, "
+            f"{prompt=}, {cached=}, {completion=}"
+        )
+    prefill = shape.prefill_flops(cached, prompt - cached) / (hw.gemm_gflops * 1e9)
+    alone, together = prefill, clients * prefill
+    for step in range(1, completion):
+        context = prompt + step
+        flops = shape.decode_flops(context) / (hw.gemm_gflops * 1e9)
+        row_kv = shape.decode_bytes(context) - shape.decode_bytes(cached)
+        alone += max(flops, shape.decode_bytes(context) / (hw.read_gb_s * 1e9))
+        step_bytes = shape.decode_bytes(cached) + clients * row_kv
+        together += max(clients * flops, step_bytes / (hw.read_gb_s * 1e9))
+    return clients * alone / together

@@ -33,6 +33,7 @@ from runtime.bench._clients import (
     system_prompt,
 )
 from runtime.bench._plot import check_plot_path, plot_load
+from runtime.bench.floors import Hardware, W1Shape, batching_floor_ratio, measure_hardware
 from runtime.bench.llama_server_peer import BUILD_HELP as LLAMA_SERVER_BUILD_HELP
 from runtime.bench.llama_server_peer import DEFAULT_NUM_SLOTS, PeerError, add_peer_options
 from runtime.bench.load_peer import peer_problem, run_vs_llama_server
@@ -158,17 +159,51 @@ def _run_levels(
                 "pinned_blocks_after": pinned,
                 "peak_rss_mb": peak_rss,
                 "rss_after_mb": rss,
+                "floor_ratio": None,
             }
         )
         _print_level(levels[-1])
     errors = sum(lv["concurrent"]["num_errors"] + lv["sequential"]["num_errors"] for lv in levels)
     errors += sum(r.error is not None for r in warm)
+    hardware = None
+    if engine is not None and hasattr(engine, "runner"):  # NOTE: after the levels' RSS figures
+        hw = measure_hardware()
+        hardware = hw._asdict()
+        weight_bytes = 2 if args.weights == "bfloat16" else None
+        _add_floor_ratios(levels, W1Shape.of(engine.runner.model, weight_bytes=weight_bytes), hw)
     return {
         "levels": levels,
         "errors": errors,
         "pinned_blocks_after": pinned,
         "rss_before_mb": rss_before,
+        "hardware": hardware,
     }
+
+
+def _add_floor_ratios(levels: list[dict[str, Any]], shape: W1Shape, hw: Hardware) -> None:
+    """Set each level's ``floor_ratio`` (``batching_floor_ratio`` at its concurrent phase's mean
+    turn shape; None when no request of it succeeded) and print them."""
+    print(
+        f"hardware, same run: peak fp32 GEMM {hw.gemm_gflops:.0f} GFLOP/s, read "
+        f"{hw.read_gb_s:.1f} GB/s (runtime.bench.floors)"
+    )
+    for level in levels:
+        conc = level["concurrent"]
+        done = conc["num_requests"] - conc["num_errors"]
+        if done < 1 or conc["prompt_tokens"] < 1:
+            continue
+        prompt = round(conc["prompt_tokens"] / done)
+        cached = min(round(conc["cached_tokens"] / done), prompt - 1)
+        completion = max(1, round(conc["output_tokens"] / done))
+        ratio = batching_floor_ratio(shape, hw, clients=conc["concurrency"], prompt=prompt,
+                                     cached=cached, completion=completion)  # fmt: skip
+        level["floor_ratio"] = round(ratio, 3)
+        measured = level["throughput_ratio"]
+        print(
+            f"{conc['concurrency']:>4} clients: concurrent/sequential {measured:.2f}x measured, "
+            f"{ratio:.2f}x with both paths at the floors for this turn shape "
+            f"({prompt} prompt tokens, {cached} cached, {completion} generated)"
+        )
 
 
 def _unpacked_phase(

@@ -31,6 +31,8 @@ def test_load_script_against_a_url_prints_one_json_object_last(
     assert 0 < first["hit_rate"] < 1  # the shared system prompt is reused, the question is not
     assert first["itl_p99_s"] is not None and first["itl_p99_s"] >= 0  # three chunks: two gaps
     assert report["levels"][0]["unpacked"] is None
+    assert first["prompt_tokens"] > first["cached_tokens"] > 0
+    assert report["hardware"] is None and report["levels"][0]["floor_ratio"] is None  # remote
     assert engine.num_open == 0
 
 
@@ -94,6 +96,9 @@ def test_load_compares_packed_prefill_in_process(capsys: pytest.CaptureFixture[s
     assert 0 < report["rss_before_mb"] <= level["peak_rss_mb"]
     assert level["unpacked"]["num_requests"] == 3 and level["unpacked"]["num_errors"] == 0
     assert 1 <= level["peak_batch"] <= 3 and 1 <= level["mean_batch"] <= level["peak_batch"]
+    assert report["hardware"]["gemm_gflops"] > 0 and report["hardware"]["read_gb_s"] > 0
+    assert 1 <= level["floor_ratio"] <= 3  # three clients: at most three rows for one's cost
+    assert f"{level['floor_ratio']:.2f}x with both paths at the floors" in out
 
 
 def test_decode_batch_reads_a_phase_from_two_snapshots_of_the_step_counts() -> None:
