@@ -238,7 +238,9 @@ def _add_proxy(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     p.add_argument(
         "--host", default="127.0.0.1", help="bind address (default: %(default)s, loopback only)"
     )
-    p.add_argument("--port", default="8080", help="listen port, 1-65535 (default: %(default)s)")
+    p.add_argument(
+        "--port", type=port_number, default=8080, help="listen port, 1..65535 (default: 8080)"
+    )
     p.add_argument(
         "--provider",
         choices=["openai", "anthropic"],

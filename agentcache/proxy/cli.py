@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
+import sys
 from urllib.parse import urlsplit
 
 from agentcache.proxy.rewrite import RewriteOptions
@@ -18,12 +19,8 @@ __all__ = ["run_proxy", "show_proxy_log"]
 
 
 def _fail(message: str, *, status: int = 2) -> int:
-    print(f"agentcache proxy: {message}")
+    print(f"agentcache proxy: {message}", file=sys.stderr)
     return status
-
-
-def _port(text: str) -> int | None:
-    return int(text) if text.isdigit() and 1 <= int(text) <= 65535 else None
 
 
 def _ttl(text: str | None) -> float | None:
@@ -73,7 +70,7 @@ def run_proxy(args: argparse.Namespace) -> int:
     try:
         return _proxy(args)
     except KeyboardInterrupt:
-        print("agentcache proxy: stopped (Ctrl-C)")
+        print("agentcache proxy: stopped (Ctrl-C)", file=sys.stderr)
         return 130
 
 
@@ -81,9 +78,7 @@ def _proxy(args: argparse.Namespace) -> int:
     upstream = urlsplit(args.upstream)
     if upstream.scheme not in ("http", "https") or not upstream.netloc:
         return _fail(f"--upstream must be an http(s) URL, got {args.upstream!r}")
-    port = _port(str(args.port))
-    if port is None:
-        return _fail(f"--port must be a whole number from 1 to 65535, got {args.port!r}")
+    port = int(args.port)  # NOTE: the parser's port_number checked it
     ttl = _ttl(args.response_cache_ttl)
     if ttl is not None and ttl < 0:
         return _fail(f"--response-cache-ttl must be seconds > 0, got {args.response_cache_ttl!r}")

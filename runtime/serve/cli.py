@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,8 +117,13 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         return _serve(args)
     except KeyboardInterrupt:
-        print("agentcache serve: stopped (Ctrl-C)")
+        print("agentcache serve: stopped (Ctrl-C)", file=sys.stderr)
         return 130
+
+
+def _error(message: str) -> None:
+    """A failure to start, one line on stderr (announcements go to stdout)."""
+    print(f"agentcache serve: {message}", file=sys.stderr)
 
 
 def _runs(engine: ServingEngine) -> str:
@@ -135,27 +141,27 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         check_model_name(args.model)  # NOTE: before torch is imported (seconds) or a hub lookup.
     except ModelLoadError as exc:
-        print(f"agentcache serve: {exc}")
+        _error(str(exc))
         return 2
     weights = getattr(args, "weights", None)
     if weights == "bfloat16" and getattr(args, "dtype", None) not in (None, "float32"):
-        print(f"agentcache serve: --weights bfloat16 needs --dtype float32, not {args.dtype}")
+        _error(f"--weights bfloat16 needs --dtype float32, not {args.dtype}")
         return 2
     disk_dir = getattr(args, "kv_disk_dir", None)
     disk_bytes = getattr(args, "kv_disk_bytes", None)
     if disk_bytes is not None and disk_dir is None:
-        print("agentcache serve: --kv-disk-bytes needs --kv-disk-dir")
+        _error("--kv-disk-bytes needs --kv-disk-dir")
         return 2
     try:
         keys = api_keys(args)
     except (OSError, ValueError) as exc:
-        print(f"agentcache serve: bad API key option: {exc}")
+        _error(f"bad API key option: {exc}")
         return 2
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
-        print(
-            f"agentcache serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+        _error(
+            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
             "stop the process using it or pick another --port"
         )
         return 3
@@ -178,7 +184,7 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             engine = Engine.from_pretrained(args.model, **kwargs)
         except (ModelLoadError, OSError) as exc:
-            print(f"agentcache serve: cannot load {args.model!r}: {exc}")
+            _error(f"cannot load {args.model!r}: {exc}")
             return 2
         try:
             # NOTE: uvicorn shuts down gracefully on SIGINT, then re-raises the signal, which

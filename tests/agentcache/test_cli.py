@@ -81,6 +81,10 @@ UPSTREAM = ["--upstream", "http://127.0.0.1:1/v1"]
             "agentcache proxy: --provider: invalid choice: 'gemini' ",
         ),
         (["proxy"], "agentcache proxy: the following arguments are required: --upstream"),
+        (
+            ["proxy", *UPSTREAM, "--port", "99999"],
+            "agentcache proxy: --port: must be a port in 1..65535, got 99999",
+        ),
         (["lint"], "agentcache lint: the following arguments are required: file"),
         (["diff", "a.json"], "agentcache diff: the following arguments are required: b"),
         (["demo", "--bogus"], "agentcache: unrecognized arguments: --bogus"),
@@ -139,7 +143,9 @@ def test_a_model_name_typo_is_one_line_and_exit_2_without_torch(
     env = {**os.environ, "AGENTCACHE_CACHE_DIR": str(tmp_path)}  # NOTE: the demo creates it.
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 2, done.stderr
-    assert done.stdout.splitlines() == [
+    # NOTE: serve's failures go to stderr; the demo prints its own in its console (stdout)
+    said = done.stderr if command == "serve" else done.stdout
+    assert said.splitlines() == [
         f"agentcache {command}: unknown model 'tinyy': did you mean 'tiny'? bundled models: tiny; "
         "or give a local folder or a hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'"
     ]

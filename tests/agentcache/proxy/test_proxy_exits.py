@@ -18,11 +18,11 @@ def test_a_taken_port_is_one_line_and_exit_3(capsys: pytest.CaptureFixture[str])
         port = taken.getsockname()[1]
         assert cli_main(["proxy", "--upstream", UPSTREAM, "--port", str(port)]) == 3
     captured = capsys.readouterr()
-    lines = captured.out.strip().splitlines()
+    lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
         f"agentcache proxy: cannot listen on 127.0.0.1:{port}"
     )
-    assert "--port" in lines[0] and "Traceback" not in captured.err
+    assert "--port" in lines[0] and "Traceback" not in captured.err and captured.out == ""
 
 
 @pytest.mark.slow
@@ -32,5 +32,5 @@ def test_sigint_stops_the_proxy_quietly_with_130_and_frees_the_port() -> None:
         proxy.wait_for("Application startup complete", stream="stderr", timeout_s=60)
         assert proxy.interrupt() == 130, proxy.text("stderr")
     assert "Traceback" not in proxy.text("stderr")
-    assert "agentcache proxy: stopped (Ctrl-C)" in proxy.text("stdout")
+    assert "agentcache proxy: stopped (Ctrl-C)" in proxy.text("stderr")
     socket.create_server(("127.0.0.1", port)).close()  # the port was released

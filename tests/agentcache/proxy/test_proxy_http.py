@@ -306,7 +306,6 @@ def test_wrapped_clients_rewrite_in_process(tiny_url: str, anthropic_url: tuple[
     ("argv", "says"),
     [
         (["--upstream", "ftp://x"], "--upstream must be an http(s) URL"),
-        (["--upstream", "http://127.0.0.1:1/v1", "--port", "99999"], "--port must be"),
         (["--upstream", "http://127.0.0.1:1/v1", "--response-cache-ttl", "-3"], "ttl"),
         (
             ["--upstream", "http://127.0.0.1:1/v1", "--response-cache-ttl", "5"]
@@ -323,5 +322,6 @@ def test_proxy_command_refuses_bad_options(
     argv = [arg.format(file=blocker) for arg in argv]
     says = says.format(file=blocker)
     assert cli_main(["proxy", *argv]) == 2
-    out = capsys.readouterr().out.strip()
-    assert says in out and len(out.splitlines()) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert says in err and len(err.splitlines()) == 1 and captured.out == ""

@@ -15,5 +15,5 @@ def test_sigint_while_serving_exits_130_without_a_traceback() -> None:
         serve.wait_for("Application startup complete", stream="stderr")
         assert serve.interrupt() == 130, serve.text("stderr")
     assert "Traceback" not in serve.text("stderr")
-    assert "agentcache serve: stopped (Ctrl-C)" in serve.text("stdout")
+    assert "agentcache serve: stopped (Ctrl-C)" in serve.text("stderr")
     bind_socket("127.0.0.1", port).close()  # the port was released

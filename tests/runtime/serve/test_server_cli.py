@@ -51,8 +51,9 @@ def test_taken_port_fails_before_the_model_loads(
         taken.listen(1)
         port = taken.getsockname()[1]
         assert server.run_cli(serve_args(port)) == 3
-    out = capsys.readouterr().out
-    assert f"cannot listen on 127.0.0.1:{port}" in out and "--port" in out
+    captured = capsys.readouterr()
+    assert f"cannot listen on 127.0.0.1:{port}" in captured.err and "--port" in captured.err
+    assert captured.out == ""  # NOTE: failures go to stderr, announcements to stdout
 
 
 def test_missing_model_directory_is_exit_2_and_frees_the_port(
@@ -62,8 +63,8 @@ def test_missing_model_directory_is_exit_2_and_frees_the_port(
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     assert server.run_cli(serve_args(port, model="./no/such/model-dir")) == 2
-    out = capsys.readouterr().out
-    assert "no such model directory './no/such/model-dir'" in out and "tiny" in out
+    err = capsys.readouterr().err
+    assert "no such model directory './no/such/model-dir'" in err and "tiny" in err
     server.bind_socket("127.0.0.1", port).close()  # the port was given back
 
 
@@ -84,7 +85,7 @@ def test_a_model_name_typo_is_one_line_before_torch_or_the_port(
         taken.listen(1)
         port = taken.getsockname()[1]  # a taken port would be exit 3: the name is checked first
         assert server.run_cli(serve_args(port, model=model)) == 2
-    lines = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"agentcache serve: {says}"), lines
 
 
@@ -119,7 +120,7 @@ def test_kv_disk_and_budget_flags_reach_the_engine(
     assert "dtype" not in seen and "kv_cache_bytes" not in seen
     lone = build_parser().parse_args(["serve", "--port", port, "--kv-disk-bytes", "4096"])
     assert server.run_cli(lone) == 2
-    assert "--kv-disk-bytes needs --kv-disk-dir" in capsys.readouterr().out
+    assert "--kv-disk-bytes needs --kv-disk-dir" in capsys.readouterr().err
     assert server.run_cli(build_parser().parse_args(["serve", "--port", port, "--weights",
                                                      "bfloat16"])) == 2  # fmt: skip
     assert seen["weights"] == "bfloat16" and "dtype" not in seen
@@ -127,7 +128,7 @@ def test_kv_disk_and_budget_flags_reach_the_engine(
     both = ["serve", "--port", port, "--weights", "bfloat16", "--dtype", "float16"]
     assert server.run_cli(build_parser().parse_args(both)) == 2
     assert not seen  # NOTE: refused before the model loads
-    assert "--weights bfloat16 needs --dtype float32, not float16" in capsys.readouterr().out
+    assert "--weights bfloat16 needs --dtype float32, not float16" in capsys.readouterr().err
 
 
 def test_api_keys_from_repeated_flags_and_files(tmp_path: Path) -> None:
@@ -161,8 +162,9 @@ def test_bad_key_options_are_exit_2_without_echoing_keys(
     for name, value in flags.items():
         setattr(args, name, value)
     assert server.run_cli(args) == 2
-    out = capsys.readouterr().out
-    assert message in out and "secret" not in out and "good" not in out
+    captured = capsys.readouterr()
+    assert message in captured.err and "secret" not in captured.err and "good" not in captured.err
+    assert "secret" not in captured.out and "good" not in captured.out
 
 
 @pytest.mark.parametrize(
@@ -199,7 +201,7 @@ def test_a_bad_key_file_is_one_line_and_exit_2_without_torch(
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 2, done.stderr
-    lines = done.stdout.splitlines()
+    lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("agentcache serve: bad API key option: ")
     assert says in lines[0] and "secret" not in lines[0], lines
 
