@@ -8,6 +8,7 @@ Knows nothing about what the numbers mean.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import NoReturn
 
 __all__ = ["OneLineErrorParser", "non_negative_int", "port_number", "positive_int"]
@@ -29,10 +30,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 
 def _whole(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    # NOTE: int() also takes "8_0", " 80 " and non-ASCII digits ("٨٠"): a port or a byte count
+    # spelled that way is more likely a typo than a choice, so only [+-]digits pass.
+    if re.fullmatch(r"[+-]?[0-9]+", text) is None:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(text)
 
 
 def positive_int(text: str) -> int:

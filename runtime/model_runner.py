@@ -131,11 +131,19 @@ def load_model(model: str, *, dtype: str, device: str, revision: str | None) -> 
         lm: Any = AutoModelForCausalLM.from_pretrained(
             path, revision=revision, dtype=torch_dtype(dtype)
         )
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"cannot load model {model!r} (resolved to {path!r}): {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - NOTE: loaders raise their own types (safetensors'
+        # SafetensorError for a damaged file, RuntimeError for mismatched shapes, ...)
+        where = "" if path == model else f" (resolved to {path!r})"
+        raise ModelLoadError(f"cannot load model {model!r}{where}: {_one_line(exc)}") from exc
     lm.to(torch.device(device))
     lm.eval()
     return lm, tokenizer
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc``'s message with its line breaks and runs of spaces folded (transformers' messages
+    span several lines), or its type's name when it has none."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 _FINGERPRINT_SAMPLES = 4096

@@ -41,9 +41,13 @@ def free_port() -> int:
 class CliProcess:
     """``python -m agentcache.cli ARGV`` offline (``HF_HUB_OFFLINE=1``, no endpoint env)."""
 
-    def __init__(self, *argv: str, cwd: Path | None = None) -> None:
+    def __init__(self, *argv: str, cwd: Path | None = None, buffered: bool = False) -> None:
+        """``buffered``: drop ``PYTHONUNBUFFERED`` from the child's environment, so its stdout
+        (a pipe) is block-buffered as under a service manager: a line shows only if flushed."""
         env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
         env.pop("AGENTCACHE_BASE_URL", None)
+        if buffered:
+            env.pop("PYTHONUNBUFFERED", None)
         self.process = subprocess.Popen(
             [sys.executable, "-c", _WITH_DEFAULT_SIGINT, *argv],
             stdin=subprocess.PIPE,

@@ -74,10 +74,31 @@ def run_proxy(args: argparse.Namespace) -> int:
         return 130
 
 
+def _redacted(url: str) -> str:
+    """``url`` with any ``user:password@`` shown as ``***@``: it may hold a key, and the
+    announcement and error lines end up in logs."""
+    head, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if sep and "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    return f"{head}{sep}{netloc}{slash}{path}" if sep else url
+
+
+def _upstream_problem(url: str) -> str | None:
+    """Why ``url`` is not an http(s) URL with a host (and a valid port, if any), or None."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - NOTE: raises ValueError for a port that is not 0..65535
+    except ValueError as exc:
+        return f"--upstream is not a valid URL ({exc}), got {_redacted(url)!r}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"--upstream must be an http(s) URL, got {_redacted(url)!r}"
+    return None
+
+
 def _proxy(args: argparse.Namespace) -> int:
-    upstream = urlsplit(args.upstream)
-    if upstream.scheme not in ("http", "https") or not upstream.netloc:
-        return _fail(f"--upstream must be an http(s) URL, got {args.upstream!r}")
+    if (problem := _upstream_problem(args.upstream)) is not None:
+        return _fail(problem)
     port = int(args.port)  # NOTE: the parser's port_number checked it
     ttl = _ttl(args.response_cache_ttl)
     if ttl is not None and ttl < 0:
@@ -121,7 +142,8 @@ def _proxy(args: argparse.Namespace) -> int:
             status=3,
         )
     with sock:
-        print(f"agentcache proxy: http://{args.host}:{port} -> {args.upstream}", flush=True)
+        upstream = _redacted(args.upstream)
+        print(f"agentcache proxy: http://{args.host}:{port} -> {upstream}", flush=True)
         server = uvicorn.Server(uvicorn.Config(app, log_level="info"))
         show_proxy_log()
         # NOTE: uvicorn shuts down gracefully on SIGINT, then re-raises the signal, which

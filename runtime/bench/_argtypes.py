@@ -8,16 +8,16 @@ small copy.
 from __future__ import annotations
 
 import argparse
+import re
 
 __all__ = ["positive_int"]
 
 
 def positive_int(text: str) -> int:
     """argparse type: an int >= 1 (raises ``argparse.ArgumentTypeError`` otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if re.fullmatch(r"[+-]?[0-9]+", text) is None:  # NOTE: int() also takes "1_0" and " 10 "
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value

@@ -116,6 +116,10 @@ def batching_floor_ratio(
     rate and its bytes at the read bandwidth: the weights and the cached prefix's K/V once (the
     rows share it), each row's other K/V once per row. One by one, ``r = 1``.
 
+    NOTE: two assumptions of ``bench load``'s workload: the ``cached`` tokens are one prefix
+    every client shares (its system prompt), and all ``clients`` rows decode in one step (an
+    engine whose batch KV budget holds fewer rows runs several smaller steps).
+
     Returns:
         The ratio (> 0): the ``throughput concurrent/sequential`` an engine at both floors
         would show. An engine nearer its floor on one path than on the other lands off it.

@@ -190,9 +190,12 @@ def _add_floor_ratios(levels: list[dict[str, Any]], shape: W1Shape, hw: Hardware
     for level in levels:
         conc = level["concurrent"]
         done = conc["num_requests"] - conc["num_errors"]
-        if done < 1 or conc["prompt_tokens"] < 1:
+        prompt = round(conc["prompt_tokens"] / done) if done else 0
+        if prompt < 1:  # NOTE: no request succeeded, or the server reported no prompt tokens
+            print(
+                f"{conc['concurrency']:>4} clients: no ratio at the floors (no usage to shape it)"
+            )
             continue
-        prompt = round(conc["prompt_tokens"] / done)
         cached = min(round(conc["cached_tokens"] / done), prompt - 1)
         completion = max(1, round(conc["output_tokens"] / done))
         ratio = batching_floor_ratio(shape, hw, clients=conc["concurrency"], prompt=prompt,
@@ -267,7 +270,9 @@ one: throughput ratio, TTFT p50/p99, p99 inter-token latency (gaps between a str
 chunks), prefix cache hit rate, errors, pinned blocks afterwards and the in-process server's peak
 and after-level RSS. --compare-packed-prefill reruns each concurrent phase with packed prefill off.
 --llama-server instead runs W1 on this server and on llama.cpp's llama-server, alternating (by
-default at the concurrency of its -np slots)."""
+default at the concurrency of its -np slots). An in-process run ends by measuring this machine's
+peak fp32 GEMM rate and read bandwidth and prints, per level, the ratio both paths would show at
+those floors for the turn shape it measured (runtime.bench.floors.batching_floor_ratio)."""
 
 
 def _parser() -> argparse.ArgumentParser:

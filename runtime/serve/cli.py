@@ -8,6 +8,7 @@ are imported only after every option (model name, key files, port) has been chec
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 from pathlib import Path
@@ -126,6 +127,19 @@ def _error(message: str) -> None:
     print(f"agentcache serve: {message}", file=sys.stderr)
 
 
+def _unusable_dir(folder: str) -> str | None:
+    """Why ``folder`` cannot hold the disk tier (created here if missing), or None. Checked
+    before the port is bound and the model loads, so a typo costs no load."""
+    path = Path(folder).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create {folder!r}: {exc.strerror or exc}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{folder!r} is not writable"
+    return None
+
+
 def _runs(engine: ServingEngine) -> str:
     """``" (float32, compact forward, native decode attention)"``: what a local ``Engine`` runs
     ("" for other engines)."""
@@ -151,6 +165,9 @@ def _serve(args: argparse.Namespace) -> int:
     disk_bytes = getattr(args, "kv_disk_bytes", None)
     if disk_bytes is not None and disk_dir is None:
         _error("--kv-disk-bytes needs --kv-disk-dir")
+        return 2
+    if disk_dir is not None and (problem := _unusable_dir(disk_dir)) is not None:
+        _error(f"--kv-disk-dir: {problem}")
         return 2
     try:
         keys = api_keys(args)
@@ -183,8 +200,11 @@ def _serve(args: argparse.Namespace) -> int:
 
         try:
             engine = Engine.from_pretrained(args.model, **kwargs)
-        except (ModelLoadError, OSError) as exc:
-            _error(f"cannot load {args.model!r}: {exc}")
+        except ModelLoadError as exc:  # NOTE: its message names the model and the cause
+            _error(" ".join(str(exc).split()))
+            return 2
+        except OSError as exc:
+            _error(f"cannot start {args.model!r}: {' '.join(str(exc).split())}")
             return 2
         try:
             # NOTE: uvicorn shuts down gracefully on SIGINT, then re-raises the signal, which
@@ -213,7 +233,9 @@ def make_server(args: argparse.Namespace, engine: ServingEngine, keys: list[str]
         cors_origins=getattr(args, "cors_origin", None) or (),
         max_request_bytes=max_bytes,
     )
-    print(f"agentcache serve: {engine.model_id!r} on http://{args.host}:{args.port}{_runs(engine)}")
+    # NOTE: flushed: a pipe or a log file would hold the address until the buffer filled
+    print(f"agentcache serve: {engine.model_id!r} on http://{args.host}:{args.port}{_runs(engine)}",
+          flush=True)  # fmt: skip
     if keys:
-        print(f"agentcache serve: {len(keys)} API key(s) required")
+        print(f"agentcache serve: {len(keys)} API key(s) required", flush=True)
     return uvicorn.Server(uvicorn.Config(app, log_level="info"))

@@ -56,6 +56,18 @@ UPSTREAM = ["--upstream", "http://127.0.0.1:1/v1"]
         ),
         (["serve", "--port", "0"], "agentcache serve: --port: must be a port in 1..65535, got 0"),
         (
+            ["serve", "--port", "8_0"],
+            "agentcache serve: --port: expected a whole number, got '8_0'",
+        ),
+        (
+            ["serve", "--port", " 80"],
+            "agentcache serve: --port: expected a whole number, got ' 80'",
+        ),
+        (
+            ["serve", "--port", "\u0668\u0660"],  # Arabic-Indic 80: int() would take it
+            "agentcache serve: --port: expected a whole number, got '\u0668\u0660'",
+        ),
+        (
             ["serve", "--port", "http"],
             "agentcache serve: --port: expected a whole number, got 'http'",
         ),

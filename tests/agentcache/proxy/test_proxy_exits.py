@@ -28,8 +28,9 @@ def test_a_taken_port_is_one_line_and_exit_3(capsys: pytest.CaptureFixture[str])
 @pytest.mark.slow
 def test_sigint_stops_the_proxy_quietly_with_130_and_frees_the_port() -> None:
     port = free_port()
-    with CliProcess("proxy", "--upstream", UPSTREAM, "--port", str(port)) as proxy:
+    with CliProcess("proxy", "--upstream", UPSTREAM, "--port", str(port), buffered=True) as proxy:
         proxy.wait_for("Application startup complete", stream="stderr", timeout_s=60)
+        proxy.wait_for(f"agentcache proxy: http://127.0.0.1:{port} -> {UPSTREAM}", stream="stdout")
         assert proxy.interrupt() == 130, proxy.text("stderr")
     assert "Traceback" not in proxy.text("stderr")
     assert "agentcache proxy: stopped (Ctrl-C)" in proxy.text("stderr")

@@ -25,6 +25,7 @@ from agentcache.cli import main as cli_main
 from agentcache.proxy import create_proxy_app
 from agentcache.proxy.app import SESSION_HEADER
 from agentcache.proxy.bench import SYSTEM, shuffled_tools
+from agentcache.proxy.cli import _redacted
 from agentcache.proxy.response_cache import HIT_HEADER, ResponseCache
 from runtime.engine import Engine
 from runtime.serve.app import create_app
@@ -306,6 +307,9 @@ def test_wrapped_clients_rewrite_in_process(tiny_url: str, anthropic_url: tuple[
     ("argv", "says"),
     [
         (["--upstream", "ftp://x"], "--upstream must be an http(s) URL"),
+        (["--upstream", "http://[::1"], "--upstream is not a valid URL (Invalid IPv6 URL)"),
+        (["--upstream", "http://h:99999/v1"], "--upstream is not a valid URL (Port out of range"),
+        (["--upstream", "ftp://u:sk-secret@x/v1"], "got 'ftp://***@x/v1'"),
         (["--upstream", "http://127.0.0.1:1/v1", "--response-cache-ttl", "-3"], "ttl"),
         (
             ["--upstream", "http://127.0.0.1:1/v1", "--response-cache-ttl", "5"]
@@ -325,3 +329,11 @@ def test_proxy_command_refuses_bad_options(
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert says in err and len(err.splitlines()) == 1 and captured.out == ""
+    assert "sk-secret" not in err and "Traceback" not in err
+
+
+def test_the_upstream_is_announced_without_its_credentials() -> None:
+    assert _redacted("http://user:sk-1@127.0.0.1:9/v1") == "http://***@127.0.0.1:9/v1"
+    assert _redacted("https://sk-2@api.example.com") == "https://***@api.example.com"
+    assert _redacted("https://api.example.com/v1?a=b@c") == "https://api.example.com/v1?a=b@c"
+    assert _redacted("not a url") == "not a url"

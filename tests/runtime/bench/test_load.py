@@ -106,3 +106,22 @@ def test_decode_batch_reads_a_phase_from_two_snapshots_of_the_step_counts() -> N
     assert _decode_batch((0, 5, 0, 0), (0, 7, 0, 2)) == (3, 2.0)
     assert _decode_batch((0, 5, 0, 0), (0, 5, 0, 0)) == (0, 0.0)  # no decode step ran
     assert _decode_batch(None, None) == (None, None)  # a remote server does not say
+
+
+def test_a_level_without_usage_gets_no_floor_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    from runtime.bench.floors import Hardware, W1Shape
+    from runtime.bench.load import _add_floor_ratios
+
+    phase = {"concurrency": 4, "num_requests": 4, "num_errors": 0, "prompt_tokens": 0,
+             "cached_tokens": 0, "output_tokens": 8}  # fmt: skip
+    failed = {**phase, "num_errors": 4, "prompt_tokens": 0, "output_tokens": 0}
+    served = {**phase, "prompt_tokens": 40, "cached_tokens": 20}
+    levels = [{"concurrent": c, "throughput_ratio": 1.5, "floor_ratio": None}
+              for c in (phase, failed, served)]  # fmt: skip
+    _add_floor_ratios(levels, W1Shape(1, 8, 8, 8, 8, 16, 4, 4), Hardware(100.0, 10.0))
+    assert [lv["floor_ratio"] is None for lv in levels] == [True, True, False]
+    out = capsys.readouterr().out
+    assert (
+        out.count("no ratio at the floors") == 2
+        and "(10 prompt tokens, 5 cached, 2 generated)" in out
+    )

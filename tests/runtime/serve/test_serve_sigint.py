@@ -11,8 +11,10 @@ from tests.cli_process import CliProcess, free_port
 @pytest.mark.slow
 def test_sigint_while_serving_exits_130_without_a_traceback() -> None:
     port = free_port()
-    with CliProcess("serve", "--model", "tiny", "--port", str(port)) as serve:
+    with CliProcess("serve", "--model", "tiny", "--port", str(port), buffered=True) as serve:
         serve.wait_for("Application startup complete", stream="stderr")
+        # NOTE: stdout is a pipe here: the announcement is there only if serve flushed it
+        serve.wait_for(f"agentcache serve: 'tiny' on http://127.0.0.1:{port}", timeout_s=10)
         assert serve.interrupt() == 130, serve.text("stderr")
     assert "Traceback" not in serve.text("stderr")
     assert "agentcache serve: stopped (Ctrl-C)" in serve.text("stderr")

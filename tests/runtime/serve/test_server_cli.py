@@ -248,3 +248,40 @@ def test_served_keys_never_reach_stdout_or_logs(
 
 def _bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+def test_an_unusable_kv_disk_dir_is_named_before_the_model_loads(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setattr(Engine, "from_pretrained", _must_not_load)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for folder in (a_file, a_file / "below"):
+        argv = ["serve", "--port", "1", "--kv-disk-dir", str(folder)]  # NOTE: never bound
+        assert server.run_cli(build_parser().parse_args(argv)) == 2
+        captured = capsys.readouterr()
+        [line] = captured.err.splitlines()
+        assert line.startswith(f"agentcache serve: --kv-disk-dir: cannot create '{folder}'")
+        assert captured.out == ""
+
+
+def test_a_damaged_weights_file_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    tiny = ROOT / "runtime" / "models" / "tiny"
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
+        (tmp_path / name).write_bytes((tiny / name).read_bytes())
+    (tmp_path / "model.safetensors").write_bytes(b"garbage\n")  # safetensors raises its own type
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert server.run_cli(serve_args(port, model=str(tmp_path))) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1].startswith(f"agentcache serve: cannot load model '{tmp_path}': ")
+    assert "safetensors" in lines[-1].lower() or "header" in lines[-1], lines
+    assert "Traceback" not in "\n".join(lines)
