@@ -25,8 +25,16 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
-        """Print ``PROG: MESSAGE`` (argparse's ``argument `` lead dropped) and exit with 2."""
-        self.exit(2, f"{self.prog}: {message.removeprefix('argument ')}\n")
+        """Print ``PROG: MESSAGE`` (argparse's ``argument `` lead dropped, the value of an option
+        that looks like it holds a secret masked) and exit with 2."""
+        shown = _SECRET_VALUE.sub(r"\1\2***", message.removeprefix("argument "))
+        self.exit(2, f"{self.prog}: {shown}\n")
+
+
+_SECRET_VALUE = re.compile(r"(--?[\w-]*(?:key|token|secret|passw|api)[\w-]*)(=|\s+)(?!-)\S+", re.I)
+"""An option whose name says key, token, secret, password or api, then its value (``--api=V``,
+``--apikey V``): argparse echoes a mistyped or ambiguous option with its value, and an API key typed
+after the wrong flag would land in the terminal's scrollback and in logs."""
 
 
 def _whole(text: str) -> int:

@@ -304,7 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             print(f"agentcache bench {args.kind}: interrupted", file=sys.stderr)
             return 130
-    return _load(_HANDLERS[args.command])(args)
+    try:
+        return _load(_HANDLERS[args.command])(args)
+    except KeyboardInterrupt:  # NOTE: the handlers catch it once they run; this is the import
+        print(f"agentcache {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

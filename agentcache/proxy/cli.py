@@ -8,6 +8,7 @@ Exit codes: 0 after a clean stop, 2 for a bad option (said in one line before an
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import socket
 import sys
@@ -31,6 +32,12 @@ def _ttl(text: str | None) -> float | None:
     except ValueError:
         return -1.0
     return value if value > 0 else -1.0
+
+
+def _bind_hint(exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return "stop the process using it or pick another --port"
+    return "give --host a local address (such as 127.0.0.1, or 0.0.0.0 for every interface)"
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -137,8 +144,7 @@ def _proxy(args: argparse.Namespace) -> int:
         sock = _listen(args.host, port)
     except OSError as exc:
         return _fail(
-            f"cannot listen on {args.host}:{port}: {exc.strerror or exc}; "
-            "stop the process using it or pick another --port",
+            f"cannot listen on {args.host}:{port}: {exc.strerror or exc}; {_bind_hint(exc)}",
             status=3,
         )
     with sock:

@@ -8,6 +8,7 @@ are imported only after every option (model name, key files, port) has been chec
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import socket
 import sys
@@ -23,6 +24,13 @@ if TYPE_CHECKING:
     from runtime.serve.engine_protocol import ServingEngine
 
 __all__ = ["api_keys", "bind_socket", "make_server", "read_key_file", "run_cli"]
+
+
+def bind_hint(exc: OSError) -> str:
+    """What to change after ``bind_socket`` (or uvicorn's bind) raised ``exc``."""
+    if exc.errno == errno.EADDRINUSE:
+        return "stop the process using it or pick another --port"
+    return "give --host a local address (such as 127.0.0.1, or 0.0.0.0 for every interface)"
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -177,10 +185,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
-        _error(
-            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
-            "stop the process using it or pick another --port"
-        )
+        _error(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; {bind_hint(exc)}")
         return 3
     with sock:
         kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}

@@ -278,3 +278,29 @@ def test_serve_help_defaults_match_the_runtime() -> None:
     helps = sub.choices["serve"].format_help().replace("\n", " ")
     assert DEFAULT_KV_CACHE_BYTES == 1 << 30 and "(default: 1 GiB)" in helps
     assert f"2 MiB = {DEFAULT_MAX_REQUEST_BYTES})" in " ".join(helps.split())
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["serve", "--api=sk-secret-1"], "ambiguous option: --api=*** could match --api-key"),
+        (["serve", "--apikey", "sk-secret-2"], "unrecognized arguments: --apikey ***"),
+        (["proxy", *UPSTREAM, "--token=sk-secret-3"], "unrecognized arguments: --token=***"),
+    ],
+)
+def test_a_mistyped_key_option_does_not_echo_the_key(
+    argv: list[str], shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert shown in captured.err and "sk-secret" not in captured.err + captured.out
+
+
+def test_a_host_that_is_not_local_gets_a_host_hint(capsys: pytest.CaptureFixture[str]) -> None:
+    # NOTE: 192.0.2.1 is TEST-NET-1 (RFC 5737): never an address of this machine
+    assert main(["proxy", *UPSTREAM, "--host", "192.0.2.1", "--port", "18999"]) == 3
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("agentcache proxy: cannot listen on 192.0.2.1:18999: ")
+    assert "give --host a local address" in line and "pick another --port" not in line

@@ -285,3 +285,17 @@ def test_a_damaged_weights_file_is_one_line_and_exit_2(
     assert lines[-1].startswith(f"agentcache serve: cannot load model '{tmp_path}': ")
     assert "safetensors" in lines[-1].lower() or "header" in lines[-1], lines
     assert "Traceback" not in "\n".join(lines)
+
+
+def test_a_host_that_is_not_local_is_exit_3_with_a_host_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(Engine, "from_pretrained", _must_not_load)
+    args = serve_args(18998)
+    args.host = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never an address of this machine
+    assert server.run_cli(args) == 3
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("agentcache serve: cannot listen on 192.0.2.1:18998: ")
+    assert line.endswith(
+        "give --host a local address (such as 127.0.0.1, or 0.0.0.0 for every interface)"
+    )
