@@ -1,8 +1,10 @@
 """``agentcache proxy``: check the options, then serve the proxy app with uvicorn until stopped.
 
-Exit codes: 0 after a clean stop, 2 for a bad option (said in one line before anything starts),
-3 when the address cannot be bound (found before the proxy is announced), 130 after Ctrl-C
-(SIGINT): uvicorn shuts down gracefully, the port is released and no traceback is printed.
+Exit codes: 2 for a bad option (one line on stderr before anything starts), 3 when the address
+cannot be bound (found before the proxy is announced), 130 after Ctrl-C (SIGINT): uvicorn shuts
+down gracefully, the port is released and no traceback is printed. On SIGTERM uvicorn shuts down
+the same way and re-raises the signal, which ends the process (143 in a shell); 0 only if the
+server returns by itself.
 """
 
 from __future__ import annotations

@@ -182,7 +182,8 @@ def _run_levels(
 
 def _add_floor_ratios(levels: list[dict[str, Any]], shape: W1Shape, hw: Hardware) -> None:
     """Set each level's ``floor_ratio`` (``batching_floor_ratio`` at its concurrent phase's mean
-    turn shape; None when no request of it succeeded) and print them."""
+    turn shape; None when no request of it succeeded or none reported prompt tokens) and print
+    them."""
     print(
         f"hardware, same run: peak fp32 GEMM {hw.gemm_gflops:.0f} GFLOP/s, read "
         f"{hw.read_gb_s:.1f} GB/s (runtime.bench.floors)"
