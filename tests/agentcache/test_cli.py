@@ -101,6 +101,10 @@ UPSTREAM = ["--upstream", "http://127.0.0.1:1/v1"]
         (["diff", "a.json"], "agentcache diff: the following arguments are required: b"),
         (["demo", "--bogus"], "agentcache: unrecognized arguments: --bogus"),
         (["bench", "nope"], "agentcache bench: kind: invalid choice: 'nope' (choose from "),
+        # NOTE: a key typed after a mistyped or ambiguous flag is masked, not echoed
+        (["serve", "--api=sk-secret-1"], "agentcache serve: ambiguous option: --api=*** could"),
+        (["serve", "--apikey", "sk-secret-2"], "agentcache: unrecognized arguments: --apikey ***"),
+        (["proxy", *UPSTREAM, "--token=sk-secret-3"], "agentcache: unrecognized arguments: --tok"),
     ],
 )
 def test_bad_option_values_are_one_line_and_exit_2(
@@ -115,7 +119,7 @@ def test_bad_option_values_are_one_line_and_exit_2(
     captured = capsys.readouterr()
     [err] = captured.err.splitlines()
     assert err.startswith(line), err
-    assert captured.out == ""
+    assert captured.out == "" and "sk-secret" not in err
 
 
 def test_proxy_takes_the_body_limit_of_serve(capsys: pytest.CaptureFixture[str]) -> None:
@@ -278,24 +282,6 @@ def test_serve_help_defaults_match_the_runtime() -> None:
     helps = sub.choices["serve"].format_help().replace("\n", " ")
     assert DEFAULT_KV_CACHE_BYTES == 1 << 30 and "(default: 1 GiB)" in helps
     assert f"2 MiB = {DEFAULT_MAX_REQUEST_BYTES})" in " ".join(helps.split())
-
-
-@pytest.mark.parametrize(
-    ("argv", "shown"),
-    [
-        (["serve", "--api=sk-secret-1"], "ambiguous option: --api=*** could match --api-key"),
-        (["serve", "--apikey", "sk-secret-2"], "unrecognized arguments: --apikey ***"),
-        (["proxy", *UPSTREAM, "--token=sk-secret-3"], "unrecognized arguments: --token=***"),
-    ],
-)
-def test_a_mistyped_key_option_does_not_echo_the_key(
-    argv: list[str], shown: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    captured = capsys.readouterr()
-    assert shown in captured.err and "sk-secret" not in captured.err + captured.out
 
 
 def test_a_host_that_is_not_local_gets_a_host_hint(capsys: pytest.CaptureFixture[str]) -> None:
