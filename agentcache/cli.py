@@ -290,13 +290,23 @@ def _load(target: str) -> Callable[..., int]:
     return func
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The subparser of ``command`` (``agentcache serve`` for ``serve``)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = sub.choices[command]
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentcache`` console script; returns the process exit code.
 
     A benchmark stopped with Ctrl-C exits 130 with one line, whichever bench it was (some also
     catch it themselves to release what they hold).
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # NOTE: argparse would blame "agentcache"; the command's parser names itself
+        _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extras)}")
     if args.command == "bench":
         target, _ = _BENCHES[args.kind]
         try:

