@@ -19,6 +19,7 @@ __all__ = [
     "PromptTooLongError",
     "RuntimeEngineError",
     "SamplingError",
+    "one_line",
 ]
 
 
@@ -50,3 +51,9 @@ class ModelLoadError(RuntimeEngineError):
 
 class EngineBusyError(RuntimeEngineError):
     """The engine's bounded request queue is full."""
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message with its line breaks and runs of spaces folded, for a one-line report
+    (transformers' loading messages span several lines), or its type's name when it has none."""
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from runtime.batch_kv import BatchKV
 from runtime.batch_mask import MaskPlan, mask_plan
 from runtime.compact_llama import CompactLlama, Segment, compact_blocker, prefill_mask
-from runtime.exceptions import ModelLoadError
+from runtime.exceptions import ModelLoadError, one_line
 from runtime.kernels import native_kernels
 from runtime.kv_cache import RequestKVCache
 from runtime.model_names import is_local_path, no_such_folder
@@ -134,16 +134,10 @@ def load_model(model: str, *, dtype: str, device: str, revision: str | None) -> 
     except Exception as exc:  # noqa: BLE001 - NOTE: loaders raise their own types (safetensors'
         # SafetensorError for a damaged file, RuntimeError for mismatched shapes, ...)
         where = "" if path == model else f" (resolved to {path!r})"
-        raise ModelLoadError(f"cannot load model {model!r}{where}: {_one_line(exc)}") from exc
+        raise ModelLoadError(f"cannot load model {model!r}{where}: {one_line(exc)}") from exc
     lm.to(torch.device(device))
     lm.eval()
     return lm, tokenizer
-
-
-def _one_line(exc: BaseException) -> str:
-    """``exc``'s message with its line breaks and runs of spaces folded (transformers' messages
-    span several lines), or its type's name when it has none."""
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 _FINGERPRINT_SAMPLES = 4096

@@ -10,7 +10,6 @@ server returns by itself.
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import socket
 import sys
@@ -34,12 +33,6 @@ def _ttl(text: str | None) -> float | None:
     except ValueError:
         return -1.0
     return value if value > 0 else -1.0
-
-
-def _bind_hint(exc: OSError) -> str:
-    if exc.errno == errno.EADDRINUSE:
-        return "stop the process using it or pick another --port"
-    return "give --host a local address (such as 127.0.0.1, or 0.0.0.0 for every interface)"
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -145,8 +138,10 @@ def _proxy(args: argparse.Namespace) -> int:
     try:
         sock = _listen(args.host, port)
     except OSError as exc:
+        from runtime.serve.cli import bind_hint
+
         return _fail(
-            f"cannot listen on {args.host}:{port}: {exc.strerror or exc}; {_bind_hint(exc)}",
+            f"cannot listen on {args.host}:{port}: {exc.strerror or exc}; {bind_hint(exc)}",
             status=3,
         )
     with sock:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.exceptions import ModelLoadError
+from runtime.exceptions import ModelLoadError, one_line
 from runtime.model_names import check_model_name
 
 if TYPE_CHECKING:
@@ -23,11 +23,12 @@ if TYPE_CHECKING:
 
     from runtime.serve.engine_protocol import ServingEngine
 
-__all__ = ["api_keys", "bind_socket", "make_server", "read_key_file", "run_cli"]
+__all__ = ["api_keys", "bind_hint", "bind_socket", "make_server", "read_key_file", "run_cli"]
 
 
 def bind_hint(exc: OSError) -> str:
-    """What to change after ``bind_socket`` (or uvicorn's bind) raised ``exc``."""
+    """What to change after ``bind_socket`` (or the proxy's bind) raised ``exc``: the port when
+    it is taken (``EADDRINUSE``), else the host (not local, or it does not resolve)."""
     if exc.errno == errno.EADDRINUSE:
         return "stop the process using it or pick another --port"
     return "give --host a local address (such as 127.0.0.1, or 0.0.0.0 for every interface)"
@@ -206,10 +207,10 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             engine = Engine.from_pretrained(args.model, **kwargs)
         except ModelLoadError as exc:  # NOTE: its message names the model and the cause
-            _error(" ".join(str(exc).split()))
+            _error(one_line(exc))
             return 2
         except OSError as exc:
-            _error(f"cannot start {args.model!r}: {' '.join(str(exc).split())}")
+            _error(f"cannot start {args.model!r}: {one_line(exc)}")
             return 2
         try:
             # NOTE: uvicorn shuts down gracefully on SIGINT, then re-raises the signal, which
