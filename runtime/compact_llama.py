@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from runtime.kernels import NativeKernels, pack_bf16
+from runtime.kernels import NativeKernels, pack_weight
 
-__all__ = ["BF16_MAX_ROWS", "CompactLlama", "KVWrite", "Segment", "StepSlots", "compact_blocker"]
+__all__ = ["PACKED_MAX_ROWS", "CompactLlama", "KVWrite", "Segment", "StepSlots", "compact_blocker"]
 
 KVWrite = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """``(layer_idx, keys, values) -> (all_keys, all_values)``: store ``[B, H_kv, q, D]`` new K/V of a
@@ -62,12 +62,15 @@ class StepSlots(NamedTuple):
 
 _FAMILY = frozenset({"llama", "qwen2", "mistral"})
 
-BF16_MAX_ROWS = 64
-"""With ``bf16_weights``, products of at most this many rows (decode steps, the LM head of a
-prefill) read the packed bf16 weights; larger ones (prefill) run MKL's fp32 product over the
-same rounded values. NOTE: measured on W1's layer products (30 layers, 2 threads, this host,
-same run): 1 row 11.2 vs 18.6 ms for fp32 ``F.linear``, 8 rows 11.7 vs 44.3, 16 rows 17.8 vs
-38.5, 64 rows 67.1 vs 86.3; the LM head (49,152 x 576) 1.3 vs 5.0 ms for one row."""
+PACKED_MAX_ROWS = 64
+"""With packed weights (``CompactLlama``'s ``packed``), products of at most this many rows
+(decode steps, the LM head of a prefill, a few new tokens after a hit) read the packed copies;
+larger ones (prefill) run MKL's fp32 product over the same values. NOTE: measured on W1's layer
+products (30 layers, 2 threads, this host, two rounds of one run), ms for the packed copy vs
+fp32 ``F.linear``: bf16: 1 row 11.1-11.5 vs 22.4-22.8, 8 rows 10.3-10.7 vs 33.6-41.1, 16 rows
+15.1 vs 39.7-42.4, 64 rows 54.4-65.9 vs 81.8-98.3; fp32: 1 row 20.2-20.5, 8 rows 20.6-22.9,
+16 rows 25.4-26.0, 32 rows 48.3-51.7 vs 58.1-60.9, 64 rows 61.4-80.2 (1.23-1.33x). Earlier
+(session 9, 8-row tiles) the LM head (49,152 x 576) in bf16: 1.3 vs 5.0 ms for one row."""
 
 
 def compact_blocker(model: Any) -> str | None:
@@ -153,18 +156,25 @@ class CompactLlama:
             for which ``compact_blocker`` returns None.
         native: The C++ kernels (``runtime.kernels.native_kernels()``) for one-query steps, or
             None for the torch path. Used only for fp32 weights on the CPU.
-        bf16_weights: The model's projection and LM-head weights already hold bf16-rounded
-            values (``ModelRunner``'s ``weights="bfloat16"``): with ``native``, keep a packed
-            bf16 copy of each (half their fp32 bytes, on top of them) for products of up to
-            ``BF16_MAX_ROWS`` rows, which then read half the bytes. The values are the same, so
-            the answers equal the fp32 products' within float32 rounding.
+        packed: With ``native``, keep a packed copy (``pack_weight``) of each projection and
+            of the LM head in this dtype, on top of the fp32 weights, for products of up to
+            ``PACKED_MAX_ROWS`` rows. ``torch.bfloat16`` (``ModelRunner``'s
+            ``weights="bfloat16"``, whose weights already hold bf16-rounded values): half their
+            fp32 bytes, read at half the bytes. ``torch.float32`` (``weights="float32-packed"``):
+            as many bytes again as the weights, streamed at the read bandwidth by products of
+            2-64 rows, where MKL's are slower. The values are the same, so the answers equal
+            the fp32 products' within float32 rounding. None: no copy.
 
     Raises:
-        ValueError: ``compact_blocker(model)`` names a reason.
+        ValueError: ``compact_blocker(model)`` names a reason, or ``packed`` is another dtype.
     """
 
     def __init__(
-        self, model: Any, *, native: NativeKernels | None = None, bf16_weights: bool = False
+        self,
+        model: Any,
+        *,
+        native: NativeKernels | None = None,
+        packed: torch.dtype | None = None,
     ) -> None:
         why = compact_blocker(model)
         if why is not None:
@@ -187,24 +197,34 @@ class CompactLlama:
         self.native = native if fits else None
         """The C++ kernels this forward uses (None: the torch path); see ``attend`` and
         ``forward``'s ``slots``."""
-        packed: list[torch.Tensor] = []
-        self._head_bf16: torch.Tensor | None = None
-        if bf16_weights and self.native is not None:
-            packed = [pack_bf16(w) for layer in self.layers
+        if packed not in (None, torch.bfloat16, torch.float32):
+            raise ValueError(f"packed must be torch.bfloat16, torch.float32 or None, not {packed}")
+        copies: list[torch.Tensor] = []
+        self._head_packed: torch.Tensor | None = None
+        self._packed_max_rows = 0
+        if packed is not None and self.native is not None:
+            copies = [pack_weight(w, packed) for layer in self.layers
                       for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]  # fmt: skip
-            self._head_bf16 = pack_bf16(self.lm_head)
-        self._packed = packed
-        """Per layer the packed qkv, o, gate_up and down weights (``pack_bf16``), or empty."""
+            self._head_packed = pack_weight(self.lm_head, packed)
+            self._packed_max_rows = PACKED_MAX_ROWS
+        self._packed = copies
+        """Per layer the packed qkv, o, gate_up and down weights (``pack_weight``), or empty."""
         self._layers_native = None if self.native is None else self.native.decode_layers(
             *(list(parts) for parts in zip(*self.layers, strict=True)),
             self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale,
-            packed, BF16_MAX_ROWS,
+            copies, self._packed_max_rows,
         )  # fmt: skip
 
     @property
-    def bf16_products(self) -> bool:
-        """Whether small products read packed bf16 weights (``bf16_weights`` with ``native``)."""
+    def packed_products(self) -> bool:
+        """Whether small products read packed weight copies (``packed`` with ``native``)."""
         return bool(self._packed)
+
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes held by the packed copies (0 without them)."""
+        copies = [*self._packed, *([] if self._head_packed is None else [self._head_packed])]
+        return sum(c.numel() * c.element_size() for c in copies)
 
     @staticmethod
     def _layer(layer: Any) -> _Layer:
@@ -308,21 +328,21 @@ class CompactLlama:
         bias: torch.Tensor | None,
         packed: torch.Tensor | None,
     ) -> torch.Tensor:
-        """``F.linear(x, weight, bias)``; for at most ``BF16_MAX_ROWS`` fp32 rows (a decode
+        """``F.linear(x, weight, bias)``; for at most ``PACKED_MAX_ROWS`` fp32 rows (a decode
         step's LM head, a short prefill chunk, a prompt's few new tokens after a hit) with a
-        ``packed`` copy of ``weight`` (``pack_bf16``), ``linear_bf16`` over it instead: the same
-        rounded values, half the bytes."""
+        ``packed`` copy of ``weight`` (``pack_weight``), ``linear_packed`` over it instead: the
+        same values, streamed from the packed blocks."""
         rows = x.numel() // x.shape[-1]
         if packed is not None and self.native is not None and x.dtype == torch.float32:
-            if rows <= BF16_MAX_ROWS:
-                out: torch.Tensor = self.native.linear_bf16(x, packed, bias, weight.shape[0])
+            if rows <= self._packed_max_rows:
+                out: torch.Tensor = self.native.linear_packed(x, packed, bias, weight.shape[0])
                 return out
         return F.linear(x, weight, bias)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: ``[B, q, hidden]`` -> ``[B, q, vocab]``."""
         x = F.rms_norm(h, (h.shape[-1],), self.norm, self.eps)
-        return self._linear(x, self.lm_head, None, self._head_bf16)
+        return self._linear(x, self.lm_head, None, self._head_packed)
 
     @torch.no_grad()
     def forward(

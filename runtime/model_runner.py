@@ -41,15 +41,19 @@ ForwardPath: TypeAlias = Literal["auto", "compact", "transformers"]
 """``compact``: ``runtime.compact_llama`` (Llama family); ``transformers``: the model's own
 forward (every architecture, the reference); ``auto``: compact where supported."""
 
-WeightsDtype: TypeAlias = Literal["float32", "bfloat16"]
-"""How a float32 model holds its weights: ``float32`` as loaded (the reference), or
+WeightsDtype: TypeAlias = Literal["float32", "bfloat16", "float32-packed"]
+"""How a float32 model holds its weights: ``float32`` as loaded (the reference);
 ``bfloat16``: every linear layer's weight (the LM head and a tied embedding included) rounded to
 bfloat16, nearest even, while activations, the KV cache and all arithmetic stay float32 (see
-``round_weights_bf16``)."""
+``round_weights_bf16``); ``float32-packed``: as loaded, plus a packed fp32 copy of every linear
+weight for the small products of decode steps (the compact forward with the native kernels:
+as many bytes again as those weights; the same answers within float32 rounding)."""
+_WEIGHTS: tuple[WeightsDtype, ...] = ("float32", "bfloat16", "float32-packed")
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_PACKED = {"bfloat16": torch.bfloat16, "float32-packed": torch.float32}  # WeightsDtype -> copy
 # Layer kinds whose KV at position p depends only on tokens <= p, kept whole by RequestKVCache.
 _RESUMABLE_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 
@@ -74,7 +78,7 @@ def round_weights_bf16(model: Any) -> None:
     tied input embedding included) to the nearest bfloat16 value (ties to even), kept as fp32.
 
     Every forward of the model then computes with the same rounded weights, so the compact
-    forward's packed bf16 copies (``CompactLlama(bf16_weights=True)``) and its fp32 products
+    forward's packed bf16 copies (``CompactLlama(packed=torch.bfloat16)``) and its fp32 products
     agree within float32 rounding, and the transformers forward stays their reference.
     Norm weights, biases and an untied embedding keep full precision (a few KB, or a lookup).
 
@@ -189,21 +193,25 @@ class ModelRunner:
             weights: ``"bfloat16"`` rounds a float32 model's linear weights in place
                 (``round_weights_bf16``); on the compact forward with the native kernels, decode
                 steps then read packed bf16 copies (half the weight bytes). Elsewhere it only
-                rounds (the same answers, no speed-up).
+                rounds (the same answers, no speed-up). ``"float32-packed"`` keeps the weights
+                and, on the compact forward with the native kernels, a packed fp32 copy that
+                decode steps of up to 64 rows read (``CompactLlama``'s ``packed``); elsewhere it
+                changes nothing.
 
         Raises:
             ValueError: ``forward="compact"`` on a model ``compact_blocker`` refuses, an unknown
-                ``weights``, or ``weights="bfloat16"`` on a model that is not float32.
+                ``weights``, or ``weights`` other than ``"float32"`` on a model that is not
+                float32.
         """
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        if weights not in ("float32", "bfloat16"):
-            raise ValueError(f"unknown weights {weights!r}; valid: ['bfloat16', 'float32']")
+        if weights not in _WEIGHTS:
+            raise ValueError(f"unknown weights {weights!r}; valid: {sorted(_WEIGHTS)}")
+        if weights != "float32" and self.dtype != torch.float32:
+            raise ValueError(f"weights={weights!r} needs a float32 model (dtype='float32'), "
+                             f"not {self.dtype}")  # fmt: skip
         if weights == "bfloat16":
-            if self.dtype != torch.float32:
-                raise ValueError(f"weights='bfloat16' needs a float32 model (dtype='float32'), "
-                                 f"not {self.dtype}")  # fmt: skip
             round_weights_bf16(model)
         self.weights: WeightsDtype = weights
         """How the weights are held (``WeightsDtype``)."""
@@ -220,9 +228,7 @@ class ModelRunner:
         is_fp32_cpu = self.dtype == torch.float32 and self.device.type == "cpu"
         native = native_kernels() if why is None and is_fp32_cpu else None
         self.compact = (
-            CompactLlama(model, native=native, bf16_weights=weights == "bfloat16")
-            if why is None
-            else None
+            CompactLlama(model, native=native, packed=_PACKED.get(weights)) if why is None else None
         )
         self.path: Literal["compact", "transformers"] = (
             "compact" if self.compact else "transformers"

@@ -370,15 +370,17 @@ def prefix_main(argv: list[str]) -> int:
     )
     p.add_argument(
         "--weights",
-        choices=["float32", "bfloat16"],
+        choices=["float32", "bfloat16", "float32-packed"],
         default="float32",
         help="bfloat16: round W1's linear weights to bf16 for every engine and peer (ours then "
-        "decodes from packed bf16 copies; llama.cpp gets a bf16 GGUF); default float32",
+        "decodes from packed bf16 copies; llama.cpp gets a bf16 GGUF); float32-packed: ours "
+        "keeps a packed fp32 copy for decode steps (the peers see the same f32 weights); "
+        "default float32",
     )
     p.add_argument("--gguf", default=None, help="use this GGUF of the W1 weights instead")
     args = p.parse_args(argv)
-    if args.weights == "bfloat16" and args.dtype != "float32":
-        p.error(f"--weights bfloat16 needs --dtype float32, not {args.dtype}")
+    if args.weights != "float32" and args.dtype != "float32":
+        p.error(f"--weights {args.weights} needs --dtype float32, not {args.dtype}")
     if args.llama_cpp is not None:
         problem = _peer_problem(args)
         if problem is not None:
@@ -402,7 +404,9 @@ def prefix_main(argv: list[str]) -> int:
     title = (
         f"bench prefix: W1, {args.layers} layers, {args.prefix_len}-token prefix + "
         f"{args.suffix_len}-token suffix, {args.dtype}"
-        + (", bf16 weights" if args.weights == "bfloat16" else "")
+        + {"bfloat16": ", bf16 weights", "float32-packed": ", packed f32 weights"}.get(
+            args.weights, ""
+        )
     )
     tables = [
         spread_table(f"{title}: time to first token", timings),

@@ -6,8 +6,10 @@ softmax, one merge); and ``DecodeLayers``, the layer loop of a compact decode st
 the products through ATen (MKL), RMSNorm and RoPE as plain loops, RoPE'd keys and the values
 written straight into the KV slots. It equals the Python loop within float32 rounding (sums
 reassociated, multiply-adds fused) without the Python and dispatch overhead of about 25 small
-ops per layer; and ``linear_bf16``, a product with fp32 inputs and outputs over weights held as
-bfloat16 (``pack_bf16``), which the decode step uses for ``weights="bfloat16"``.
+ops per layer; and ``linear_packed``, a product with fp32 inputs and outputs over weights packed
+in blocks of 32 output columns (``pack_weight``), as bfloat16 (``weights="bfloat16"``: half the
+bytes) or float32 (``weights="float32-packed"``: a copy the small products of a decode step
+stream at the read bandwidth, where MKL's product of 8-16 rows does not).
 
 NOTE: measured on W1 (30 layers, 3 KV heads of 64, 2 threads, same process, noisy host):
 the attention over 2,001 cached tokens (caches flushed between layers) took 7.9 ms per decode
@@ -65,7 +67,7 @@ __all__ = [
     "NativeStatus",
     "native_kernels",
     "native_status",
-    "pack_bf16",
+    "pack_weight",
 ]
 
 DISABLE_ENV = "AGENTCACHE_NATIVE_KERNELS"
@@ -102,10 +104,11 @@ class NativeKernels(NamedTuple):
     decode_layers: Any
     """The ``DecodeLayers`` class: built from one model's compact weights, ``run`` is the
     layer loop of one decode step (``CompactLlama.forward`` with ``slots``)."""
-    linear_bf16: Callable[..., Any]
+    linear_packed: Callable[..., Any]
     """``(x [..., K] fp32, packed, bias [N] fp32 or None, n) -> [..., N] fp32``: ``x . W^T +
-    bias`` with ``W`` (``[N, K]``) packed by ``pack_bf16``; fp32 multiply-adds, so it equals
-    ``F.linear`` over the rounded weights within float32 rounding."""
+    bias`` with ``W`` (``[N, K]``) packed by ``pack_weight`` (bf16 or fp32); fp32 multiply-adds,
+    so it equals ``F.linear`` over the packed (for bf16: rounded) weights within float32
+    rounding."""
 
 
 class NativeStatus(NamedTuple):
@@ -248,7 +251,7 @@ def native_kernels() -> NativeKernels | None:
     module, _ = _load()
     if module is None:
         return None
-    return NativeKernels(module.decode_attention, module.DecodeLayers, module.linear_bf16)
+    return NativeKernels(module.decode_attention, module.DecodeLayers, module.linear_packed)
 
 
 def native_status() -> NativeStatus:
@@ -258,28 +261,42 @@ def native_status() -> NativeStatus:
     return NativeStatus(module is not None, reason)
 
 
-BF16_COLUMNS = 32
-"""Output columns per packed block of ``pack_bf16`` (one 64-byte line of bf16 per input)."""
+PACKED_COLUMNS = 32
+"""Output columns per packed block of ``pack_weight`` (one 64-byte line of bf16, two of fp32,
+per input)."""
 
 
 def _bf16_order() -> list[int]:
-    """Column held at each position of a packed line: AVX-512's unpack of 16-bit lanes widens
-    positions ``8l + j`` (``j < 4``) to fp32 lane ``4l + j`` of the low half and the others to
-    lane ``16 + 4l + j - 4``, so the kernel widens a line with two shuffles."""
+    """Column held at each position of a packed bf16 line: AVX-512's unpack of 16-bit lanes
+    widens positions ``8l + j`` (``j < 4``) to fp32 lane ``4l + j`` of the low half and the
+    others to lane ``16 + 4l + j - 4``, so the kernel widens a line with two shuffles."""
     return [lane * 4 + j if j < 4 else 16 + lane * 4 + j - 4
-            for lane in range(BF16_COLUMNS // 8) for j in range(8)]  # fmt: skip
+            for lane in range(PACKED_COLUMNS // 8) for j in range(8)]  # fmt: skip
 
 
-def pack_bf16(weight: Any) -> Any:
-    """``weight`` (``[N, K]`` float, any strides) rounded to bfloat16 (nearest even, as
-    ``Tensor.to``) and packed for ``linear_bf16``: ``[ceil(N / 32), K, 32]`` contiguous bf16,
-    block ``b`` holding output columns ``[32 b, 32 b + 32)`` (zero past ``N``) in the kernel's
-    lane order, so each block is one contiguous stream of ``K`` 64-byte lines."""
+def pack_weight(weight: Any, dtype: Any) -> Any:
+    """``weight`` (``[N, K]`` float, any strides) packed for ``linear_packed``: ``[ceil(N / 32),
+    K, 32]`` contiguous ``dtype``, block ``b`` holding output columns ``[32 b, 32 b + 32)`` (zero
+    past ``N``), so each block is one contiguous stream of ``K`` lines.
+
+    Args:
+        weight: ``[N, K]`` floating point.
+        dtype: ``torch.bfloat16`` (rounded nearest even, as ``Tensor.to``; the columns of a line
+            in the kernel's widening order, ``_bf16_order``) or ``torch.float32`` (the values
+            as they are, columns in order).
+
+    Raises:
+        ValueError: ``dtype`` is neither.
+    """
     import torch
 
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"pack_weight: dtype must be torch.bfloat16 or torch.float32, not {dtype}")
     n, k = weight.shape
-    blocks = -(-n // BF16_COLUMNS)
-    padded = torch.zeros(blocks * BF16_COLUMNS, k, dtype=torch.bfloat16)
-    padded[:n] = weight.detach().to(torch.bfloat16)
-    order = torch.tensor(_bf16_order())
-    return padded.view(blocks, BF16_COLUMNS, k)[:, order].transpose(1, 2).contiguous()
+    blocks = -(-n // PACKED_COLUMNS)
+    padded = torch.zeros(blocks * PACKED_COLUMNS, k, dtype=dtype)
+    padded[:n] = weight.detach().to(dtype)
+    lines = padded.view(blocks, PACKED_COLUMNS, k)
+    if dtype == torch.bfloat16:
+        lines = lines[:, torch.tensor(_bf16_order())]
+    return lines.transpose(1, 2).contiguous()

@@ -22,9 +22,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -449,37 +451,82 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
 }
 
 
-// y = x . W^T + bias with W held as bfloat16 (the compact forward's weights="bfloat16"): the
-// products of a decode step read half the bytes of fp32 weights. x, the accumulation and y are
-// fp32, so the result equals fp32 arithmetic on the bf16-rounded weights within float32
-// rounding (sums in another order). W is packed by runtime.kernels.pack_bf16 into blocks of
-// kCols output columns, [ceil(N / kCols), K, kCols] bf16, zero padded past N: a block is one
-// contiguous stream (one 64-byte line per k) and, inside a line, the columns come in the order
-// that AVX-512's unpack instructions widen them to fp32 (two shuffles per line, no shift).
+// y = x . W^T + bias with W packed for small products (a decode step's): packed by
+// runtime.kernels.pack_weight into blocks of kCols output columns, [ceil(N / kCols), K, kCols],
+// zero padded past N, so a block is one contiguous stream of K lines of kCols values, read once
+// per kRowsPerTile rows of x (again from cache for the next rows). Two element types:
+// - bfloat16 (weights="bfloat16"): half the bytes of fp32; inside a line the columns come in the
+//   order that AVX-512's unpack instructions widen them to fp32 (two shuffles per line, no
+//   shift); the result equals fp32 arithmetic on the bf16-rounded weights within float32
+//   rounding.
+// - float32 (weights="float32-packed"): the same values as the model's weights in their natural
+//   column order; the result equals at::linear's within float32 rounding (sums in another order).
+// x, the accumulation and y are fp32.
 constexpr int64_t kCols = 32;
-constexpr int64_t kRowsPerTile = 8;  // rows of x per pass over a block (16 accumulators)
-constexpr int64_t kPrefetch = 96;    // lines ahead: measured best of 8-160 on W1's shapes
+constexpr int64_t kRowsPerTile = 12;  // rows of x per pass over a block (24 accumulators)
+constexpr int64_t kPrefetchBytes = 96 * 64;  // measured best of 8-160 lines on W1's shapes (bf16)
+
+// How a packed element type is read: one k's kCols values as two fp32 vectors (AVX-512), or one
+// value, and which column packed position p holds.
+template <typename T>
+struct PackedType;
+
+template <>
+struct PackedType<uint16_t> {  // bfloat16 bits
+  static inline float value(uint16_t bits16) {
+    const uint32_t bits = static_cast<uint32_t>(bits16) << 16;
+    float v;
+    std::memcpy(&v, &bits, sizeof(float));
+    return v;
+  }
+  // What unpacklo / unpackhi of 16-bit lanes put in fp32 lane p of the low / high half;
+  // pack_weight (Python) applies the same order.
+  static inline int64_t column(int64_t p) {
+    const int64_t lane = p / 8, j = p % 8;
+    return j < 4 ? lane * 4 + j : 16 + lane * 4 + (j - 4);
+  }
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  static inline void load(const uint16_t* w, __m512& w0, __m512& w1) {
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i raw = _mm512_loadu_si512(w);
+    w0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, raw));
+    w1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
+  }
+#endif
+};
+
+template <>
+struct PackedType<float> {
+  static inline float value(float v) { return v; }
+  static inline int64_t column(int64_t p) { return p; }
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  static inline void load(const float* w, __m512& w0, __m512& w1) {
+    w0 = _mm512_loadu_ps(w);
+    w1 = _mm512_loadu_ps(w + 16);
+  }
+#endif
+};
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 // MR rows of x against one packed block; KU independent partial sums per output vector hide the
 // fused multiply-add latency when MR is small. Stores ncols (<= kCols) columns per row.
-template <int MR, int KU>
-inline void bf16_tile(const float* __restrict x, int64_t ldx, const uint16_t* __restrict w,
-                      int64_t K, float* __restrict out, int64_t ldo, int64_t ncols,
-                      const float* bias) {
+template <typename T, int MR, int KU>
+inline void packed_tile(const float* __restrict x, int64_t ldx, const T* __restrict w,
+                        int64_t K, float* __restrict out, int64_t ldo, int64_t ncols,
+                        const float* bias) {
+  constexpr int64_t line = kCols * static_cast<int64_t>(sizeof(T));  // bytes per k
   __m512 acc[KU][MR][2];
   for (int u = 0; u < KU; ++u)
     for (int r = 0; r < MR; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_ps();
-  const __m512i zero = _mm512_setzero_si512();
+  const char* ahead = reinterpret_cast<const char*>(w) + kPrefetchBytes;
   int64_t k = 0;
   for (; k + KU <= K; k += KU) {
     for (int u = 0; u < KU; ++u) {
       // NOTE: past the block's end this prefetches the next block (or nothing useful); a
       // prefetch never faults.
-      _mm_prefetch(reinterpret_cast<const char*>(w + (k + u + kPrefetch) * kCols), _MM_HINT_T0);
-      const __m512i raw = _mm512_loadu_si512(w + (k + u) * kCols);
-      const __m512 w0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, raw));
-      const __m512 w1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
+      for (int64_t b = 0; b < line; b += 64) _mm_prefetch(ahead + (k + u) * line + b, _MM_HINT_T0);
+      __m512 w0, w1;
+      PackedType<T>::load(w + (k + u) * kCols, w0, w1);
       for (int r = 0; r < MR; ++r) {
         const __m512 xb = _mm512_set1_ps(x[r * ldx + k + u]);
         acc[u][r][0] = _mm512_fmadd_ps(w0, xb, acc[u][r][0]);
@@ -488,9 +535,8 @@ inline void bf16_tile(const float* __restrict x, int64_t ldx, const uint16_t* __
     }
   }
   for (; k < K; ++k) {
-    const __m512i raw = _mm512_loadu_si512(w + k * kCols);
-    const __m512 w0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, raw));
-    const __m512 w1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, raw));
+    __m512 w0, w1;
+    PackedType<T>::load(w + k * kCols, w0, w1);
     for (int r = 0; r < MR; ++r) {
       const __m512 xb = _mm512_set1_ps(x[r * ldx + k]);
       acc[0][r][0] = _mm512_fmadd_ps(w0, xb, acc[0][r][0]);
@@ -518,73 +564,82 @@ inline void bf16_tile(const float* __restrict x, int64_t ldx, const uint16_t* __
   }
 }
 
-template <int MR>
-inline void bf16_rows(const float* x, int64_t K, const uint16_t* w, float* out, int64_t ldo,
-                      int64_t ncols, const float* bias) {
+template <typename T, int MR>
+inline void packed_rows(const float* x, int64_t K, const T* w, float* out, int64_t ldo,
+                        int64_t ncols, const float* bias) {
   constexpr int KU = MR <= 2 ? 4 : (MR <= 4 ? 2 : 1);
-  bf16_tile<MR, KU>(x, K, w, K, out, ldo, ncols, bias);
+  packed_tile<T, MR, KU>(x, K, w, K, out, ldo, ncols, bias);
 }
 #endif
 
-// Packed position p of a block holds column bf16_column(p): what unpacklo / unpackhi of 16-bit
-// lanes put in fp32 lane p of the low / high half. pack_bf16 (Python) applies the same order.
-inline int64_t bf16_column(int64_t p) {
-  const int64_t lane = p / 8, j = p % 8;
-  return j < 4 ? lane * 4 + j : 16 + lane * 4 + (j - 4);
-}
-
 // One block of columns for rows [0, m) of x (fp32 [m, K] contiguous) into out (row stride ldo).
-void bf16_block(const float* x, int64_t m, int64_t K, const uint16_t* w, float* out, int64_t ldo,
-                int64_t ncols, const float* bias) {
+template <typename T>
+void packed_block(const float* x, int64_t m, int64_t K, const T* w, float* out, int64_t ldo,
+                  int64_t ncols, const float* bias) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-  for (int64_t r = 0; r < m; r += kRowsPerTile) {
+  int64_t r = 0;
+  for (; r < m; r += kRowsPerTile) {
     const float* xr = x + r * K;
     float* o = out + r * ldo;
     switch (std::min(kRowsPerTile, m - r)) {
-      case 1: bf16_rows<1>(xr, K, w, o, ldo, ncols, bias); break;
-      case 2: bf16_rows<2>(xr, K, w, o, ldo, ncols, bias); break;
-      case 3: bf16_rows<3>(xr, K, w, o, ldo, ncols, bias); break;
-      case 4: bf16_rows<4>(xr, K, w, o, ldo, ncols, bias); break;
-      case 5: bf16_rows<5>(xr, K, w, o, ldo, ncols, bias); break;
-      case 6: bf16_rows<6>(xr, K, w, o, ldo, ncols, bias); break;
-      case 7: bf16_rows<7>(xr, K, w, o, ldo, ncols, bias); break;
-      default: bf16_rows<8>(xr, K, w, o, ldo, ncols, bias); break;
+      case 1: packed_rows<T, 1>(xr, K, w, o, ldo, ncols, bias); break;
+      case 2: packed_rows<T, 2>(xr, K, w, o, ldo, ncols, bias); break;
+      case 3: packed_rows<T, 3>(xr, K, w, o, ldo, ncols, bias); break;
+      case 4: packed_rows<T, 4>(xr, K, w, o, ldo, ncols, bias); break;
+      case 5: packed_rows<T, 5>(xr, K, w, o, ldo, ncols, bias); break;
+      case 6: packed_rows<T, 6>(xr, K, w, o, ldo, ncols, bias); break;
+      case 7: packed_rows<T, 7>(xr, K, w, o, ldo, ncols, bias); break;
+      case 8: packed_rows<T, 8>(xr, K, w, o, ldo, ncols, bias); break;
+      case 9: packed_rows<T, 9>(xr, K, w, o, ldo, ncols, bias); break;
+      case 10: packed_rows<T, 10>(xr, K, w, o, ldo, ncols, bias); break;
+      case 11: packed_rows<T, 11>(xr, K, w, o, ldo, ncols, bias); break;
+      default: packed_rows<T, 12>(xr, K, w, o, ldo, ncols, bias); break;
     }
   }
 #else
   // Portable path (no AVX-512): the same arithmetic, one column at a time.
   for (int64_t r = 0; r < m; ++r)
     for (int64_t p = 0; p < kCols; ++p) {
-      const int64_t c = bf16_column(p);
+      const int64_t c = PackedType<T>::column(p);
       if (c >= ncols) continue;
       float acc = 0.f;
-      for (int64_t k = 0; k < K; ++k) {
-        const uint32_t bits = static_cast<uint32_t>(w[k * kCols + p]) << 16;
-        float wv;
-        std::memcpy(&wv, &bits, sizeof(float));
-        acc += x[r * K + k] * wv;
-      }
+      for (int64_t k = 0; k < K; ++k) acc += x[r * K + k] * PackedType<T>::value(w[k * kCols + p]);
       out[r * ldo + c] = acc + (bias != nullptr ? bias[c] : 0.f);
     }
 #endif
 }
 
-// x: fp32 [..., K] (any leading shape); packed: bf16 [ceil(n / kCols), K, kCols] from pack_bf16;
-// bias: fp32 [n] or None. Returns fp32 [..., n]. Blocks of columns run on torch's threads.
-torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed,
-                          const std::optional<torch::Tensor>& bias, int64_t n) {
-  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "linear_bf16: CPU tensors only");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1, "linear_bf16: x must be fp32");
-  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 3 &&
+template <typename T>
+void packed_columns(const float* xp, int64_t m, int64_t K, const T* wp, int64_t blocks,
+                    float* op, int64_t n, const float* bp) {
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t blk = first; blk < last; ++blk) {
+      const int64_t c0 = blk * kCols;
+      packed_block<T>(xp, m, K, wp + blk * K * kCols, op + c0, n, std::min(kCols, n - c0),
+                      bp != nullptr ? bp + c0 : nullptr);
+    }
+  });
+}
+
+// x: fp32 [..., K] (any leading shape); packed: bf16 or fp32 [ceil(n / kCols), K, kCols] from
+// pack_weight; bias: fp32 [n] or None. Returns fp32 [..., n]. Blocks of columns run on torch's
+// threads.
+torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& packed,
+                            const std::optional<torch::Tensor>& bias, int64_t n) {
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "linear_packed: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1, "linear_packed: x must be fp32");
+  const auto type = packed.scalar_type();
+  TORCH_CHECK((type == at::kBFloat16 || type == at::kFloat) && packed.dim() == 3 &&
                   packed.size(2) == kCols && packed.is_contiguous(),
-              "linear_bf16: packed must be contiguous bf16 [blocks, K, 32] (pack_bf16)");
+              "linear_packed: packed must be contiguous bf16 or fp32 [blocks, K, 32] "
+              "(pack_weight)");
   const int64_t K = packed.size(1), blocks = packed.size(0);
-  TORCH_CHECK(x.size(-1) == K, "linear_bf16: x has ", x.size(-1), " inputs, the weight ", K);
+  TORCH_CHECK(x.size(-1) == K, "linear_packed: x has ", x.size(-1), " inputs, the weight ", K);
   TORCH_CHECK(n > 0 && n <= blocks * kCols && n > (blocks - 1) * kCols,
-              "linear_bf16: n = ", n, " does not match ", blocks, " packed blocks");
+              "linear_packed: n = ", n, " does not match ", blocks, " packed blocks");
   TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->dim() == 1 &&
                                     bias->numel() == n && bias->device().is_cpu()),
-              "linear_bf16: bias must be fp32 [n]");
+              "linear_packed: bias must be fp32 [n]");
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   auto xs = x.reshape({-1, K}).contiguous();
@@ -594,16 +649,14 @@ torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed,
   std::optional<torch::Tensor> b;
   if (bias.has_value()) b = bias->contiguous();
   const float* xp = xs.data_ptr<float>();
-  const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   const float* bp = b.has_value() ? b->data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
-    for (int64_t blk = first; blk < last; ++blk) {
-      const int64_t c0 = blk * kCols;
-      bf16_block(xp, m, K, wp + blk * K * kCols, op + c0, n, std::min(kCols, n - c0),
-                 bp != nullptr ? bp + c0 : nullptr);
-    }
-  });
+  if (type == at::kFloat)
+    packed_columns<float>(xp, m, K, packed.data_ptr<float>(), blocks, op, n, bp);
+  else
+    packed_columns<uint16_t>(xp, m, K,
+                             reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
+                             blocks, op, n, bp);
   return out.view(shape);
 }
 
@@ -613,9 +666,10 @@ torch::Tensor linear_bf16(const torch::Tensor& x, const torch::Tensor& packed,
 // small ops in plain loops (RMSNorm, RoPE written straight into the KV slots), which saves the
 // Python and dispatch overhead of about 25 small ops per layer. Results equal the Python loop's
 // within float32 rounding (the tests' 1e-5), not to the bit: sums are reassociated and
-// multiply-adds fused. Weights are the compact forward's (input-major views). With packed bf16
-// copies of them (weights="bfloat16", the fp32 weights then hold the same rounded values), a
-// step of at most packed_max_rows rows runs its products in linear_bf16 instead of at::linear.
+// multiply-adds fused. Weights are the compact forward's (input-major views). With packed copies
+// of them (pack_weight: bf16 for weights="bfloat16", the fp32 weights then holding the same
+// rounded values; fp32 for weights="float32-packed"), a step of at most packed_max_rows rows runs
+// its products in linear_packed instead of at::linear.
 class DecodeLayers {
  public:
   DecodeLayers(std::vector<torch::Tensor> ln1, std::vector<torch::Tensor> qkv,
@@ -643,13 +697,17 @@ class DecodeLayers {
                       qkv_[i].size(1) == hidden_,
                   "DecodeLayers: layer ", i, " needs fp32 contiguous norm weights [hidden] and "
                   "a qkv weight [(H + 2 H_kv) D, hidden]");
-    // packed: empty, or per layer the bf16 blocks of qkv, o, gate_up and down (pack_bf16)
+    // packed: empty, or per layer the blocks of qkv, o, gate_up and down (pack_weight), of one
+    // element type (bf16 or fp32)
     TORCH_CHECK(packed_.empty() || packed_.size() == 4 * L,
                 "DecodeLayers: packed holds 4 weights per layer, or none");
     for (size_t i = 0; i < packed_.size(); ++i) {
       const auto& w = i % 4 == 0 ? qkv_[i / 4] : i % 4 == 1 ? o_[i / 4]
                     : i % 4 == 2 ? gate_up_[i / 4] : down_[i / 4];
-      TORCH_CHECK(packed_[i].scalar_type() == at::kBFloat16 && packed_[i].dim() == 3 &&
+      TORCH_CHECK(packed_[i].scalar_type() == packed_[0].scalar_type() &&
+                      (packed_[i].scalar_type() == at::kBFloat16 ||
+                       packed_[i].scalar_type() == at::kFloat) &&
+                      packed_[i].is_contiguous() && packed_[i].dim() == 3 &&
                       packed_[i].size(1) == w.size(1) && packed_[i].size(2) == kCols &&
                       packed_[i].size(0) == (w.size(0) + kCols - 1) / kCols,
                   "DecodeLayers: packed weight ", i, " does not match its fp32 weight");
@@ -694,11 +752,11 @@ class DecodeLayers {
     auto q = torch::empty({b, nh_, d_}, hs.options());
     for (size_t i = 0; i < ln1_.size(); ++i) {
       rms_norm(hs, ln1_[i], x);
-      const bool bf16 = !packed_.empty() && b <= packed_max_rows_;
+      const bool use_packed = !packed_.empty() && b <= packed_max_rows_;
       const auto proj = [&](const torch::Tensor& in, size_t which, const torch::Tensor& w,
                             const std::optional<torch::Tensor>& bias) {
-        return bf16 ? linear_bf16(in, packed_[4 * i + which], bias, w.size(0))
-                    : at::linear(in, w, bias);
+        return use_packed ? linear_packed(in, packed_[4 * i + which], bias, w.size(0))
+                          : at::linear(in, w, bias);
       };
       auto qkv = proj(x, 0, qkv_[i], qkv_bias_[i]).contiguous();  // [B, (H + 2 H_kv) D]
       rope_and_store(qkv, cs, sn, q, buffer.select(0, i), rp, pp);
@@ -789,8 +847,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              pybind11::arg("scale"), pybind11::arg("src") = pybind11::none(),
              pybind11::arg("shared") = pybind11::none(),
              pybind11::call_guard<pybind11::gil_scoped_release>());
-  module.def("linear_bf16", &linear_bf16,
-             "x . W^T + bias with W packed as bf16 (pack_bf16), fp32 in and out (see the source)",
+  module.def("linear_packed", &linear_packed,
+             "x . W^T + bias with W packed as bf16 or fp32 (pack_weight), fp32 in and out (see "
+             "the source)",
              pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias"), pybind11::arg("n"),
              pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<DecodeLayers>(module, "DecodeLayers")

@@ -156,8 +156,13 @@ def _runs(engine: ServingEngine) -> str:
     if runner is None or path is None:
         return ""
     kernel = ", native decode attention" if runner.decode_attention == "native" else ""
-    weights = ", bfloat16 weights" if getattr(runner, "weights", "float32") == "bfloat16" else ""
-    return f" ({str(runner.dtype).removeprefix('torch.')}{weights}, {path} forward{kernel})"
+    weights = getattr(runner, "weights", "float32")
+    compact = getattr(runner, "compact", None)
+    held = {"bfloat16": ", bfloat16 weights", "float32-packed": ", packed float32 weights"}
+    label = held.get(weights, "")
+    if weights == "float32-packed" and not (compact is not None and compact.packed_products):
+        label = ", float32-packed weights unused (no native kernels)"
+    return f" ({str(runner.dtype).removeprefix('torch.')}{label}, {path} forward{kernel})"
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -167,8 +172,8 @@ def _serve(args: argparse.Namespace) -> int:
         _error(str(exc))
         return 2
     weights = getattr(args, "weights", None)
-    if weights == "bfloat16" and getattr(args, "dtype", None) not in (None, "float32"):
-        _error(f"--weights bfloat16 needs --dtype float32, not {args.dtype}")
+    if weights not in (None, "float32") and getattr(args, "dtype", None) not in (None, "float32"):
+        _error(f"--weights {weights} needs --dtype float32, not {args.dtype}")
         return 2
     disk_dir = getattr(args, "kv_disk_dir", None)
     disk_bytes = getattr(args, "kv_disk_bytes", None)

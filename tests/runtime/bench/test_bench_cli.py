@@ -77,12 +77,13 @@ def test_prefix_prints_tables_with_units_and_keeps_json(capsys: pytest.CaptureFi
 def test_prefix_refuses_bf16_weights_on_a_16_bit_model(capsys: pytest.CaptureFixture[str]) -> None:
     """``--weights bfloat16`` rounds float32 weights: with ``--dtype bfloat16`` it is a usage
     error before anything is built (it was a ValueError traceback from the model's rounding)."""
-    with pytest.raises(SystemExit) as exit_info:
-        prefix.prefix_main(["--dtype", "bfloat16", "--weights", "bfloat16"])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "--weights bfloat16 needs --dtype float32, not bfloat16" in err
-    assert "Traceback" not in err
+    for weights in ("bfloat16", "float32-packed"):
+        with pytest.raises(SystemExit) as exit_info:
+            prefix.prefix_main(["--dtype", "bfloat16", "--weights", weights])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--weights {weights} needs --dtype float32, not bfloat16" in err
+        assert "Traceback" not in err
 
 
 def test_noise_warnings_name_a_flipping_ratio_and_a_hit_below_its_floor() -> None:

@@ -121,14 +121,15 @@ def test_kv_disk_and_budget_flags_reach_the_engine(
     lone = build_parser().parse_args(["serve", "--port", port, "--kv-disk-bytes", "4096"])
     assert server.run_cli(lone) == 2
     assert "--kv-disk-bytes needs --kv-disk-dir" in capsys.readouterr().err
-    assert server.run_cli(build_parser().parse_args(["serve", "--port", port, "--weights",
-                                                     "bfloat16"])) == 2  # fmt: skip
-    assert seen["weights"] == "bfloat16" and "dtype" not in seen
-    seen.clear()
-    both = ["serve", "--port", port, "--weights", "bfloat16", "--dtype", "float16"]
-    assert server.run_cli(build_parser().parse_args(both)) == 2
-    assert not seen  # NOTE: refused before the model loads
-    assert "--weights bfloat16 needs --dtype float32, not float16" in capsys.readouterr().err
+    for weights in ("bfloat16", "float32-packed"):
+        assert server.run_cli(build_parser().parse_args(["serve", "--port", port, "--weights",
+                                                         weights])) == 2  # fmt: skip
+        assert seen["weights"] == weights and "dtype" not in seen
+        seen.clear()
+        both = ["serve", "--port", port, "--weights", weights, "--dtype", "float16"]
+        assert server.run_cli(build_parser().parse_args(both)) == 2
+        assert not seen  # NOTE: refused before the model loads
+        assert f"--weights {weights} needs --dtype float32, not float16" in capsys.readouterr().err
 
 
 def test_api_keys_from_repeated_flags_and_files(tmp_path: Path) -> None:
