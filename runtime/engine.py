@@ -180,9 +180,10 @@ class Engine:
                 differ by the rounding (see the README's figures).
                 ``"float32-packed"``: the weights as loaded plus, on the compact forward with
                 the native kernels, a packed fp32 copy of each linear weight (2x the weight
-                memory) that decode steps of up to 64 rows stream instead of MKL's product
-                (faster from 2 rows on; see the README's figures); the same answers as
-                ``"float32"`` within float32 rounding.
+                memory) that products of up to 64 rows (decode steps, a hit's few new tokens)
+                stream instead of MKL's (about 1.1x at one row, 1.6-1.8x at 8-16; see the
+                README's figures); the same answers as ``"float32"`` within float32 rounding.
+                Without AVX-512 no copy is kept.
 
         Raises:
             ModelLoadError: the model or tokenizer cannot be loaded.

@@ -194,9 +194,9 @@ class ModelRunner:
                 (``round_weights_bf16``); on the compact forward with the native kernels, decode
                 steps then read packed bf16 copies (half the weight bytes). Elsewhere it only
                 rounds (the same answers, no speed-up). ``"float32-packed"`` keeps the weights
-                and, on the compact forward with the native kernels, a packed fp32 copy that
-                decode steps of up to 64 rows read (``CompactLlama``'s ``packed``); elsewhere it
-                changes nothing.
+                and, on the compact forward with the native kernels built with AVX-512, a packed
+                fp32 copy that products of up to 64 rows read (``CompactLlama``'s ``packed``);
+                elsewhere it changes nothing (the start line says why).
 
         Raises:
             ValueError: ``forward="compact"`` on a model ``compact_blocker`` refuses, an unknown

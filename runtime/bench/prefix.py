@@ -387,7 +387,8 @@ def prefix_main(argv: list[str]) -> int:
             p.error(problem)
     if args.threads:
         torch.set_num_threads(args.threads)
-    header = {"workload": "W1", "layers": args.layers, "prefix_len": args.prefix_len}
+    header = {"workload": "W1", "layers": args.layers, "prefix_len": args.prefix_len,
+              "dtype": args.dtype, "weights": args.weights}  # fmt: skip
     if args.warm_restart:
         report(_measure_restart(args), args.json, {**header, "suffix_len": args.suffix_len})
         return 0
@@ -404,9 +405,10 @@ def prefix_main(argv: list[str]) -> int:
     title = (
         f"bench prefix: W1, {args.layers} layers, {args.prefix_len}-token prefix + "
         f"{args.suffix_len}-token suffix, {args.dtype}"
-        + {"bfloat16": ", bf16 weights", "float32-packed": ", packed f32 weights"}.get(
-            args.weights, ""
-        )
+        + {
+            "bfloat16": ", bf16 weights",
+            "float32-packed": ", float32-packed weights (compact)",
+        }.get(args.weights, "")
     )
     tables = [
         spread_table(f"{title}: time to first token", timings),

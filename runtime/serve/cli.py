@@ -156,13 +156,25 @@ def _runs(engine: ServingEngine) -> str:
     if runner is None or path is None:
         return ""
     kernel = ", native decode attention" if runner.decode_attention == "native" else ""
+    return (
+        f" ({str(runner.dtype).removeprefix('torch.')}{_weights(runner)}, {path} forward{kernel})"
+    )
+
+
+def _weights(runner: Any) -> str:
+    """``", bfloat16 weights"``, ``", float32-packed weights"``, or why the packed copies are
+    unused (``", float32-packed weights unused (transformers forward)"``); "" for float32."""
     weights = getattr(runner, "weights", "float32")
+    if weights == "bfloat16":
+        return ", bfloat16 weights"
+    if weights != "float32-packed":
+        return ""
     compact = getattr(runner, "compact", None)
-    held = {"bfloat16": ", bfloat16 weights", "float32-packed": ", packed float32 weights"}
-    label = held.get(weights, "")
-    if weights == "float32-packed" and not (compact is not None and compact.packed_products):
-        label = ", float32-packed weights unused (no native kernels)"
-    return f" ({str(runner.dtype).removeprefix('torch.')}{label}, {path} forward{kernel})"
+    if compact is not None and compact.packed_products:
+        return ", float32-packed weights"
+    why = ("transformers forward" if compact is None
+           else "no native kernels" if compact.native is None else "no AVX-512")  # fmt: skip
+    return f", float32-packed weights unused ({why})"
 
 
 def _serve(args: argparse.Namespace) -> int:

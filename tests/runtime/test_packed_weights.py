@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -76,6 +77,9 @@ def test_pack_weight_layout() -> None:
     assert torch.equal(line.sort().values, weight[:32, 0].to(torch.bfloat16).float().sort().values)
     with pytest.raises(ValueError, match="torch.bfloat16 or torch.float32"):
         pack_weight(weight, torch.float16)
+    for bad in (torch.randn(7), torch.randn(2, 3, 4)):
+        with pytest.raises(ValueError, match="weight must be 2-D"):
+            pack_weight(bad, torch.float32)
 
 
 def test_linear_packed_refuses_bad_input() -> None:
@@ -93,6 +97,11 @@ def test_linear_packed_refuses_bad_input() -> None:
         kernels.linear_packed(x, packed, torch.randn(39), 40)
     with pytest.raises(RuntimeError, match="packed must be contiguous bf16 or fp32"):
         kernels.linear_packed(x, packed.double(), None, 40)
+    with pytest.raises(RuntimeError, match="not a 0-dim tensor"):
+        kernels.linear_packed(torch.tensor(1.0), packed, None, 40)
+    with pytest.raises(RuntimeError, match="K = 0 inputs"):
+        kernels.linear_packed(torch.randn(3, 0), pack_weight(torch.randn(40, 0), torch.float32),
+                              None, 40)  # fmt: skip
     with pytest.raises(RuntimeError, match="packed must be contiguous bf16 or fp32"):
         kernels.linear_packed(x, packed.transpose(0, 1).contiguous().transpose(0, 1), None, 40)
 
@@ -162,7 +171,7 @@ def _round_in_place(compact: CompactLlama) -> None:
 
 @pytest.mark.parametrize(
     ("weights", "label"),
-    [("bfloat16", "bfloat16 weights"), ("float32-packed", "packed float32 weights")],
+    [("bfloat16", "bfloat16 weights"), ("float32-packed", "float32-packed weights")],
 )
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_packed_weights_engine_matches_its_model(
@@ -215,6 +224,26 @@ def test_packed_weights_engine_matches_its_model(
     assert max(rows) == 3 and cached > 0, (rows, cached)
     engine.close()
     reference.close()
+
+
+def test_no_copies_where_nothing_would_read_them(tmp_path: Path) -> None:
+    """Kernels built without AVX-512 (a scalar loop, ~12x slower than MKL) get no copies, and the
+    start line says so; so does a model on the transformers forward."""
+    kernels = required_native_kernels()
+    scalar = kernels._replace(packed_vectorized=False)
+    for dtype in DTYPES:
+        compact = CompactLlama(_model("llama", 4, 2, 16), native=scalar, packed=dtype)
+        assert not compact.packed_products and compact.packed_bytes == 0
+    runner = SimpleNamespace(weights="float32-packed", compact=compact, dtype=torch.float32,
+                             decode_attention="native")  # fmt: skip
+    line = _runs(SimpleNamespace(runner=runner, forward_path="compact"))  # type: ignore[arg-type]
+    assert line == (" (float32, float32-packed weights unused (no AVX-512), compact forward, "
+                    "native decode attention)")  # fmt: skip
+    path = str(save_tiny_model("llama", tmp_path))
+    engine = Engine.from_pretrained(path, forward="transformers", weights="float32-packed")
+    assert engine.runner.compact is None
+    assert ", float32-packed weights unused (transformers forward), transformers" in _runs(engine)
+    engine.close()
 
 
 def test_float32_packed_without_native_kernels_says_unused(tmp_path: Path) -> None:
