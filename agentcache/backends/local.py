@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 _HINT = "install the local runtime: pip install 'agentcache[local]'"
+_WEIGHTS = ("float32", "bfloat16", "float32-packed")  # NOTE: runtime.model_runner.WeightsDtype
 CHATML_STOPS: tuple[str, ...] = ("<|im_start|>", "<tool_response>", "</tool_response>")
 """End-of-answer markers for ChatML templates: a model that starts a new turn (``<|im_start|>``)
 or writes a tool result itself (the Hermes ``<tool_response>`` block) has finished its answer;
@@ -186,6 +187,7 @@ class LocalBackend(BaseBackend):
         prefix_cache: bool = True,
         cache_salt: str | None = None,
         dtype: str = "float32",
+        weights: str = "float32",
         device: str = "cpu",
         chunk_reuse: Literal["exact", "blend"] | None = None,
         recompute_fraction: float = 0.15,
@@ -201,6 +203,11 @@ class LocalBackend(BaseBackend):
             cache_salt: Per-tenant namespace of cached KV; ``None`` is the unsalted one. An
                 empty string is refused, as the server refuses it.
             dtype: ``float32``, ``float16`` or ``bfloat16``.
+            weights: How a float32 model holds its weights (``serve --weights``): ``float32``
+                (the reference), ``bfloat16`` (linear weights rounded to bf16, arithmetic in
+                float32) or ``float32-packed`` (plus a packed copy for decode steps: the weight
+                memory again, the same answers within float32 rounding); see
+                ``runtime.model_runner.WeightsDtype``.
             device: torch device string.
             chunk_reuse: Opt-in reuse of each ``Document``'s KV in any order (the engine's chunk
                 store, ``runtime.chunk_reuse``): ``"exact"`` answers as under a block attention
@@ -209,7 +216,8 @@ class LocalBackend(BaseBackend):
             recompute_fraction: Blend only: the share of document tokens recomputed.
 
         Raises:
-            ConfigError: ``cache_salt`` is an empty string, ``chunk_reuse`` /
+            ConfigError: ``cache_salt`` is an empty string, ``weights`` is not one of the three
+                or not float32 ``dtype``'s, ``chunk_reuse`` /
                 ``recompute_fraction`` is out of range, or the model cannot reuse chunks in that
                 mode (no composable RoPE, sliding windows; blend: no compact forward).
             BackendUnavailableError: torch/transformers are missing or the model cannot load;
@@ -220,6 +228,11 @@ class LocalBackend(BaseBackend):
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise ConfigError(
                 f"cache_salt must be a non-empty str or None (no salt), got {cache_salt!r}"
+            )
+        if weights not in _WEIGHTS or (weights != "float32" and dtype != "float32"):
+            raise ConfigError(
+                f"weights must be one of {list(_WEIGHTS)}, and other than float32 only with "
+                f"dtype='float32'; got weights={weights!r}, dtype={dtype!r}"
             )
         if chunk_reuse not in (None, "exact", "blend") or not 0.0 <= recompute_fraction <= 1.0:
             raise ConfigError(
@@ -242,6 +255,7 @@ class LocalBackend(BaseBackend):
         owns_engine = engine is None
         if engine is None:
             options: dict[str, Any] = {"prefix_cache": prefix_cache, "dtype": dtype}
+            options["weights"] = weights
             options["device"] = device
             if kv_cache_bytes is not None:
                 options["kv_cache_bytes"] = kv_cache_bytes

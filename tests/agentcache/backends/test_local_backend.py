@@ -251,6 +251,27 @@ def test_document_spans_are_ordered_disjoint_and_tolerate_merged_edges() -> None
     assert document_spans(ids, [[42]]) == ()
 
 
+def test_weights_reach_the_engine_and_bad_ones_are_refused(model_dir: Path) -> None:
+    """``weights`` is the engine's (``serve --weights``); a value the engine does not know, or a
+    16-bit ``dtype`` with anything but float32 weights, is a ConfigError before any load."""
+    from agentcache.exceptions import ConfigError
+
+    options = GenerationOptions(max_tokens=8, temperature=0.0)
+    packed = LocalBackend(str(model_dir), weights="float32-packed")
+    plain = LocalBackend(str(model_dir))
+    assert packed.engine.runner.weights == "float32-packed"
+    assert plain.engine.runner.weights == "float32"
+    compact = packed.engine.runner.compact
+    assert compact is not None and compact.packed_products == (compact.native is not None)
+    got, want = packed.complete("What is json?", options), plain.complete("What is json?", options)
+    assert got.text == want.text and got.usage.completion_tokens == want.usage.completion_tokens
+    packed.close()
+    plain.close()
+    for bad in ({"weights": "float16"}, {"weights": "bfloat16", "dtype": "bfloat16"}):
+        with pytest.raises(ConfigError, match="weights must be one of"):
+            LocalBackend(str(model_dir), **bad)  # type: ignore[arg-type]
+
+
 def test_chunk_reuse_options_are_checked(model_dir: Path) -> None:
     from agentcache.exceptions import ConfigError
 
