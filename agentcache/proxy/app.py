@@ -183,13 +183,21 @@ class _Proxy:
     ) -> AsyncIterator[bytes]:
         tap = SSEUsageTap(provider or "openai")
         kept: list[bytes] = []
+        counts = provider is not None and answer.status_code == 200
+        recorded = False
         async for chunk in answer.aiter_bytes():
             tap.feed(chunk)
             if cache_key is not None:
                 kept.append(chunk)
+            if counts and tap.done and not recorded:
+                # NOTE: before the end marker reaches the client: an OpenAI client stops reading
+                # at [DONE] and may ask for the report while the upstream has not closed yet.
+                self.book.record(model, tap.usage)
+                recorded = True
             yield chunk
-        if provider is not None and answer.status_code == 200:
-            self.book.record(model, tap.usage)
+        if counts:
+            if not recorded:
+                self.book.record(model, tap.usage)
             if cache_key is not None and self.response_cache is not None:
                 self.response_cache.put(cache_key, b"".join(kept), "text/event-stream")
 

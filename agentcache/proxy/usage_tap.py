@@ -51,6 +51,9 @@ class SSEUsageTap:
     def __init__(self, provider: str) -> None:
         self.provider = provider
         self.usage: Usage | None = None
+        self.done = False
+        """Whether the stream's end marker has been read (OpenAI ``data: [DONE]``, Anthropic
+        ``message_stop``): every usage event comes before it."""
         self._buffer = b""
 
     def feed(self, chunk: bytes) -> None:
@@ -62,7 +65,10 @@ class SSEUsageTap:
                 self._event(line[5:].strip())
 
     def _event(self, data: bytes) -> None:
-        if not data or data == b"[DONE]":
+        if data == b"[DONE]":
+            self.done = True
+            return
+        if not data:
             return
         try:
             event = json.loads(data)
@@ -70,6 +76,8 @@ class SSEUsageTap:
             return
         if not isinstance(event, dict):
             return
+        if event.get("type") == "message_stop":
+            self.done = True
         payload: Any = event.get("message") if event.get("type") == "message_start" else event
         if not isinstance(payload, dict) or not isinstance(payload.get("usage"), dict):
             return

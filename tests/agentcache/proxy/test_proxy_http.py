@@ -7,16 +7,20 @@ its own prefix rule (``anthropic_upstream.py``). Nothing leaves 127.0.0.1.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import random
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 from openai import OpenAI
 
 from agentcache import wrap
@@ -92,6 +96,45 @@ def test_stream_passes_through_with_usage(tiny_url: str) -> None:
         report = httpx.get(f"{proxy_url}/agentcache/report").json()
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens > 0
     assert report["models"]["tiny"]["prompt_tokens"] == chunks[-1].usage.prompt_tokens
+
+
+def test_stream_usage_is_counted_before_the_end_marker_reaches_the_client() -> None:
+    """An OpenAI client stops reading at ``data: [DONE]``; an upstream that keeps the stream open
+    after it (here 3 s) must not delay the usage count: the report read at once has it. It was
+    recorded only when the upstream closed, so a report read right after the client returned
+    could miss it (seen in a loaded CI run)."""
+    upstream = FastAPI()
+
+    @upstream.post("/v1/chat/completions")
+    async def chat() -> StreamingResponse:
+        async def events() -> AsyncIterator[bytes]:
+            chunk = {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "m",
+                "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}],
+            }
+            usage = {**chunk, "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1,
+                                                       "total_tokens": 8}}  # fmt: skip
+            for event in (chunk, usage):
+                yield f"data: {json.dumps(event)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+            await asyncio.sleep(3.0)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    with ServerThread(upstream) as url, ServerThread(create_proxy_app(f"{url}/v1")) as proxy_url:
+        client = OpenAI(base_url=f"{proxy_url}/v1", api_key="k", max_retries=0)
+        started = time.monotonic()
+        chunks = list(client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=True,
+            stream_options={"include_usage": True},
+        ))  # fmt: skip
+        report = httpx.get(f"{proxy_url}/agentcache/report").json()
+        assert time.monotonic() - started < 2.5, "the client waited for the upstream to close"
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == 7
+    assert report["models"]["m"]["prompt_tokens"] == 7
 
 
 @pytest.fixture()

@@ -174,8 +174,9 @@ def test_sse_usage_tap_reads_openai_and_anthropic_streams() -> None:
               b'"usage":{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens_details":'
               b'{"cached_tokens":8}}}\n\ndata: [DONE]\n\n')  # fmt: skip
     for i in range(0, len(stream), 7):  # NOTE: chunk edges fall inside lines
+        assert not openai_tap.done  # NOTE: the end marker is the stream's last line
         openai_tap.feed(stream[i : i + 7])
-    assert openai_tap.usage is not None
+    assert openai_tap.done and openai_tap.usage is not None
     assert (openai_tap.usage.prompt_tokens, openai_tap.usage.cached_tokens) == (12, 8)
     claude_tap = SSEUsageTap("anthropic")
     claude_tap.feed(b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
@@ -183,8 +184,10 @@ def test_sse_usage_tap_reads_openai_and_anthropic_streams() -> None:
                     b'"cache_creation_input_tokens":0,"output_tokens":1}}}\n\n'
                     b'event: message_delta\ndata: {"type":"message_delta","usage":'
                     b'{"output_tokens":9,"cache_read_input_tokens":null}}\n\n')  # fmt: skip
-    assert claude_tap.usage is not None
+    assert claude_tap.usage is not None and not claude_tap.done
     assert claude_tap.usage.cached_tokens == 1500 and claude_tap.usage.completion_tokens == 9
+    claude_tap.feed(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    assert claude_tap.done
 
 
 def test_a_tool_parameter_named_cache_control_is_data_not_a_marker() -> None:
