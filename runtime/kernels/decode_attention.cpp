@@ -22,11 +22,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <type_traits>
 #include <vector>
 
 namespace {
