@@ -158,8 +158,7 @@ def _add_serve(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
         "activations, KV cache and arithmetic stay float32; decode steps then read half the "
         "weight bytes (compact forward, native kernels). float32-packed keeps the weights and "
         "adds a packed copy (as many bytes again) that decode steps stream faster, most at 8-16 "
-        "rows "
-        "(default: float32, the reference)",
+        "rows (default: float32, the reference)",
     )
     p.add_argument(
         "--kv-disk-dir",

@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias, get_args
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
@@ -48,7 +48,7 @@ bfloat16, nearest even, while activations, the KV cache and all arithmetic stay 
 ``round_weights_bf16``); ``float32-packed``: as loaded, plus a packed fp32 copy of every linear
 weight for the small products of decode steps (the compact forward with the native kernels:
 as many bytes again as those weights; the same answers within float32 rounding)."""
-_WEIGHTS: tuple[WeightsDtype, ...] = ("float32", "bfloat16", "float32-packed")
+_WEIGHTS: tuple[WeightsDtype, ...] = get_args(WeightsDtype)
 
 logger = logging.getLogger(__name__)
 

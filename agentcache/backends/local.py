@@ -41,7 +41,9 @@ __all__ = [
 ]
 
 _HINT = "install the local runtime: pip install 'agentcache[local]'"
-_WEIGHTS = ("float32", "bfloat16", "float32-packed")  # NOTE: runtime.model_runner.WeightsDtype
+_WEIGHTS = ("float32", "bfloat16", "float32-packed")
+"""``runtime.model_runner.WeightsDtype``'s values, checked before torch is imported (a test keeps
+the two equal)."""
 CHATML_STOPS: tuple[str, ...] = ("<|im_start|>", "<tool_response>", "</tool_response>")
 """End-of-answer markers for ChatML templates: a model that starts a new turn (``<|im_start|>``)
 or writes a tool result itself (the Hermes ``<tool_response>`` block) has finished its answer;
@@ -254,8 +256,8 @@ class LocalBackend(BaseBackend):
         self._model = model
         owns_engine = engine is None
         if engine is None:
-            options: dict[str, Any] = {"prefix_cache": prefix_cache, "dtype": dtype}
-            options["weights"] = weights
+            options: dict[str, Any] = {"prefix_cache": prefix_cache, "dtype": dtype,
+                                       "weights": weights}  # fmt: skip
             options["device"] = device
             if kv_cache_bytes is not None:
                 options["kv_cache_bytes"] = kv_cache_bytes

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from transformers import DynamicCache
@@ -40,7 +40,7 @@ from runtime.bench.llama_cpp_peer import (
     peer_python,
 )
 from runtime.engine import Engine
-from runtime.model_runner import ForwardPath
+from runtime.model_runner import ForwardPath, WeightsDtype
 
 __all__ = ["agreement_warnings", "prefix_main"]
 
@@ -370,7 +370,7 @@ def prefix_main(argv: list[str]) -> int:
     )
     p.add_argument(
         "--weights",
-        choices=["float32", "bfloat16", "float32-packed"],
+        choices=list(get_args(WeightsDtype)),
         default="float32",
         help="bfloat16: round W1's linear weights to bf16 for every engine and peer (ours then "
         "decodes from packed bf16 copies; llama.cpp gets a bf16 GGUF); float32-packed: ours "

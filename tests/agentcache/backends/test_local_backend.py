@@ -251,6 +251,24 @@ def test_document_spans_are_ordered_disjoint_and_tolerate_merged_edges() -> None
     assert document_spans(ids, [[42]]) == ()
 
 
+def test_every_weights_choice_is_the_runtimes() -> None:
+    """The SDK's, ``serve``'s and the benches' ``--weights`` lists are written out (they are
+    checked before torch loads); each must equal ``WeightsDtype``'s values."""
+    from typing import get_args
+
+    from agentcache.backends import local
+    from agentcache.cli import build_parser
+    from runtime.bench.load import _parser as load_parser
+    from runtime.model_runner import WeightsDtype
+
+    def choices(parser: Any) -> tuple[str, ...]:
+        (action,) = [a for a in parser._actions if a.dest == "weights"]
+        return tuple(action.choices)
+
+    serve = next(a for a in build_parser()._actions if a.dest == "command").choices["serve"]
+    assert local._WEIGHTS == choices(serve) == choices(load_parser()) == get_args(WeightsDtype)
+
+
 def test_weights_reach_the_engine_and_bad_ones_are_refused(model_dir: Path) -> None:
     """``weights`` is the engine's (``serve --weights``); a value the engine does not know, or a
     16-bit ``dtype`` with anything but float32 weights, is a ConfigError before any load."""
