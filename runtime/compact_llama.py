@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from runtime.fp32_products import FEW_ROWS, MKL_ONLY, ProductChoice, onednn_linear
 from runtime.kernels import NativeKernels, pack_weight
 
 __all__ = ["PACKED_MAX_ROWS", "CompactLlama", "KVWrite", "Segment", "StepSlots", "compact_blocker"]
@@ -62,7 +63,7 @@ class StepSlots(NamedTuple):
 
 _FAMILY = frozenset({"llama", "qwen2", "mistral"})
 
-PACKED_MAX_ROWS = 64
+PACKED_MAX_ROWS = FEW_ROWS
 """With packed weights (``CompactLlama``'s ``packed``), products of at most this many rows
 (decode steps, the LM head of a prefill, a few new tokens after a hit) read the packed copies;
 larger ones (prefill) run MKL's fp32 product over the same values. NOTE: measured on W1's layer
@@ -165,6 +166,10 @@ class CompactLlama:
             read bandwidth by products of up to 64 rows (about 1.1x MKL's speed at one row, 1.6-1.8x
             at 8-16). The values are the same, so the answers equal the fp32 products' within
             float32 rounding. None: no copy.
+        products: The library of each class of fp32 product (``fp32_products.choose_products``)
+            that no packed copy serves, the C++ layer loop's included; None: MKL (torch's
+            ``F.linear``) for all. Either computes in float32: the same answers within float32
+            rounding.
 
     Raises:
         ValueError: ``compact_blocker(model)`` names a reason, or ``packed`` is another dtype.
@@ -176,6 +181,7 @@ class CompactLlama:
         *,
         native: NativeKernels | None = None,
         packed: torch.dtype | None = None,
+        products: ProductChoice | None = None,
     ) -> None:
         why = compact_blocker(model)
         if why is not None:
@@ -198,6 +204,9 @@ class CompactLlama:
         self.native = native if fits else None
         """The C++ kernels this forward uses (None: the torch path); see ``attend`` and
         ``forward``'s ``slots``."""
+        self.products = products if products is not None and fits else MKL_ONLY
+        """Which library runs the fp32 products no packed copy serves."""
+        self._onednn_lo, self._onednn_hi = self.products.onednn_rows()
         if packed not in (None, torch.bfloat16, torch.float32):
             raise ValueError(f"packed must be torch.bfloat16, torch.float32 or None, not {packed}")
         copies: list[torch.Tensor] = []
@@ -213,7 +222,7 @@ class CompactLlama:
         self._layers_native = None if self.native is None else self.native.decode_layers(
             *(list(parts) for parts in zip(*self.layers, strict=True)),
             self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale,
-            copies, self._packed_max_rows,
+            copies, self._packed_max_rows, self._onednn_lo, self._onednn_hi,
         )  # fmt: skip
 
     @property
@@ -332,12 +341,16 @@ class CompactLlama:
         """``F.linear(x, weight, bias)``; for at most ``PACKED_MAX_ROWS`` fp32 rows (a decode
         step's LM head, a short prefill chunk, a prompt's few new tokens after a hit) with a
         ``packed`` copy of ``weight`` (``pack_weight``), ``linear_packed`` over it instead: the
-        same values, streamed from the packed blocks."""
+        same values, streamed from the packed blocks; else on oneDNN where ``products`` says so
+        for this many rows."""
         rows = x.numel() // x.shape[-1]
-        if packed is not None and self.native is not None and x.dtype == torch.float32:
-            if rows <= self._packed_max_rows:
-                out: torch.Tensor = self.native.linear_packed(x, packed, bias, weight.shape[0])
+        out: torch.Tensor
+        if x.dtype == torch.float32 and x.device.type == "cpu":
+            if packed is not None and self.native is not None and rows <= self._packed_max_rows:
+                out = self.native.linear_packed(x, packed, bias, weight.shape[0])
                 return out
+            if self._onednn_lo <= rows <= self._onednn_hi:
+                return onednn_linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from runtime.batch_kv import BatchKV
 from runtime.batch_mask import MaskPlan, mask_plan
 from runtime.compact_llama import CompactLlama, Segment, compact_blocker, prefill_mask
 from runtime.exceptions import ModelLoadError, one_line
+from runtime.fp32_products import ProductChoice, choose_products
 from runtime.kernels import native_kernels
 from runtime.kv_cache import RequestKVCache
 from runtime.model_names import is_local_path, no_such_folder
@@ -227,8 +228,16 @@ class ModelRunner:
         # NOTE: the kernels are fp32 on the CPU: other models never build them (35-90 s once).
         is_fp32_cpu = self.dtype == torch.float32 and self.device.type == "cpu"
         native = native_kernels() if why is None and is_fp32_cpu else None
+        self.products: ProductChoice | None = None
+        """Which library runs the compact forward's fp32 products (MKL or oneDNN, measured at
+        load: ``fp32_products.choose_products``); None off the compact forward or not fp32 on
+        the CPU (torch's own choice)."""
+        if why is None and is_fp32_cpu:
+            self.products = choose_products(_largest_linear(model))
         self.compact = (
-            CompactLlama(model, native=native, packed=_PACKED.get(weights)) if why is None else None
+            CompactLlama(model, native=native, packed=_PACKED.get(weights), products=self.products)
+            if why is None
+            else None
         )
         self.path: Literal["compact", "transformers"] = (
             "compact" if self.compact else "transformers"
@@ -397,3 +406,13 @@ class ModelRunner:
             raise ModelLoadError(f"layers with different KV shapes are not supported: {shapes}")
         heads, head_dim = shapes.pop()
         return KVShape(len(layers), int(heads), int(head_dim))
+
+
+def _largest_linear(model: Any) -> torch.Tensor:
+    """A copy of the largest projection weight of the first decoder layer (``[N, K]``; W1: the
+    gate or up projection, 1536 x 576), stored input-major as the compact forward stores its
+    weights (``compact_llama._fuse``), for ``choose_products`` to time."""
+    layer = model.model.layers[0]
+    weights = [m.weight for m in (*layer.self_attn.children(), *layer.mlp.children())
+               if isinstance(m, torch.nn.Linear)]  # fmt: skip
+    return max(weights, key=lambda w: w.numel()).detach().t().contiguous().t()

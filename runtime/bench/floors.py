@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from runtime.fp32_products import onednn_linear, onednn_problem
+
 __all__ = ["Hardware", "W1Shape", "batching_floor_ratio", "measure_hardware"]
 
 
@@ -30,11 +32,19 @@ class Hardware(NamedTuple):
 def measure_hardware(
     *, matmul_size: int = 2048, read_bytes: int = 1 << 29, repeats: int = 5
 ) -> Hardware:
-    """Time a square fp32 matmul and a large sum; best of ``repeats`` (after one warm-up)."""
+    """Time a square fp32 matmul and a large sum; best of ``repeats`` (after one warm-up).
+
+    The matmul runs on MKL (``torch.matmul``) and, where it can (``onednn_problem``), on oneDNN,
+    which the compact forward may use instead (``runtime.fp32_products``); the faster sets the
+    peak. NOTE: on an AMD EPYC host MKL reached 122-179 GFLOP/s, while the forward's oneDNN
+    products of 512 rows ran about twice as fast: a floor from MKL alone was no floor there.
+    """
     a = torch.randn(matmul_size, matmul_size)
     b = torch.randn(matmul_size, matmul_size)
     big = torch.ones(read_bytes // 4)  # [read_bytes / 4] fp32
     gemm = _best(lambda: torch.matmul(a, b), repeats)
+    if onednn_problem() is None:
+        gemm = min(gemm, _best(lambda: onednn_linear(a, b, None), repeats))
     read = _best(lambda: big.sum(), repeats)
     return Hardware(2 * matmul_size**3 / gemm / 1e9, read_bytes / read / 1e9)
 

@@ -409,8 +409,12 @@ def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
                 f"{engine.scheduler.max_batch_size}, {threads} torch threads, "
                 f"{args.weights} weights)"
             )
+            products = getattr(engine.runner, "products", None)
+            if products is not None:
+                print(f"fp32 products: {products.describe() or 'MKL'} ({products.reason})")
             report = run_load(url, engine.model_id, args, engine)
-            return {**report, "threads": threads, "weights": args.weights}
+            return {**report, "threads": threads, "weights": args.weights,
+                    "products": None if products is None else products._asdict()}  # fmt: skip
     finally:
         engine.close()
         torch.set_num_threads(default_threads)  # NOTE: main() may run inside another program

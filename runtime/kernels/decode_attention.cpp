@@ -665,6 +665,23 @@ torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& packed,
 }
 
 
+// x . w^T + bias on oneDNN (torch's mkldnn::_linear_pointwise, the op fp32_products.onednn_linear
+// calls): float32 products like at::linear's MKL ones, faster where MKL does not run its AVX-512
+// kernels (AMD). Looked up once; called boxed, so a change of the op's C++ signature in another
+// torch cannot miscall it (the Python side checks that the op exists before asking for it).
+torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w,
+                            const std::optional<torch::Tensor>& bias) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack stack{x, w, bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
+                          c10::IValue(std::string("none")),
+                          c10::IValue(c10::List<std::optional<c10::Scalar>>()),
+                          c10::IValue(std::string(""))};
+  op.callBoxed(&stack);
+  return stack.at(0).toTensor();
+}
+
+
 // The layer loop of a compact decode step (one new token per row): the math of CompactLlama.qkv
 // / BatchKV.write_step / CompactLlama.finish with the products in ATen (at::linear, MKL) and the
 // small ops in plain loops (RMSNorm, RoPE written straight into the KV slots), which saves the
@@ -673,7 +690,8 @@ torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& packed,
 // multiply-adds fused. Weights are the compact forward's (input-major views). With packed copies
 // of them (pack_weight: bf16 for weights="bfloat16", the fp32 weights then holding the same
 // rounded values; fp32 for weights="float32-packed"), a step of at most packed_max_rows rows runs
-// its products in linear_packed instead of at::linear.
+// its products in linear_packed instead of at::linear; otherwise a step of onednn_lo to onednn_hi
+// rows (fp32_products.ProductChoice.onednn_rows) runs them in onednn_linear.
 class DecodeLayers {
  public:
   DecodeLayers(std::vector<torch::Tensor> ln1, std::vector<torch::Tensor> qkv,
@@ -681,12 +699,13 @@ class DecodeLayers {
                std::vector<std::optional<torch::Tensor>> o_bias, std::vector<torch::Tensor> ln2,
                std::vector<torch::Tensor> gate_up, std::vector<torch::Tensor> down,
                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
-               double scale, std::vector<torch::Tensor> packed, int64_t packed_max_rows)
+               double scale, std::vector<torch::Tensor> packed, int64_t packed_max_rows,
+               int64_t onednn_lo, int64_t onednn_hi)
       : ln1_(std::move(ln1)), qkv_(std::move(qkv)), qkv_bias_(std::move(qkv_bias)),
         o_(std::move(o)), o_bias_(std::move(o_bias)), ln2_(std::move(ln2)),
         gate_up_(std::move(gate_up)), down_(std::move(down)), packed_(std::move(packed)),
         nh_(num_heads), nkv_(num_kv_heads), d_(head_dim), packed_max_rows_(packed_max_rows),
-        eps_(eps), scale_(scale) {
+        onednn_lo_(onednn_lo), onednn_hi_(onednn_hi), eps_(eps), scale_(scale) {
     const size_t L = ln1_.size();
     TORCH_CHECK(qkv_.size() == L && qkv_bias_.size() == L && o_.size() == L &&
                     o_bias_.size() == L && ln2_.size() == L && gate_up_.size() == L &&
@@ -757,10 +776,12 @@ class DecodeLayers {
     for (size_t i = 0; i < ln1_.size(); ++i) {
       rms_norm(hs, ln1_[i], x);
       const bool use_packed = !packed_.empty() && b <= packed_max_rows_;
+      const bool use_onednn = !use_packed && onednn_lo_ <= b && b <= onednn_hi_;
       const auto proj = [&](const torch::Tensor& in, size_t which, const torch::Tensor& w,
                             const std::optional<torch::Tensor>& bias) {
-        return use_packed ? linear_packed(in, packed_[4 * i + which], bias, w.size(0))
-                          : at::linear(in, w, bias);
+        return use_packed   ? linear_packed(in, packed_[4 * i + which], bias, w.size(0))
+               : use_onednn ? onednn_linear(in, w, bias)
+                            : at::linear(in, w, bias);
       };
       auto qkv = proj(x, 0, qkv_[i], qkv_bias_[i]).contiguous();  // [B, (H + 2 H_kv) D]
       rope_and_store(qkv, cs, sn, q, buffer.select(0, i), rp, pp);
@@ -838,7 +859,7 @@ class DecodeLayers {
   std::vector<torch::Tensor> o_;
   std::vector<std::optional<torch::Tensor>> o_bias_;
   std::vector<torch::Tensor> ln2_, gate_up_, down_, packed_;
-  int64_t nh_, nkv_, d_, packed_max_rows_, hidden_ = 0;
+  int64_t nh_, nkv_, d_, packed_max_rows_, onednn_lo_, onednn_hi_, hidden_ = 0;
   double eps_, scale_;
 };
 
@@ -867,7 +888,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
                           std::vector<std::optional<torch::Tensor>>, std::vector<torch::Tensor>,
                           std::vector<torch::Tensor>, std::vector<torch::Tensor>, int64_t,
                           int64_t, int64_t, double, double, std::vector<torch::Tensor>,
-                          int64_t>())
+                          int64_t, int64_t, int64_t>())
       .def("run", &DecodeLayers::run, "the layer loop of one decode step (see the source)",
            pybind11::arg("h"), pybind11::arg("cos"), pybind11::arg("sin"),
            pybind11::arg("buffer"), pybind11::arg("rows"), pybind11::arg("pos"),

@@ -150,14 +150,18 @@ def _unusable_dir(folder: str) -> str | None:
 
 
 def _runs(engine: ServingEngine) -> str:
-    """``" (float32, compact forward, native decode attention)"``: what a local ``Engine`` runs
-    ("" for other engines)."""
+    """``" (float32, compact forward, native decode attention)"``: what a local ``Engine`` runs,
+    ending ``", oneDNN products"`` where its fp32 products run there (``fp32_products``; ""
+    for other engines)."""
     runner, path = getattr(engine, "runner", None), getattr(engine, "forward_path", None)
     if runner is None or path is None:
         return ""
     kernel = ", native decode attention" if runner.decode_attention == "native" else ""
+    choice = getattr(runner, "products", None)
+    products = f", {choice.describe()}" if choice is not None and choice.describe() else ""
     return (
-        f" ({str(runner.dtype).removeprefix('torch.')}{_weights(runner)}, {path} forward{kernel})"
+        f" ({str(runner.dtype).removeprefix('torch.')}{_weights(runner)}, {path} forward{kernel}"
+        f"{products})"
     )
 
 

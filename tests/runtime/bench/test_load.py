@@ -93,6 +93,8 @@ def test_load_compares_packed_prefill_in_process(capsys: pytest.CaptureFixture[s
     report = json.loads(out.strip().splitlines()[-1])
     level = report["levels"][0]
     assert report["threads"] == 1
+    assert report["products"]["few"] in ("mkl", "onednn") and report["products"]["reason"]
+    assert "fp32 products: " in out
     assert 0 < report["rss_before_mb"] <= level["peak_rss_mb"]
     assert level["unpacked"]["num_requests"] == 3 and level["unpacked"]["num_errors"] == 0
     assert 1 <= level["peak_batch"] <= 3 and 1 <= level["mean_batch"] <= level["peak_batch"]

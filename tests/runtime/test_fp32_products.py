@@ -1,0 +1,187 @@
+"""The compact forward's fp32 products on MKL or oneDNN (``runtime.fp32_products``): both are
+float32 products, so either gives the model's answers within float32 tolerance; the choice is
+made per load (measured, or ``AGENTCACHE_FP32_PRODUCTS``) and every product follows it, the C++
+layer loop's included."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runtime import fp32_products
+from runtime.compact_llama import CompactLlama
+from runtime.engine import Engine
+from runtime.fp32_products import (
+    FEW_ROWS,
+    MKL_ONLY,
+    PRODUCTS_ENV,
+    ProductChoice,
+    choose_products,
+    onednn_linear,
+    onednn_problem,
+)
+from runtime.serve.cli import _runs
+from tests.conftest import save_tiny_model
+from tests.runtime.test_compact_forward import required_native_kernels
+from tests.runtime.test_native_kernels import _model
+from tests.runtime.test_packed_weights import _prefill, _step, assert_batched_hits_match
+
+
+def _required_onednn() -> None:
+    problem = onednn_problem()
+    if problem is not None:
+        pytest.skip(f"oneDNN products cannot run here: {problem}")
+
+
+@pytest.mark.parametrize("rows", [1, 5, FEW_ROWS, FEW_ROWS + 1, 300])
+@pytest.mark.parametrize("layout", ["input-major", "row-major"])
+def test_onednn_linear_matches_float64(rows: int, layout: str) -> None:
+    """Against a float64 product: as close as MKL's (float32 rounding, 1e-5 x sqrt(K)), on the
+    compact forward's input-major weights and plain ones, with a bias and a 3-D input."""
+    _required_onednn()
+    torch.manual_seed(rows)
+    n, k = 200, 576
+    weight = torch.randn(k, n).t() if layout == "input-major" else torch.randn(n, k)
+    bias, x = torch.randn(n), torch.randn(rows, 1, k)
+    want = x.double() @ weight.double().t() + bias.double()
+    got = onednn_linear(x, weight, bias)
+    assert got.shape == (rows, 1, n) and got.dtype == torch.float32
+    tol = 1e-5 * math.sqrt(k)
+    assert (got.double() - want).abs().max().item() < tol
+    assert (F.linear(x, weight, bias).double() - want).abs().max().item() < tol
+
+
+@pytest.fixture
+def setting(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    monkeypatch.delenv(PRODUCTS_ENV, raising=False)
+    yield monkeypatch
+
+
+def test_choice_follows_the_setting(setting: pytest.MonkeyPatch) -> None:
+    _required_onednn()
+    weight = torch.randn(96, 64).t()
+    setting.setenv(PRODUCTS_ENV, "mkl")
+    assert choose_products(weight) == MKL_ONLY._replace(reason=f"{PRODUCTS_ENV}=mkl")
+    setting.setenv(PRODUCTS_ENV, "ONEDNN")
+    assert choose_products(weight)[:2] == ("onednn", "onednn")
+    setting.setenv(PRODUCTS_ENV, "fast")  # not understood: not taken as on
+    choice = choose_products(weight)
+    assert choice[:2] == ("mkl", "mkl") and "'fast' not understood" in choice.reason
+    for auto in ("auto", ""):
+        setting.setenv(PRODUCTS_ENV, auto)
+        choice = choose_products(weight)
+        assert choice.few in ("mkl", "onednn") and choice.many in ("mkl", "onednn")
+        assert choice.reason.startswith("measured on a 64x96 weight: 16 rows oneDNN")
+    # not fp32 on the CPU: MKL (torch's own choice), with the reason
+    choice = choose_products(weight.to(torch.bfloat16))
+    assert choice[:2] == ("mkl", "mkl") and "torch.bfloat16" in choice.reason
+
+
+def test_no_onednn_below_the_highest_float32_precision(setting: pytest.MonkeyPatch) -> None:
+    """With ``torch.set_float32_matmul_precision("medium")`` oneDNN may round fp32 inputs to
+    bf16: then it is never chosen, not even when asked for."""
+    _required_onednn()
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        assert "precision is 'medium'" in str(onednn_problem())
+        setting.setenv(PRODUCTS_ENV, "onednn")
+        choice = choose_products(torch.randn(96, 64))
+        assert choice[:2] == ("mkl", "mkl") and "'medium'" in choice.reason
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize(
+    ("few", "many", "rows", "label"),
+    [
+        ("mkl", "mkl", (1, 0), ""),
+        ("onednn", "onednn", (1, 1 << 62), "oneDNN products"),
+        ("onednn", "mkl", (1, FEW_ROWS), "oneDNN products for decode"),
+        ("mkl", "onednn", (FEW_ROWS + 1, 1 << 62), "oneDNN products for prefill"),
+    ],
+)
+def test_choice_rows_and_label(few: str, many: str, rows: tuple[int, int], label: str) -> None:
+    choice = ProductChoice(few, many, "")  # type: ignore[arg-type]
+    assert choice.onednn_rows() == rows and choice.describe() == label
+    assert choice.library(FEW_ROWS) == few and choice.library(FEW_ROWS + 1) == many
+
+
+def _ops(fn: object) -> set[str]:
+    """The names of the ops ``fn()`` dispatched (torch.profiler sees the C++ loop's calls)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()  # type: ignore[operator]
+    return {event.name for event in prof.events()}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_every_product_follows_the_choice(arch: str) -> None:
+    """The C++ layer loop (a decode step) and the Python path (a prefill) run each product on
+    the library chosen for its row count, and give the same logits as MKL within float32
+    tolerance (Qwen2: QKV biases)."""
+    _required_onednn()
+    kernels = required_native_kernels()
+    model = _model(arch, 4, 2, 16)
+    mkl = CompactLlama(copy.deepcopy(model), native=kernels)
+    dnn = ProductChoice("onednn", "onednn", "test")
+    prefill_only = ProductChoice("mkl", "onednn", "test")
+    both = CompactLlama(copy.deepcopy(model), native=kernels, products=dnn)
+    split = CompactLlama(model, native=kernels, products=prefill_only)
+    onednn, mkl_op = "mkldnn::_linear_pointwise", "aten::linear"
+    big = FEW_ROWS + 6
+    for run, rows in ((_step, 3), (_prefill, 5), (_prefill, big)):
+        want = run(mkl, rows)
+        assert mkl_op in _ops(lambda r=run, n=rows: r(mkl, n))
+        ops = _ops(lambda r=run, n=rows: r(both, n))
+        assert onednn in ops and mkl_op not in ops, (run, rows)
+        torch.testing.assert_close(run(both, rows), want, atol=1e-4, rtol=1e-4)
+        ops = _ops(lambda r=run, n=rows: r(split, n))
+        many = rows > FEW_ROWS
+        assert (onednn in ops) == many and (mkl_op in ops) == (not many), (run, rows)
+
+
+@pytest.mark.parametrize("library", ["mkl", "onednn"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_engine_on_either_library_matches_its_model(
+    arch: str, library: str, tmp_path: Path, setting: pytest.MonkeyPatch
+) -> None:
+    """Requests decoded together, prefix-cache misses then hits, prompts of few and of many
+    (over ``FEW_ROWS``) tokens: every step's logits are the model's own transformers forward
+    within float32 tolerance, on either library; the start line names oneDNN."""
+    if library == "onednn":
+        _required_onednn()
+    required_native_kernels()
+    setting.setenv(PRODUCTS_ENV, library)
+    path = save_tiny_model(arch, tmp_path)
+    engine = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 22, block_size=4)
+    products = engine.runner.products
+    assert products is not None and products[:2] == (library, library)
+    assert _runs(engine).endswith(", oneDNN products)" if library == "onednn" else "attention)")
+    assert_batched_hits_match(engine, (21, FEW_ROWS + 14, 9))
+    engine.close()
+
+
+def test_no_choice_off_the_compact_forward(tmp_path: Path) -> None:
+    """The transformers forward keeps torch's own products, and says nothing about them."""
+    path = str(save_tiny_model("llama", tmp_path))
+    engine = Engine.from_pretrained(path, forward="transformers")
+    assert engine.runner.products is None and "oneDNN" not in _runs(engine)
+    engine.close()
+
+
+def test_measuring_takes_the_faster_library(setting: pytest.MonkeyPatch) -> None:
+    """``auto`` keeps oneDNN only where it took under 90% of MKL's time, per class of rows."""
+    _required_onednn()
+    times = iter([(1.0, 0.5), (1.0, 0.95)])  # (MKL, oneDNN) seconds: 16 rows, then 512
+    setting.setattr(fp32_products, "_best_of", lambda *_: next(times))
+    setting.setattr(fp32_products, "_MEASURED", {})
+    weight = torch.randn(96, 64)
+    assert choose_products(weight)[:2] == ("onednn", "mkl")
+    # measured once per process and shape: a second load runs the same products
+    assert choose_products(weight.clone())[:2] == ("onednn", "mkl")
