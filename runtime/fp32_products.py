@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Literal, NamedTuple, TypeAlias
 
@@ -61,7 +62,8 @@ class ProductChoice(NamedTuple):
     """The library of each class of fp32 product, and why."""
 
     few: Library
-    """Products of at most ``FEW_ROWS`` rows."""
+    """Products of at most ``FEW_ROWS`` rows (where packed weight copies exist, they serve
+    these instead: ``CompactLlama``)."""
     many: Library
     """Larger products."""
     reason: str
@@ -79,9 +81,13 @@ class ProductChoice(NamedTuple):
             return (1 if self.few == "onednn" else FEW_ROWS + 1), 1 << 62
         return 1, FEW_ROWS if self.few == "onednn" else 0
 
-    def describe(self) -> str:
+    def describe(self, *, packed: bool = False) -> str:
         """``"oneDNN products"``, ``"oneDNN products for prefill"`` (many rows only), ``"oneDNN
-        products for decode"`` (few rows only), or "" (MKL)."""
+        products for decode"`` (few rows only), or "" (MKL). ``packed``: packed weight copies
+        serve the few-row products (``CompactLlama.packed_products``), so only the many-row
+        class is named."""
+        if packed:
+            return "oneDNN products for prefill" if self.many == "onednn" else ""
         if self.few == self.many:
             return "oneDNN products" if self.few == "onednn" else ""
         return f"oneDNN products for {'decode' if self.few == 'onednn' else 'prefill'}"
@@ -92,18 +98,38 @@ MKL_ONLY = ProductChoice("mkl", "mkl", "MKL (torch's default)")
 
 def onednn_problem() -> str | None:
     """Why the fp32 products cannot run on oneDNN here (None when they can): torch built
-    without it, no ``mkldnn::_linear_pointwise`` op, or a float32 matmul precision other than
-    ``highest`` (oneDNN would then round fp32 inputs to bf16 or tf32: not float32 products)."""
+    without it, no ``mkldnn::_linear_pointwise`` op, or oneDNN's fp32 matmul precision other
+    than ``ieee`` (after ``torch.set_float32_matmul_precision("medium")``, say, oneDNN rounds
+    fp32 inputs to bf16 or tf32; torch's own ``F.linear`` then goes there too, so the choice
+    is left to torch)."""
     if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return "torch was built without oneDNN"
     if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return "this torch has no mkldnn::_linear_pointwise"
-    if torch.get_float32_matmul_precision() != "highest":
-        return f"float32 matmul precision is {torch.get_float32_matmul_precision()!r}"
-    precision = getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", "none")
-    if precision not in ("none", "ieee"):
-        return f"torch.backends.mkldnn.matmul.fp32_precision is {precision!r}"
+    precision = _onednn_matmul_precision()
+    if precision != "ieee":
+        return f"oneDNN's float32 matmul precision is {precision!r}"
     return None
+
+
+def _onednn_matmul_precision() -> str:
+    """oneDNN's fp32 matmul precision: ``ieee`` (float32), ``tf32``, ``bf16``, or ``unknown``.
+
+    Read from torch's per-backend settings (``torch.backends.mkldnn.matmul.fp32_precision``,
+    inheriting from ``torch.backends.mkldnn`` and ``torch.backends`` where ``none``); a torch
+    without them has only the legacy ``torch.get_float32_matmul_precision()``, which raises
+    when the settings were mixed (so it is read last, and a failure reads as ``unknown``).
+    """
+    mkldnn = torch.backends.mkldnn
+    for holder in (getattr(mkldnn, "matmul", None), mkldnn, torch.backends):
+        value = getattr(holder, "fp32_precision", None)
+        if isinstance(value, str) and value != "none":
+            return value
+    try:
+        legacy = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return "unknown"
+    return "ieee" if legacy == "highest" else "tf32" if legacy == "high" else "bf16"
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -132,7 +158,9 @@ def _best_of(fn: object, other: object) -> tuple[float, float]:
 
 
 def _measure(weight: torch.Tensor, rows: int) -> tuple[float, float]:
-    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
+    # NOTE: a generator of its own: measuring must not move the caller's random stream
+    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype,
+                    generator=torch.Generator().manual_seed(rows))  # fmt: skip
     with torch.no_grad():
         return _best_of(lambda: torch.nn.functional.linear(x, weight),
                         lambda: onednn_linear(x, weight, None))  # fmt: skip
@@ -166,15 +194,17 @@ def choose_products(weight: torch.Tensor) -> ProductChoice:
     if setting == "onednn":
         return ProductChoice("onednn", "onednn", f"{PRODUCTS_ENV}=onednn")
     key = (tuple(weight.shape), torch.get_num_threads())
-    if key not in _MEASURED:
-        _MEASURED[key] = _measured_choice(weight)
-    return _MEASURED[key]
+    with _MEASURING:  # NOTE: engines loading at once measure once and agree
+        if key not in _MEASURED:
+            _MEASURED[key] = _measured_choice(weight)
+        return _MEASURED[key]
 
 
 _MEASURED: dict[tuple[tuple[int, ...], int], ProductChoice] = {}
 """Measured choices by (weight shape, torch threads): a process measures each once, so that
 engines loaded side by side (a benchmark's cache-on and cache-off engines) run the same
 products."""
+_MEASURING = threading.Lock()
 
 
 def _measured_choice(weight: torch.Tensor) -> ProductChoice:

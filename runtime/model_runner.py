@@ -409,9 +409,10 @@ class ModelRunner:
 
 
 def _largest_linear(model: Any) -> torch.Tensor:
-    """A copy of the largest projection weight of the first decoder layer (``[N, K]``; W1: the
-    gate or up projection, 1536 x 576), stored input-major as the compact forward stores its
-    weights (``compact_llama._fuse``), for ``choose_products`` to time."""
+    """A copy of the largest projection weight of the first decoder layer as transformers holds
+    it (``[N, K]``; W1: the gate projection, 1536 x 576, half of the forward's fused gate-up
+    product), stored input-major as the compact forward stores its weights
+    (``compact_llama._fuse``), for ``choose_products`` to time."""
     layer = model.model.layers[0]
     weights = [m.weight for m in (*layer.self_attn.children(), *layer.mlp.children())
                if isinstance(m, torch.nn.Linear)]  # fmt: skip

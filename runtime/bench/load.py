@@ -411,7 +411,9 @@ def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
             )
             products = getattr(engine.runner, "products", None)
             if products is not None:
-                print(f"fp32 products: {products.describe() or 'MKL'} ({products.reason})")
+                packed = bool(engine.runner.compact and engine.runner.compact.packed_products)
+                label = products.describe(packed=packed) or "MKL"
+                print(f"fp32 products: {label} ({products.reason})")
             report = run_load(url, engine.model_id, args, engine)
             return {**report, "threads": threads, "weights": args.weights,
                     "products": None if products is None else products._asdict()}  # fmt: skip

@@ -157,8 +157,10 @@ def _runs(engine: ServingEngine) -> str:
     if runner is None or path is None:
         return ""
     kernel = ", native decode attention" if runner.decode_attention == "native" else ""
-    choice = getattr(runner, "products", None)
-    products = f", {choice.describe()}" if choice is not None and choice.describe() else ""
+    choice, compact = getattr(runner, "products", None), getattr(runner, "compact", None)
+    packed = bool(compact and compact.packed_products)
+    label = "" if choice is None else choice.describe(packed=packed)
+    products = f", {label}" if label else ""
     return (
         f" ({str(runner.dtype).removeprefix('torch.')}{_weights(runner)}, {path} forward{kernel}"
         f"{products})"

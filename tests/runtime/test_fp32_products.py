@@ -90,12 +90,29 @@ def test_no_onednn_below_the_highest_float32_precision(setting: pytest.MonkeyPat
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("medium")
     try:
-        assert "precision is 'medium'" in str(onednn_problem())
+        assert "float32 matmul precision is 'bf16'" in str(onednn_problem())
         setting.setenv(PRODUCTS_ENV, "onednn")
         choice = choose_products(torch.randn(96, 64))
-        assert choice[:2] == ("mkl", "mkl") and "'medium'" in choice.reason
+        assert choice[:2] == ("mkl", "mkl") and "'bf16'" in choice.reason
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_mixed_precision_settings_do_not_fail_a_load(setting: pytest.MonkeyPatch) -> None:
+    """torch's legacy getter raises once the per-backend settings disagree (another backend set
+    to tf32): the choice still comes back, from oneDNN's own setting."""
+    _required_onednn()
+    cuda = torch.backends.cuda.matmul
+    before = cuda.fp32_precision
+    cuda.fp32_precision = "tf32"
+    try:
+        with pytest.raises(RuntimeError):
+            torch.get_float32_matmul_precision()
+        assert onednn_problem() is None
+        setting.setenv(PRODUCTS_ENV, "onednn")
+        assert choose_products(torch.randn(96, 64))[:2] == ("onednn", "onednn")
+    finally:
+        cuda.fp32_precision = before
 
 
 @pytest.mark.parametrize(
@@ -110,6 +127,9 @@ def test_no_onednn_below_the_highest_float32_precision(setting: pytest.MonkeyPat
 def test_choice_rows_and_label(few: str, many: str, rows: tuple[int, int], label: str) -> None:
     choice = ProductChoice(few, many, "")  # type: ignore[arg-type]
     assert choice.onednn_rows() == rows and choice.describe() == label
+    # with packed copies the few-row products read them: only prefill can be named
+    prefill = "oneDNN products for prefill" if many == "onednn" else ""
+    assert choice.describe(packed=True) == prefill
     assert choice.library(FEW_ROWS) == few and choice.library(FEW_ROWS + 1) == many
 
 
@@ -167,6 +187,22 @@ def test_engine_on_either_library_matches_its_model(
     engine.close()
 
 
+def test_packed_start_line_names_only_prefill(tmp_path: Path, setting: pytest.MonkeyPatch) -> None:
+    """With float32-packed weights the few-row products read the copies, so oneDNN chosen for
+    them is not claimed on the start line."""
+    _required_onednn()
+    required_native_kernels()
+    setting.setenv(PRODUCTS_ENV, "onednn")
+    path = str(save_tiny_model("llama", tmp_path))
+    engine = Engine.from_pretrained(path, weights="float32-packed")
+    assert engine.runner.compact is not None and engine.runner.compact.packed_products
+    assert _runs(engine).endswith(
+        ", float32-packed weights, compact forward, native decode "
+        "attention, oneDNN products for prefill)"
+    )
+    engine.close()
+
+
 def test_no_choice_off_the_compact_forward(tmp_path: Path) -> None:
     """The transformers forward keeps torch's own products, and says nothing about them."""
     path = str(save_tiny_model("llama", tmp_path))
@@ -182,6 +218,10 @@ def test_measuring_takes_the_faster_library(setting: pytest.MonkeyPatch) -> None
     setting.setattr(fp32_products, "_best_of", lambda *_: next(times))
     setting.setattr(fp32_products, "_MEASURED", {})
     weight = torch.randn(96, 64)
+    torch.manual_seed(7)
     assert choose_products(weight)[:2] == ("onednn", "mkl")
+    drawn = torch.rand(3)
+    torch.manual_seed(7)
+    assert torch.equal(torch.rand(3), drawn)  # measuring left the caller's random stream alone
     # measured once per process and shape: a second load runs the same products
     assert choose_products(weight.clone())[:2] == ("onednn", "mkl")
