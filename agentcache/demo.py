@@ -122,15 +122,17 @@ def plan(question: str) -> list[PlannedCall]:
     return calls
 
 
-def load_corpus(docs: str | None, console: Console) -> list[TextSource]:
-    """Read ``docs`` (a folder) or the stdlib docstrings, with a progress bar.
+def load_corpus(docs: str | None, console: Console, errors: Console) -> list[TextSource]:
+    """Read ``docs`` (a folder) or the stdlib docstrings, with a progress bar on ``console``.
+
+    Files of ``docs`` that cannot be read are named in one warning line on ``errors`` (stderr).
 
     Raises:
         ConfigError: ``docs`` does not exist.
         EmptyCorpusError: ``docs`` holds no readable, non-empty .md/.txt/.py file.
     """
     if docs is not None:
-        return _load_folder(docs, console)
+        return _load_folder(docs, errors)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console, transient=False) as bar:
         task = bar.add_task("reading stdlib docstrings", total=None)
@@ -141,13 +143,13 @@ def load_corpus(docs: str | None, console: Console) -> list[TextSource]:
         return stdlib_sources(progress=progress)
 
 
-def _load_folder(docs: str, console: Console) -> list[TextSource]:
+def _load_folder(docs: str, errors: Console) -> list[TextSource]:
     skipped: list[tuple[str, str]] = []
     sources = load_folder(docs, on_skip=lambda name, why: skipped.append((name, why)))
     if skipped:
         shown = ", ".join(f"{name} ({why})" for name, why in skipped[:3])
         more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
-        console.print(f"skipped {len(skipped)} file(s): {shown}{more}", markup=False)
+        errors.print(f"skipped {len(skipped)} file(s): {shown}{more}", markup=False)
     if not sources:
         suffixes = "/".join(DEFAULT_SUFFIXES)
         raise EmptyCorpusError(f"no readable, non-empty {suffixes} files under {docs!r}")
@@ -347,12 +349,16 @@ def run(args: argparse.Namespace) -> int:
         0 on success; 2 when the options or inputs cannot be used (bad option, missing or empty
         ``--docs``, unknown model, endpoint unavailable or refusing the key or model, found
         before or during a turn); 1 when a turn fails otherwise; 130 on Ctrl-C.
+
+    Answers, turn lines and the summary go to stdout; a failure's one line and the skipped-files
+    warning go to stderr (red on a terminal), as the other commands' errors do.
     """
     console = Console(highlight=False)
+    errors = Console(stderr=True, highlight=False)
     held: list[BaseBackend] = []
     try:
-        return _run(args, console, held)
-    except KeyboardInterrupt:
+        return _run(args, console, errors, held)
+    except KeyboardInterrupt:  # NOTE: stdout: it ends the transcript, answer mid-line included.
         console.print("\n[dim]interrupted[/dim]")
         return EXIT_INTERRUPTED
     finally:
@@ -360,11 +366,13 @@ def run(args: argparse.Namespace) -> int:
             backend.close()
 
 
-def _run(args: argparse.Namespace, console: Console, held: list[BaseBackend]) -> int:
+def _run(
+    args: argparse.Namespace, console: Console, errors: Console, held: list[BaseBackend]
+) -> int:
     started = time.perf_counter()
     try:
         check_options(args)
-        sources = load_corpus(args.docs, console)
+        sources = load_corpus(args.docs, console, errors)
         base_url = base_url_of(args)
         loading = f"connecting to {base_url}..." if base_url else "loading torch and the model..."
         with _loading(console, loading):
@@ -375,7 +383,7 @@ def _run(args: argparse.Namespace, console: Console, held: list[BaseBackend]) ->
         console.print(describe(backend, args), soft_wrap=True)
         session = build_session(args, backend, sources, console)
     except AgentCacheError as exc:
-        return _fail(console, exc, default=2)
+        return _fail(errors, exc, default=2)
     reports: list[TurnReport] = []
     try:
         for question in questions(args, console):
@@ -387,7 +395,8 @@ def _run(args: argparse.Namespace, console: Console, held: list[BaseBackend]) ->
             print_turn(console, len(reports) + 1, report, reports[-1] if reports else None)
             reports.append(report)
     except AgentCacheError as exc:
-        return _fail(console, exc, default=1)
+        console.print()  # NOTE: ends the turn's answer line on stdout, which may be mid-line.
+        return _fail(errors, exc, default=1)
     print_summary(console, reports, time.perf_counter() - started)
     return 0
 
@@ -407,8 +416,8 @@ def _loading(console: Console, text: str) -> Iterator[None]:
         yield
 
 
-def _fail(console: Console, exc: AgentCacheError, *, default: int) -> int:
-    """Print ``exc`` on one line with a fix hint; 2 for configuration errors, else ``default``."""
+def _fail(errors: Console, exc: AgentCacheError, *, default: int) -> int:
+    """One line on stderr naming ``exc`` and a fix; 2 for configuration errors, else ``default``."""
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     status = getattr(exc, "status_code", None)
     if status in (401, 403):
@@ -418,8 +427,7 @@ def _fail(console: Console, exc: AgentCacheError, *, default: int) -> int:
         )
     elif status == 404:
         message += "; check the endpoint URL (it usually ends in /v1) and --model"
-    lead = "\n" if default == 1 else ""  # NOTE: a turn's answer may be mid-line.
-    console.print(f"{lead}agentcache demo: {message}", style="red", markup=False, soft_wrap=True)
+    errors.print(f"agentcache demo: {message}", style="red", markup=False, soft_wrap=True)
     is_config = isinstance(exc, ConfigError | EmptyCorpusError) or status in (400, 401, 403, 404)
     return 2 if is_config else default
 

@@ -109,9 +109,11 @@ def test_demo_rejects_max_tokens_below_one(
 ) -> None:  # fmt: skip
     monkeypatch.setattr(demo, "make_backend", no_backend)
     assert demo.run(demo_args(tmp_path, max_tokens=max_tokens)) == 2
-    out = capsys.readouterr().out
-    assert f"--max-tokens must be at least 1, got {max_tokens}" in out
-    assert "Traceback" not in out
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"agentcache demo: --max-tokens must be at least 1, got {max_tokens}"
+    ]
+    assert captured.out == ""
 
 
 def test_demo_with_an_empty_docs_folder_exits_2(
@@ -122,9 +124,12 @@ def test_demo_with_an_empty_docs_folder_exits_2(
     docs.mkdir()
     (docs / "blank.md").write_text("  \n")
     assert demo.run(demo_args(tmp_path, docs=str(docs), question=["q"])) == 2
-    out = capsys.readouterr().out
-    assert "skipped 1 file(s): blank.md (empty)" in out
-    assert "no readable, non-empty .md/.txt/.py files under" in out
+    captured = capsys.readouterr()
+    # NOTE: the skipped-files warning and the error both go to stderr, none to stdout.
+    [skipped, error] = captured.err.splitlines()
+    assert skipped == "skipped 1 file(s): blank.md (empty)"
+    assert error.startswith("agentcache demo: no readable, non-empty .md/.txt/.py files under")
+    assert captured.out == ""
 
 
 def test_demo_with_a_missing_docs_folder_exits_2(
@@ -132,7 +137,10 @@ def test_demo_with_a_missing_docs_folder_exits_2(
 ) -> None:
     monkeypatch.setattr(demo, "make_backend", no_backend)
     assert demo.run(demo_args(tmp_path, docs=str(tmp_path / "nope"), question=["q"])) == 2
-    assert "does not exist" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()
+    assert line.startswith("agentcache demo: ") and "does not exist" in line
+    assert captured.out == ""
 
 
 def test_demo_turn_line_compares_the_same_prompt_with_the_cache_off() -> None:
@@ -249,9 +257,10 @@ def test_demo_unreachable_base_url_exits_2_in_one_line(
     (docs / "a.md").write_text("The json module.")
     args = demo_args(tmp_path, base_url="http://127.0.0.1:1/v1", docs=str(docs), question=["q"])
     assert demo.run(args) == 2
-    out = capsys.readouterr().out
-    assert "agentcache demo: cannot reach http://127.0.0.1:1/v1/models" in out
-    assert "Traceback" not in out
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()
+    assert line.startswith("agentcache demo: cannot reach http://127.0.0.1:1/v1/models")
+    assert "agentcache demo:" not in captured.out and "Traceback" not in captured.out
 
 
 def test_demo_reports_skipped_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -264,12 +273,13 @@ def test_demo_reports_skipped_files(tmp_path: Path, capsys: pytest.CaptureFixtur
         (docs / name).write_text("")
     (docs / "ok.md").write_text("The json module parses JSON.")
     console = Console(record=True, width=200)
-    sources = demo.load_corpus(str(docs), console)
+    errors = Console(record=True, width=200)
+    sources = demo.load_corpus(str(docs), console, errors)
     assert [s.source for s in sources] == ["ok.md"]
-    text = console.export_text()
-    assert (
-        "skipped 4 file(s): a.txt (not valid UTF-8), b.md (empty), c.md (empty) and 1 more" in text
-    )
+    assert errors.export_text().splitlines() == [
+        "skipped 4 file(s): a.txt (not valid UTF-8), b.md (empty), c.md (empty) and 1 more"
+    ]
+    assert console.export_text() == ""  # NOTE: a warning, not part of the demo's output
 
 
 @pytest.mark.slow

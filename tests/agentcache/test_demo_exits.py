@@ -52,9 +52,11 @@ def nothing_slow(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The one error line, read from stderr (nothing of it on stdout)."""
     captured = capsys.readouterr()
-    lines = captured.out.strip().splitlines()
-    assert len(lines) == 1, captured.out
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("agentcache demo: "), captured.err
+    assert "agentcache demo:" not in captured.out, captured.out
     assert "Traceback" not in captured.out + captured.err
     return lines[0]
 
@@ -112,12 +114,14 @@ def test_a_401_says_which_key_to_set_and_exits_2(
     )
     args = demo_args(tmp_path, base_url=BASE, docs=docs_folder(tmp_path), question=["q"])
     assert demo.run(args) == 2
-    out = capsys.readouterr().out
-    assert "HTTP 401" in out and "set AGENTCACHE_API_KEY (or OPENAI_API_KEY)" in out
-    assert "Traceback" not in out
+    captured = capsys.readouterr()
+    out, err = captured.out, captured.err
+    assert "HTTP 401" in err and "set AGENTCACHE_API_KEY (or OPENAI_API_KEY)" in err
+    assert err.count("\n") == 1 and "agentcache demo:" not in out
+    assert "Traceback" not in out + err
     # NOTE: an endpoint loads no torch, and naming a model does not cure a refused key.
     assert f"connecting to {BASE}..." in out and "loading torch" not in out
-    assert "pass a model name" not in out
+    assert "pass a model name" not in out + err
 
 
 def run_with_turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, turn: FakeTurn) -> int:
@@ -132,7 +136,7 @@ def test_a_configuration_error_found_in_a_turn_exits_2(
 ) -> None:
     refused = BackendHTTPError("x answered HTTP 403: no", status_code=403, body="no")
     assert run_with_turn(tmp_path, monkeypatch, refused) == 2
-    assert "the endpoint refused the API key" in capsys.readouterr().out
+    assert "the endpoint refused the API key" in one_line(capsys)
 
 
 def test_a_failing_turn_exits_1(
@@ -140,7 +144,7 @@ def test_a_failing_turn_exits_1(
 ) -> None:
     broken = BackendHTTPError("x answered HTTP 500: boom", status_code=500, body="boom")
     assert run_with_turn(tmp_path, monkeypatch, broken) == 1
-    assert "HTTP 500: boom" in capsys.readouterr().out
+    assert "HTTP 500: boom" in one_line(capsys)
 
 
 def test_ctrl_c_in_a_turn_exits_130_and_closes_the_backend(
@@ -150,6 +154,7 @@ def test_ctrl_c_in_a_turn_exits_130_and_closes_the_backend(
     monkeypatch.setattr(FakeBackend, "close", lambda self: closed.append(True))
     assert run_with_turn(tmp_path, monkeypatch, KeyboardInterrupt()) == 130
     captured = capsys.readouterr()
+    # NOTE: the "interrupted" line ends the transcript on stdout (the answer may be mid-line).
     assert "interrupted" in captured.out and "Traceback" not in captured.out + captured.err
     assert closed == [True]
 
