@@ -468,6 +468,19 @@ class CompactLlama:
             masks.append(own.view(1, 1, g * seg.length, -1))
         return masks
 
+    def _attend_prefix(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unmasked attention of ``q`` ``[1, H_kv, M, D]`` to ``k``, ``v`` ``[1, H_kv, S, D]``
+        and its log-sum-exp ``[1, H_kv, M]``: the native ``prefix_attention`` where it runs
+        (fp32 CPU, ``D`` a multiple of 16 up to 128), else torch's flash kernel; the same
+        numbers within float32 rounding."""
+        d = q.shape[-1]
+        if self.native is not None and d % 16 == 0 and d <= 128 and v.stride(-1) == 1:
+            out, lse = self.native.prefix_attention(q[0], k[0], v[0], self.scale)
+            return out.unsqueeze(0), lse.unsqueeze(0)
+        return _lse_attention(q, k, v, None, self.scale)
+
     def _attend_cascade(
         self,
         qs: torch.Tensor,
@@ -487,7 +500,7 @@ class CompactLlama:
         g = nh // nkv
         folded = qs.reshape(1, nkv, g * n, d)  # rows (g, token)
         k0, v0 = parts[0][1][:, :, :shared_len], parts[0][2][:, :, :shared_len]
-        out, lse = _lse_attention(folded, k0, v0, None, self.scale)
+        out, lse = self._attend_prefix(folded, k0, v0)
         out, lse = out.view(1, nkv, g, n, d), lse.view(1, nkv, g, n)
         own_out, own_lse = torch.empty_like(out), torch.empty_like(lse)
         for (part, keys, values, _), own_mask in zip(parts, own_masks, strict=True):

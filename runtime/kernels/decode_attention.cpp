@@ -665,6 +665,155 @@ torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& packed,
 }
 
 
+// Attention of many queries to one shared run of keys, no mask (forward_packed's cascade: every
+// packed token attends to the prefix the segments share): q [H_kv, M, D] (a KV head's query heads
+// folded into M), k and v [H_kv, S, D]; returns out [H_kv, M, D] and the log-sum-exp of the
+// scaled scores [H_kv, M], as torch's CPU flash kernel does, so the caller merges it with the
+// rest of each segment's keys. Flash-style: per item of kItemRows queries of one head, blocks of
+// kKeyBlock keys from K transposed once per head ([D, S] padded to whole blocks; padded keys
+// score -inf), tiles of kTileRows queries whose scores (kTileRows x 4 vectors) and whose P.V
+// accumulators stay in registers; an online softmax rescales each query's sums per block.
+// Results equal the flash kernel's within float32 rounding (sums in another order; exp by
+// exp_nonpositive). NOTE: measured on an AMD EPYC host (2 threads, same run), D = 64, 1,360 keys:
+// 1,920 queries per head x 3 heads 9.2 vs 13.3 ms, 2,700 x 3 13.2 vs 19.5 ms (1.44-1.48x);
+// D = 128: 1.25x; 4-query tiles were 1.10-1.17x.
+constexpr int64_t kKeyBlock = 64;  // keys per block (4 vectors of scores per query)
+constexpr int64_t kItemRows = 60;  // queries per work item (whole tiles of 6)
+
+template <int RT, int DC>
+inline void prefix_tile(const float* __restrict q, int64_t D, const float* __restrict kt,
+                        int64_t Sp, int64_t j0, int64_t nb, const float* __restrict v, int64_t vs,
+                        float scale, float* __restrict acc, float* __restrict mx,
+                        float* __restrict sm) {
+  v16 s[RT][4] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    const float* kd = kt + d * Sp + j0;
+    const v16 k0 = load16(kd), k1 = load16(kd + 16), k2 = load16(kd + 32), k3 = load16(kd + 48);
+    for (int r = 0; r < RT; ++r) {
+      const float qv = q[r * D + d];
+      s[r][0] += k0 * qv;
+      s[r][1] += k1 * qv;
+      s[r][2] += k2 * qv;
+      s[r][3] += k3 * qv;
+    }
+  }
+  alignas(64) float p[RT][kKeyBlock];
+  for (int r = 0; r < RT; ++r) {
+    for (int c = 0; c < 4; ++c) store16(p[r] + 16 * c, s[r][c] * scale);
+    for (int64_t j = nb; j < kKeyBlock; ++j) p[r][j] = kNegInf;
+    float top = kNegInf;
+    for (int64_t j = 0; j < kKeyBlock; ++j) top = std::max(top, p[r][j]);
+    const float next = std::max(mx[r], top);  // finite: the block has a key (nb >= 1)
+    const float alpha = exp_nonpositive(mx[r] - next);
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < kKeyBlock; ++j) {
+      const float e = exp_nonpositive(p[r][j] - next);
+      p[r][j] = e;
+      total += e;
+    }
+    sm[r] = sm[r] * alpha + total;
+    mx[r] = next;
+    float* ar = acc + r * D;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
+  }
+  v16 a[RT][DC];
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < DC; ++c) a[r][c] = load16(acc + r * D + 16 * c);
+  for (int64_t j = 0; j < nb; ++j) {
+    const float* vj = v + (j0 + j) * vs;
+    v16 vv[DC];
+    for (int c = 0; c < DC; ++c) vv[c] = load16(vj + 16 * c);
+    for (int r = 0; r < RT; ++r) {
+      const float pr = p[r][j];
+      for (int c = 0; c < DC; ++c) a[r][c] += vv[c] * pr;
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < DC; ++c) store16(acc + r * D + 16 * c, a[r][c]);
+}
+
+// One work item: rows queries (q, out: [rows, D]; lse: [rows]) of one head over all S keys.
+template <int DC>
+void prefix_item(const float* q, int64_t rows, int64_t D, const float* kt, int64_t S, int64_t Sp,
+                 const float* v, int64_t vs, float scale, float* out, float* lse) {
+  constexpr int RT = DC <= 4 ? 6 : 2;  // score and P.V accumulators within 32 registers
+  float mx[kItemRows], sm[kItemRows];
+  std::fill(mx, mx + rows, kNegInf);
+  std::fill(sm, sm + rows, 0.f);
+  std::fill(out, out + rows * D, 0.f);
+  for (int64_t j0 = 0; j0 < S; j0 += kKeyBlock) {
+    const int64_t nb = std::min(kKeyBlock, S - j0);
+    int64_t r0 = 0;
+    for (; r0 + RT <= rows; r0 += RT)
+      prefix_tile<RT, DC>(q + r0 * D, D, kt, Sp, j0, nb, v, vs, scale, out + r0 * D, mx + r0,
+                          sm + r0);
+    for (; r0 < rows; ++r0)
+      prefix_tile<1, DC>(q + r0 * D, D, kt, Sp, j0, nb, v, vs, scale, out + r0 * D, mx + r0,
+                         sm + r0);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = 1.f / sm[r];
+    for (int64_t d = 0; d < D; ++d) out[r * D + d] *= inv;
+    lse[r] = mx[r] + std::log(sm[r]);
+  }
+}
+
+std::vector<torch::Tensor> prefix_attention(torch::Tensor q, const torch::Tensor& k,
+                                            const torch::Tensor& v, double scale) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
+              "prefix_attention: CPU tensors only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat,
+              "prefix_attention: fp32 tensors only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && q.size(0) == k.size(0) &&
+                  q.size(2) == k.size(2),
+              "prefix_attention: q [H_kv, M, D], k and v [H_kv, S, D]");
+  const int64_t H = q.size(0), M = q.size(1), D = q.size(2), S = k.size(1);
+  TORCH_CHECK(D % kLanes == 0 && D >= kLanes && D <= 8 * kLanes,
+              "prefix_attention: head dim must be a multiple of 16 up to 128, not ", D);
+  TORCH_CHECK(S >= 1, "prefix_attention: no keys");
+  TORCH_CHECK(v.stride(2) == 1, "prefix_attention: v rows must be contiguous");
+  q = q.contiguous();
+  const int64_t Sp = (S + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+  auto kt = torch::zeros({H, D, Sp}, q.options());
+  kt.narrow(2, 0, S).copy_(k.transpose(1, 2));
+  auto out = torch::empty({H, M, D}, q.options());
+  auto lse = torch::empty({H, M}, q.options());
+  const int64_t per = (M + kItemRows - 1) / kItemRows;
+  const float* qp = q.data_ptr<float>();
+  const float* ktp = kt.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  float* lp = lse.data_ptr<float>();
+  const int64_t vh = v.stride(0), vs = v.stride(1);
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, H * per, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t it = begin; it < end; ++it) {
+      const int64_t h = it / per, m0 = (it % per) * kItemRows;
+      const int64_t rows = std::min(kItemRows, M - m0);
+      const float* qh = qp + (h * M + m0) * D;
+      const float* kth = ktp + h * D * Sp;
+      const float* vhp = vp + h * vh;
+      float* oh = op + (h * M + m0) * D;
+      float* lh = lp + h * M + m0;
+      switch (D / kLanes) {
+        case 1: prefix_item<1>(qh, rows, D, kth, S, Sp, vhp, vs, sc, oh, lh); break;
+        case 2: prefix_item<2>(qh, rows, D, kth, S, Sp, vhp, vs, sc, oh, lh); break;
+        case 3: prefix_item<3>(qh, rows, D, kth, S, Sp, vhp, vs, sc, oh, lh); break;
+        case 4: prefix_item<4>(qh, rows, D, kth, S, Sp, vhp, vs, sc, oh, lh); break;
+        case 5: prefix_item<5>(qh, rows, D, kth, S, Sp, vhp, vs, sc, oh, lh); break;
+        case 6: prefix_item<6>(qh, rows, D, kth, S, Sp, vhp, vs, sc, oh, lh); break;
+        case 7: prefix_item<7>(qh, rows, D, kth, S, Sp, vhp, vs, sc, oh, lh); break;
+        default: prefix_item<8>(qh, rows, D, kth, S, Sp, vhp, vs, sc, oh, lh); break;
+      }
+    }
+  });
+  return {out, lse};
+}
+
+
 // x . w^T + bias on oneDNN (torch's mkldnn::_linear_pointwise, the op fp32_products.onednn_linear
 // calls): float32 products like at::linear's MKL ones, faster where MKL does not run its AVX-512
 // kernels (AMD). Looked up once; called boxed, so a change of the op's C++ signature in another
@@ -881,6 +1030,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "x . W^T + bias with W packed as bf16 or fp32 (pack_weight), fp32 in and out (see "
              "the source)",
              pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias"), pybind11::arg("n"),
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("prefix_attention", &prefix_attention,
+             "attention of q [H_kv, M, D] to k, v [H_kv, S, D], no mask: (out, log-sum-exp), fp32 "
+             "(see the source)",
+             pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("scale"),
              pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<DecodeLayers>(module, "DecodeLayers")
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>,

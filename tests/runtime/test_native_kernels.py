@@ -344,3 +344,51 @@ def test_no_compiler_is_named_at_once(tmp_path: Any) -> None:
     )
     assert "WARNING" not in done.stderr and not (tmp_path / "k").exists()
     assert done.stderr == f"agentcache: {done.stdout.strip()}; decode runs on the torch path\n"
+
+
+@pytest.mark.parametrize(
+    ("heads", "queries", "keys", "head_dim", "spread"),
+    [
+        (3, 37, 200, 64, 1.0),
+        (2, 61, 130, 16, 1.0),
+        (1, 7, 65, 128, 1.0),
+        (2, 125, 700, 48, 1.0),
+        (3, 1, 1, 64, 1.0),
+        (2, 13, 64, 32, 30.0),
+    ],
+)
+def test_prefix_attention_matches_torch_flash(
+    heads: int, queries: int, keys: int, head_dim: int, spread: float
+) -> None:
+    """``prefix_attention`` against torch's CPU flash kernel (what the cascade used before):
+    outputs and log-sum-exp within float32 rounding, on K/V that are views into a larger cache
+    (row strides, an offset), partial key blocks and tiles, and scores large enough (``spread``)
+    that an unshifted softmax would overflow."""
+    from runtime.compact_llama import _lse_attention
+
+    kernels = required_native_kernels()
+    torch.manual_seed(queries + keys)
+    cache = torch.randn(2, heads, keys + 9, head_dim)
+    k, v = cache[0, :, 5 : 5 + keys], cache[1, :, 5 : 5 + keys]
+    q = torch.randn(heads, queries, head_dim) * spread
+    scale = head_dim**-0.5
+    out, lse = kernels.prefix_attention(q, k, v, scale)
+    want, want_lse = _lse_attention(q[None], k[None], v[None], None, scale)
+    torch.testing.assert_close(out, want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, want_lse[0], atol=1e-4 * spread, rtol=1e-5)
+
+
+def test_prefix_attention_refuses_bad_input() -> None:
+    kernels = required_native_kernels()
+    q, k = torch.randn(2, 5, 64), torch.randn(2, 9, 64)
+    with pytest.raises(RuntimeError, match="multiple of 16 up to 128"):
+        kernels.prefix_attention(torch.randn(2, 5, 20), torch.randn(2, 9, 20),
+                                 torch.randn(2, 9, 20), 0.1)  # fmt: skip
+    with pytest.raises(RuntimeError, match="fp32 tensors only"):
+        kernels.prefix_attention(q.bfloat16(), k, k, 0.1)
+    with pytest.raises(RuntimeError, match=r"q \[H_kv, M, D\], k and v \[H_kv, S, D\]"):
+        kernels.prefix_attention(q, k, torch.randn(2, 8, 64), 0.1)
+    with pytest.raises(RuntimeError, match="no keys"):
+        kernels.prefix_attention(q, k[:, :0], k[:, :0], 0.1)
+    with pytest.raises(RuntimeError, match="v rows must be contiguous"):
+        kernels.prefix_attention(q, k, torch.randn(2, 64, 9).transpose(1, 2), 0.1)

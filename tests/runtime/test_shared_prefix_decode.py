@@ -112,19 +112,29 @@ def test_shared_prefix_decode_matches_unshared(
 def test_cascade_prefill_matches_per_segment_attention(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The packed prefill over the 592 shared positions, attended once (cascade) or per
-    segment: every step's logits within the suite's tolerance, the same greedy tokens."""
-    calls = []
+    """The packed prefill over the 592 shared positions, attended once (cascade, the shared
+    part in the native ``prefix_attention``) or per segment: every step's logits within the
+    suite's tolerance, the same greedy tokens."""
+    calls, native_calls = [], []
     cascade = compact_llama.CompactLlama._attend_cascade
+    compact = engine.runner.compact
+    assert compact is not None and compact.native is not None
+    prefix_attention = compact.native.prefix_attention
 
     def spy(self: Any, *args: Any) -> torch.Tensor:
         calls.append(args[2])  # shared_len
         return cascade(self, *args)
 
+    def native_spy(q: torch.Tensor, k: torch.Tensor, *rest: Any) -> Any:
+        native_calls.append(k.shape[1])  # keys: the shared positions
+        return prefix_attention(q, k, *rest)
+
     with monkeypatch.context() as m:
         m.setattr(compact_llama.CompactLlama, "_attend_cascade", spy)
+        m.setattr(compact, "native", compact.native._replace(prefix_attention=native_spy))
         tokens, logits, _, packed = run_batch(engine)
     assert packed >= compact_llama.CASCADE_MIN_SHARED and calls == [packed] * 2  # two layers
+    assert native_calls == [packed] * 2
     with monkeypatch.context() as m:
         m.setattr(compact_llama, "CASCADE_MIN_SHARED", 10**9)
         plain_tokens, plain_logits, _, _ = run_batch(engine)
