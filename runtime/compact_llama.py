@@ -231,6 +231,13 @@ class CompactLlama:
         return bool(self._packed)
 
     @property
+    def products_label(self) -> str:
+        """Where the fp32 products that reach a library run, for the start line: ``"oneDNN
+        products"``, ``"... for decode"``, ``"... for prefill"`` or "" (MKL); with packed copies
+        (which serve the few-row products) only prefill can be named."""
+        return self.products.describe(packed=self.packed_products)
+
+    @property
     def packed_bytes(self) -> int:
         """Bytes held by the packed copies (0 without them)."""
         copies = [*self._packed, *([] if self._head_packed is None else [self._head_packed])]

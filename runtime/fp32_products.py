@@ -70,10 +70,6 @@ class ProductChoice(NamedTuple):
     """``"measured: ..."`` (the times), ``"AGENTCACHE_FP32_PRODUCTS=mkl"``, or why oneDNN
     cannot run."""
 
-    def library(self, rows: int) -> Library:
-        """The library of a product of ``rows`` rows."""
-        return self.few if rows <= FEW_ROWS else self.many
-
     def onednn_rows(self) -> tuple[int, int]:
         """``(lo, hi)``: the products of ``lo`` to ``hi`` rows (inclusive) that run on oneDNN
         (``lo > hi``: none), as the C++ layer loop reads the choice."""

@@ -409,11 +409,9 @@ def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
                 f"{engine.scheduler.max_batch_size}, {threads} torch threads, "
                 f"{args.weights} weights)"
             )
-            products = getattr(engine.runner, "products", None)
-            if products is not None:
-                packed = bool(engine.runner.compact and engine.runner.compact.packed_products)
-                label = products.describe(packed=packed) or "MKL"
-                print(f"fp32 products: {label} ({products.reason})")
+            products, compact = engine.runner.products, engine.runner.compact
+            if products is not None and compact is not None:
+                print(f"fp32 products: {compact.products_label or 'MKL'} ({products.reason})")
             report = run_load(url, engine.model_id, args, engine)
             return {**report, "threads": threads, "weights": args.weights,
                     "products": None if products is None else products._asdict()}  # fmt: skip

@@ -157,9 +157,8 @@ def _runs(engine: ServingEngine) -> str:
     if runner is None or path is None:
         return ""
     kernel = ", native decode attention" if runner.decode_attention == "native" else ""
-    choice, compact = getattr(runner, "products", None), getattr(runner, "compact", None)
-    packed = bool(compact and compact.packed_products)
-    label = "" if choice is None else choice.describe(packed=packed)
+    compact = getattr(runner, "compact", None)
+    label = compact.products_label if compact is not None else ""
     products = f", {label}" if label else ""
     return (
         f" ({str(runner.dtype).removeprefix('torch.')}{_weights(runner)}, {path} forward{kernel}"
