@@ -23,6 +23,7 @@ __all__ = [
     "NullTokenizer",
     "add_common_options",
     "bench_engine",
+    "products_record",
     "report",
     "timed",
     "ttft",
@@ -55,6 +56,17 @@ def w1_model(args: argparse.Namespace) -> Any:
     if getattr(args, "weights", "float32") == "bfloat16":  # NOTE: the peers see the same weights
         round_weights_bf16(model)
     return model
+
+
+def products_record(engine: Engine) -> tuple[str | None, dict[str, str] | None]:
+    """``engine``'s fp32 products for a bench's report: the line to print (``"fp32 products:
+    oneDNN products (measured: ...)"``) and the ``ProductChoice`` as JSON, both None where the
+    engine runs no compact fp32 forward (``ModelRunner.products`` is None)."""
+    products, compact = engine.runner.products, engine.runner.compact
+    if products is None or compact is None:
+        return None, None
+    line = f"fp32 products: {compact.products_label or 'MKL'} ({products.reason})"
+    return line, products._asdict()
 
 
 def bench_engine(

@@ -32,6 +32,7 @@ from runtime.bench._clients import (
     remote_model,
     system_prompt,
 )
+from runtime.bench._common import products_record
 from runtime.bench._plot import check_plot_path, plot_load
 from runtime.bench.floors import Hardware, W1Shape, batching_floor_ratio, measure_hardware
 from runtime.bench.llama_server_peer import BUILD_HELP as LLAMA_SERVER_BUILD_HELP
@@ -409,12 +410,11 @@ def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
                 f"{engine.scheduler.max_batch_size}, {threads} torch threads, "
                 f"{args.weights} weights)"
             )
-            products, compact = engine.runner.products, engine.runner.compact
-            if products is not None and compact is not None:
-                print(f"fp32 products: {compact.products_label or 'MKL'} ({products.reason})")
+            line, products = products_record(engine)
+            if line is not None:
+                print(line)
             report = run_load(url, engine.model_id, args, engine)
-            return {**report, "threads": threads, "weights": args.weights,
-                    "products": None if products is None else products._asdict()}  # fmt: skip
+            return {**report, "threads": threads, "weights": args.weights, "products": products}
     finally:
         engine.close()
         torch.set_num_threads(default_threads)  # NOTE: main() may run inside another program

@@ -25,6 +25,7 @@ from runtime.bench._argtypes import positive_int
 from runtime.bench._common import (
     add_common_options,
     bench_engine,
+    products_record,
     report,
     timed,
     ttft,
@@ -64,7 +65,8 @@ def _hf_prefilled(model: Any, prefix: list[int]) -> DynamicCache:
 
 def _measure_prefix(
     args: argparse.Namespace, peer_dir: Path | None = None
-) -> tuple[dict[str, float], dict[str, list[float]]]:
+) -> tuple[dict[str, float], dict[str, list[float]], tuple[str | None, dict[str, str] | None]]:
+    """The figures (medians), their per-run values, and ``products_record`` of the engine."""
     model = w1_model(args)
     rng = random.Random(0)
 
@@ -78,6 +80,7 @@ def _measure_prefix(
         bench_engine(model, kv_bytes=kv_bytes, weights=args.weights),
         bench_engine(model, kv_bytes=kv_bytes, prefix_cache=False, weights=args.weights),
     )
+    products = products_record(eng)
     ttft(eng, prefix + suffixes[-1])  # warm-up + store the prefix
     r: dict[str, list[float]] = {
         k: [] for k in ("miss", "hit", "floor", "alone", "deep", "zero", "off")
@@ -106,7 +109,7 @@ def _measure_prefix(
         peers = _measure_peers(model, prefix, suffixes, args, peer_dir)
         out.update({k: statistics.median(v) for k, v in peers.items()})
         raw.update(peers)
-    return _rename(out), raw
+    return _rename(out), raw, products
 
 
 _PEER_PATHS = ("compact", "transformers", "llama.cpp")
@@ -395,7 +398,7 @@ def prefix_main(argv: list[str]) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="agentcache-bench-gguf-") as folder:
             peer_dir = Path(folder) if args.llama_cpp is not None else None
-            result, raw = _measure_prefix(args, peer_dir)
+            result, raw, (products_line, products) = _measure_prefix(args, peer_dir)
     except KeyboardInterrupt:
         print("agentcache bench prefix: interrupted", file=sys.stderr)
         return 130
@@ -418,10 +421,12 @@ def prefix_main(argv: list[str]) -> int:
     if args.llama_cpp is not None:
         tables += _peer_tables(raw, args)
         warnings += agreement_warnings(raw["same_ids_as_compact"], args.decode_tokens)
+    if products_line is not None:
+        print(products_line)
     print_tables(tables, warnings)
     if args.json:
         spread = {s.name: s.as_json() for s in (*timings, *ratios, *decode)}
-        extra = {"spread": spread, "warnings": warnings}
+        extra = {"spread": spread, "warnings": warnings, "products": products}
         print(json.dumps({**header, "suffix_len": args.suffix_len, **result, **extra}))
     return 0
 

@@ -72,6 +72,8 @@ def test_prefix_prints_tables_with_units_and_keeps_json(capsys: pytest.CaptureFi
     report = json.loads(out.strip().splitlines()[-1])
     assert report["spread"]["hit (prefix cached)"]["n"] == 2
     assert "miss_over_hit" in report and isinstance(report["warnings"], list)
+    assert report["products"]["few"] in ("mkl", "onednn") and report["products"]["reason"]
+    assert "fp32 products: " in out
 
 
 def test_prefix_refuses_bf16_weights_on_a_16_bit_model(capsys: pytest.CaptureFixture[str]) -> None:
