@@ -207,6 +207,8 @@ class CompactLlama:
         self.products = products if products is not None and fits else MKL_ONLY
         """Which library runs the fp32 products no packed copy serves."""
         self._onednn_lo, self._onednn_hi = self.products.onednn_rows()
+        self._rows_max = self.products.rows if self.native is not None else 0
+        """Products of at most this many rows run in the native ``linear_rows`` (0: none)."""
         if packed not in (None, torch.bfloat16, torch.float32):
             raise ValueError(f"packed must be torch.bfloat16, torch.float32 or None, not {packed}")
         copies: list[torch.Tensor] = []
@@ -222,7 +224,7 @@ class CompactLlama:
         self._layers_native = None if self.native is None else self.native.decode_layers(
             *(list(parts) for parts in zip(*self.layers, strict=True)),
             self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale,
-            copies, self._packed_max_rows, self._onednn_lo, self._onednn_hi,
+            copies, self._packed_max_rows, self._onednn_lo, self._onednn_hi, self._rows_max,
         )  # fmt: skip
 
     @property
@@ -348,13 +350,17 @@ class CompactLlama:
         """``F.linear(x, weight, bias)``; for at most ``PACKED_MAX_ROWS`` fp32 rows (a decode
         step's LM head, a short prefill chunk, a prompt's few new tokens after a hit) with a
         ``packed`` copy of ``weight`` (``pack_weight``), ``linear_packed`` over it instead: the
-        same values, streamed from the packed blocks; else on oneDNN where ``products`` says so
-        for this many rows."""
+        same values, streamed from the packed blocks; else in the native ``linear_rows`` over
+        ``weight`` itself (input-major) for at most ``products.rows`` rows; else on oneDNN where
+        ``products`` says so for this many rows."""
         rows = x.numel() // x.shape[-1]
         out: torch.Tensor
         if x.dtype == torch.float32 and x.device.type == "cpu":
             if packed is not None and self.native is not None and rows <= self._packed_max_rows:
                 out = self.native.linear_packed(x, packed, bias, weight.shape[0])
+                return out
+            if rows <= self._rows_max and self.native is not None:
+                out = self.native.linear_rows(x, weight, bias)
                 return out
             if self._onednn_lo <= rows <= self._onednn_hi:
                 return onednn_linear(x, weight, bias)

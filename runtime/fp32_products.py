@@ -15,9 +15,19 @@ NOTE: measured on W1's layer products (30 layers of qkv, o, gate_up, down; input
 earlier sessions MKL ran 512 rows at 226-313 GFLOP/s (its peak there), so there the measurement
 is expected to keep MKL.
 
+The products of a very few rows (a decode step of one to ``ROWS_MAX`` requests, where every
+weight is read for little arithmetic) have a third candidate where the native kernels are built
+with AVX-512: ``runtime.kernels``' ``linear_rows``, which streams the same input-major weights
+(no copy) and is chosen when it took under 90% of the few-row library's time at 4 rows.
+NOTE: measured on W1's 30 layers of products (AMD EPYC host, 2 threads, same run), ms for
+``linear_rows`` / oneDNN / MKL: 1 row 13.4-15.7 / 30.9-35.4 / 30.5-32.6; 4 rows 20.5-22.5 /
+29.7-33.1 / 65.1-76.8; 8 rows 25.7-31.7 / 30.8-37.2 / 54.7-82.4; 16 rows 38.4-56.1 / 39.7-45.3
+(no gain, hence ``ROWS_MAX = 8``); the LM head (49,152 x 576) at 1 row 4.5 / 10.8 / 5.6.
+
 ``AGENTCACHE_FP32_PRODUCTS``: ``auto`` (or unset) measures; ``mkl`` or ``onednn`` forces one for
-every product (``onednn`` only where it can run: see ``onednn_problem``); any other value keeps
-MKL and says so in the log (a switch that is not understood is not taken as on).
+every product, ``linear_rows`` included (``onednn`` only where it can run: see
+``onednn_problem``); any other value keeps MKL and says so in the log (a switch that is not
+understood is not taken as on).
 """
 
 from __future__ import annotations
@@ -26,12 +36,14 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Literal, NamedTuple, TypeAlias
 
 import torch
 
 __all__ = [
     "FEW_ROWS",
+    "ROWS_MAX",
     "PRODUCTS_ENV",
     "MKL_ONLY",
     "Library",
@@ -51,7 +63,12 @@ FEW_ROWS = 64
 ones "many" (prefill chunks); each class gets its own library (``ProductChoice``). Also the
 packed weights' limit (``compact_llama.PACKED_MAX_ROWS``), whose products run first."""
 
-_FEW_PROBE, _MANY_PROBE = 16, 512  # rows timed for each class (a 16-row step, a 512-token chunk)
+ROWS_MAX = 8
+"""Products of at most this many rows may run in the native ``linear_rows`` kernel
+(``ProductChoice.rows``); measured no faster than oneDNN from 16 rows (module docstring)."""
+
+# rows timed for each class (a 16-row step, a 512-token chunk) and for linear_rows
+_FEW_PROBE, _MANY_PROBE, _ROWS_PROBE = 16, 512, 4
 _MARGIN = 0.9  # NOTE: oneDNN must take under 90% of MKL's time: a tie keeps torch's default
 _REPEATS = 5
 
@@ -69,6 +86,10 @@ class ProductChoice(NamedTuple):
     reason: str
     """``"measured: ..."`` (the times), ``"AGENTCACHE_FP32_PRODUCTS=mkl"``, or why oneDNN
     cannot run."""
+    rows: int = 0
+    """Products of at most this many rows (0 or ``ROWS_MAX``) run in the native ``linear_rows``
+    kernel instead of either library (packed weight copies, where they exist, still come
+    first)."""
 
     def onednn_rows(self) -> tuple[int, int]:
         """``(lo, hi)``: the products of ``lo`` to ``hi`` rows (inclusive) that run on oneDNN
@@ -79,14 +100,18 @@ class ProductChoice(NamedTuple):
 
     def describe(self, *, packed: bool = False) -> str:
         """``"oneDNN products"``, ``"oneDNN products for prefill"`` (many rows only), ``"oneDNN
-        products for decode"`` (few rows only), or "" (MKL). ``packed``: packed weight copies
-        serve the few-row products (``CompactLlama.packed_products``), so only the many-row
-        class is named."""
+        products for decode"`` (few rows only), or "" (MKL), then with ``rows``
+        ``"linear_rows up to 8 rows"`` (joined by ", "). ``packed``: packed weight copies serve
+        the few-row products (``CompactLlama.packed_products``), so only the many-row class is
+        named."""
         if packed:
             return "oneDNN products for prefill" if self.many == "onednn" else ""
         if self.few == self.many:
-            return "oneDNN products" if self.few == "onednn" else ""
-        return f"oneDNN products for {'decode' if self.few == 'onednn' else 'prefill'}"
+            library = "oneDNN products" if self.few == "onednn" else ""
+        else:
+            library = f"oneDNN products for {'decode' if self.few == 'onednn' else 'prefill'}"
+        rows = f"linear_rows up to {self.rows} rows" if self.rows else ""
+        return ", ".join(part for part in (library, rows) if part)
 
 
 MKL_ONLY = ProductChoice("mkl", "mkl", "MKL (torch's default)")
@@ -153,24 +178,34 @@ def _best_of(fn: object, other: object) -> tuple[float, float]:
     return min(times[0]), min(times[1])
 
 
-def _measure(weight: torch.Tensor, rows: int) -> tuple[float, float]:
+_Product = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
+def _measure(
+    weight: torch.Tensor, rows: int, first: _Product | None = None, second: _Product | None = None
+) -> tuple[float, float]:
+    """Best seconds of ``first`` (default MKL) and ``second`` (default oneDNN) on ``rows``."""
     # NOTE: a generator of its own: measuring must not move the caller's random stream
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype,
                     generator=torch.Generator().manual_seed(rows))  # fmt: skip
+    one, two = first or torch.nn.functional.linear, second or onednn_linear
     with torch.no_grad():
-        return _best_of(lambda: torch.nn.functional.linear(x, weight),
-                        lambda: onednn_linear(x, weight, None))  # fmt: skip
+        return _best_of(lambda: one(x, weight, None), lambda: two(x, weight, None))
 
 
-def choose_products(weight: torch.Tensor) -> ProductChoice:
+def choose_products(weight: torch.Tensor, *, rows_kernel: _Product | None = None) -> ProductChoice:
     """The libraries for a model's fp32 products, by ``AGENTCACHE_FP32_PRODUCTS`` or, by
     default, by timing ``weight`` (``[N, K]`` fp32 CPU, as the forward stores it: pass the
     largest) through both at 16 and 512 rows (five alternating runs each after a warm-up, the
     fastest of each kept). oneDNN is chosen for a class when it took under 90% of MKL's time.
-    About 0.1-0.2 s on W1's gate-up weight, once per process for each weight shape and thread
-    count (later loads reuse the choice).
+    With ``rows_kernel`` (the native ``linear_rows``; None where it is not built with AVX-512)
+    it is timed against the few-row library at 4 rows too, and ``rows`` set to ``ROWS_MAX``
+    when it took under 90% of that library's time. About 0.1-0.3 s on W1's gate-up weight, once
+    per process for each weight shape, thread count and kernel presence (later loads reuse the
+    choice).
 
-    Never raises: oneDNN unavailable (``onednn_problem``) keeps MKL, with the reason.
+    Never raises: oneDNN unavailable (``onednn_problem``) keeps MKL, with the reason (and
+    ``rows_kernel`` is still measured against MKL).
     """
     setting = os.environ.get(PRODUCTS_ENV, "auto").strip().lower() or "auto"
     if setting not in ("auto", "mkl", "onednn"):
@@ -182,34 +217,49 @@ def choose_products(weight: torch.Tensor) -> ProductChoice:
     problem = onednn_problem()
     if problem is None and (weight.dtype != torch.float32 or weight.device.type != "cpu"):
         problem = f"weights are {weight.dtype} on {weight.device.type}, not fp32 on the CPU"
-    if problem is not None:
-        if setting == "onednn":
-            logger.warning("agentcache: %s=onednn, but %s; fp32 products run on MKL",
-                           PRODUCTS_ENV, problem)  # fmt: skip
+    if problem is not None and setting == "onednn":
+        logger.warning("agentcache: %s=onednn, but %s; fp32 products run on MKL",
+                       PRODUCTS_ENV, problem)  # fmt: skip
         return MKL_ONLY._replace(reason=f"MKL: {problem}")
     if setting == "onednn":
         return ProductChoice("onednn", "onednn", f"{PRODUCTS_ENV}=onednn")
-    key = (tuple(weight.shape), torch.get_num_threads())
+    fp32_cpu = weight.dtype == torch.float32 and weight.device.type == "cpu"
+    if problem is not None and (rows_kernel is None or not fp32_cpu):
+        return MKL_ONLY._replace(reason=f"MKL: {problem}")
+    key = (tuple(weight.shape), torch.get_num_threads(), rows_kernel is not None)
     with _MEASURING:  # NOTE: engines loading at once measure once and agree
         if key not in _MEASURED:
-            _MEASURED[key] = _measured_choice(weight)
+            _MEASURED[key] = _measured_choice(weight, problem, rows_kernel)
         return _MEASURED[key]
 
 
-_MEASURED: dict[tuple[tuple[int, ...], int], ProductChoice] = {}
-"""Measured choices by (weight shape, torch threads): a process measures each once, so that
-engines loaded side by side (a benchmark's cache-on and cache-off engines) run the same
-products."""
+_MEASURED: dict[tuple[tuple[int, ...], int, bool], ProductChoice] = {}
+"""Measured choices by (weight shape, torch threads, with ``linear_rows``): a process measures
+each once, so that engines loaded side by side (a benchmark's cache-on and cache-off engines)
+run the same products."""
 _MEASURING = threading.Lock()
 
 
-def _measured_choice(weight: torch.Tensor) -> ProductChoice:
-    mkl_few, dnn_few = _measure(weight, _FEW_PROBE)
-    mkl_many, dnn_many = _measure(weight, _MANY_PROBE)
-    few: Library = "onednn" if dnn_few < _MARGIN * mkl_few else "mkl"
-    many: Library = "onednn" if dnn_many < _MARGIN * mkl_many else "mkl"
+def _measured_choice(
+    weight: torch.Tensor, onednn_missing: str | None, rows_kernel: _Product | None
+) -> ProductChoice:
     shape = "x".join(str(s) for s in weight.shape)
-    reason = (f"measured on a {shape} weight: {_FEW_PROBE} rows oneDNN {dnn_few * 1e3:.2f} vs MKL "
-              f"{mkl_few * 1e3:.2f} ms, {_MANY_PROBE} rows {dnn_many * 1e3:.2f} vs "
-              f"{mkl_many * 1e3:.2f} ms")  # fmt: skip
-    return ProductChoice(few, many, reason)
+    if onednn_missing is None:
+        mkl_few, dnn_few = _measure(weight, _FEW_PROBE)
+        mkl_many, dnn_many = _measure(weight, _MANY_PROBE)
+        few: Library = "onednn" if dnn_few < _MARGIN * mkl_few else "mkl"
+        many: Library = "onednn" if dnn_many < _MARGIN * mkl_many else "mkl"
+        reason = (f"measured on a {shape} weight: {_FEW_PROBE} rows oneDNN {dnn_few * 1e3:.2f} vs "
+                  f"MKL {mkl_few * 1e3:.2f} ms, {_MANY_PROBE} rows {dnn_many * 1e3:.2f} vs "
+                  f"{mkl_many * 1e3:.2f} ms")  # fmt: skip
+    else:
+        few = many = "mkl"
+        reason = f"MKL: {onednn_missing}"
+    if rows_kernel is None:
+        return ProductChoice(few, many, reason)
+    library = onednn_linear if few == "onednn" else None
+    lib_s, rows_s = _measure(weight, _ROWS_PROBE, library, rows_kernel)
+    name = "oneDNN" if few == "onednn" else "MKL"
+    reason += (f"; {_ROWS_PROBE} rows linear_rows {rows_s * 1e3:.2f} vs {name} "
+               f"{lib_s * 1e3:.2f} ms")  # fmt: skip
+    return ProductChoice(few, many, reason, ROWS_MAX if rows_s < _MARGIN * lib_s else 0)

@@ -233,7 +233,8 @@ class ModelRunner:
         load: ``fp32_products.choose_products``); None off the compact forward or not fp32 on
         the CPU (torch's own choice)."""
         if why is None and is_fp32_cpu:
-            self.products = choose_products(_largest_linear(model))
+            rows = native.linear_rows if native is not None and native.packed_vectorized else None
+            self.products = choose_products(_largest_linear(model), rows_kernel=rows)
         self.compact = (
             CompactLlama(model, native=native, packed=_PACKED.get(weights), products=self.products)
             if why is None

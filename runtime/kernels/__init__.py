@@ -115,6 +115,12 @@ class NativeKernels(NamedTuple):
     bias`` with ``W`` (``[N, K]``) packed by ``pack_weight`` (bf16 or fp32); fp32 multiply-adds,
     so it equals ``F.linear`` over the packed (for bf16: rounded) weights within float32
     rounding."""
+    linear_rows: Callable[..., Any]
+    """``(x [..., K] fp32, w [N, K] fp32 input-major, bias [N] fp32 or None) -> [..., N]``:
+    ``x . w^T + bias`` for few rows straight from the compact forward's input-major weights
+    (``w`` the ``[N, K]`` view, strides ``(1, N)``, of a contiguous ``[K, N]`` tensor), each
+    thread streaming a contiguous range of K; fp32 multiply-adds, so it equals ``F.linear``
+    within float32 rounding. Raises ``RuntimeError`` on another layout or dtype."""
     prefix_attention: Callable[..., Any]
     """``(q [H_kv, M, D], k [H_kv, S, D], v, scale) -> [out [H_kv, M, D], lse [H_kv, M]]``, fp32
     CPU, ``D`` a multiple of 16 up to 128, V rows contiguous: unmasked attention of many queries
@@ -268,6 +274,7 @@ def native_kernels() -> NativeKernels | None:
         module.DecodeLayers,
         bool(getattr(module, "packed_vectorized", False)),
         module.linear_packed,
+        module.linear_rows,
         module.prefix_attention,
     )
 

@@ -814,6 +814,123 @@ std::vector<torch::Tensor> prefix_attention(torch::Tensor q, const torch::Tensor
 }
 
 
+// x . w^T + bias for a few rows of x over the compact forward's own input-major weights (w is the
+// [N, K] view of a contiguous [K, N] tensor: wt[k * N + n]), no copy. Each of torch's threads
+// takes a contiguous range of K, so it reads its share of the weight as one forward stream (the
+// best case for the hardware prefetchers), and accumulates its partial products y[r, :] +=
+// x[r, k] * wt[k, :] over kRowsK inputs at a time into its own [m, N] buffer; the buffers are
+// summed at the end (m * N * threads adds, small next to K * N weight reads). Columns go in tiles
+// of kRowsCols so that the tile's rows of the weight stay in L2 while every row of x reuses them.
+// The sums run in another order than MKL's or oneDNN's: float32 within rounding.
+// NOTE: measured on W1's 30 layers of products (AMD EPYC host, 2 threads, same run), ms for this
+// kernel / oneDNN / MKL / linear_packed over a packed copy: see fp32_products' docstring.
+constexpr int64_t kRowsK = 8;         // inputs per pass over a row of y (8 weight vectors live)
+constexpr int64_t kRowsCols = 2048;   // columns per tile (8 x 8 KiB of weight rows per pass)
+
+// Rows [0, RT) of x (row stride K) against inputs [kb, kb + kRowsK) and columns [c0, c1): each
+// group of weight vectors is loaded once for the RT rows (RT * 2 accumulators, 8 weight vectors).
+template <int RT>
+inline void rows_pass(const float* __restrict x, int64_t K, const float* __restrict w, int64_t N,
+                      int64_t c0, int64_t c1, float* __restrict y) {
+  float xs[RT][kRowsK];
+  for (int r = 0; r < RT; ++r)
+    for (int64_t j = 0; j < kRowsK; ++j) xs[r][j] = x[r * K + j];
+  int64_t c = c0;
+  for (; c + kLanes <= c1; c += kLanes) {
+    v16 wv[kRowsK];
+    for (int64_t j = 0; j < kRowsK; ++j) wv[j] = load16(w + j * N + c);
+    for (int r = 0; r < RT; ++r) {
+      v16 a = load16(y + r * N + c) + wv[0] * xs[r][0], b = wv[1] * xs[r][1];
+      for (int64_t j = 2; j < kRowsK; j += 2) {
+        a += wv[j] * xs[r][j];
+        b += wv[j + 1] * xs[r][j + 1];
+      }
+      store16(y + r * N + c, a + b);
+    }
+  }
+  for (; c < c1; ++c)  // the last columns of a row
+    for (int r = 0; r < RT; ++r) {
+      float acc = y[r * N + c];
+      for (int64_t j = 0; j < kRowsK; ++j) acc += w[j * N + c] * xs[r][j];
+      y[r * N + c] = acc;
+    }
+}
+
+void rows_partial(const float* __restrict x, int64_t m, int64_t K, const float* __restrict wt,
+                  int64_t N, int64_t k0, int64_t k1, float* __restrict y) {
+  for (int64_t c0 = 0; c0 < N; c0 += kRowsCols) {
+    const int64_t c1 = std::min(N, c0 + kRowsCols);
+    for (int64_t kb = k0; kb < k1; kb += kRowsK) {
+      const float* w = wt + kb * N;
+      if (kb + kRowsK > k1) {  // the K remainder, one input at a time
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t k = kb; k < k1; ++k) {
+            const float xv = x[r * K + k];
+            const float* wk = wt + k * N;
+            float* yr = y + r * N;
+            for (int64_t c = c0; c < c1; ++c) yr[c] += wk[c] * xv;
+          }
+        continue;
+      }
+      int64_t r = 0;
+      for (; r + 4 <= m; r += 4) rows_pass<4>(x + r * K + kb, K, w, N, c0, c1, y + r * N);
+      switch (m - r) {
+        case 3: rows_pass<3>(x + r * K + kb, K, w, N, c0, c1, y + r * N); break;
+        case 2: rows_pass<2>(x + r * K + kb, K, w, N, c0, c1, y + r * N); break;
+        case 1: rows_pass<1>(x + r * K + kb, K, w, N, c0, c1, y + r * N); break;
+        default: break;
+      }
+    }
+  }
+}
+
+// x: fp32 [..., K]; w: fp32 [N, K] with strides (1, N) (a transposed view of a contiguous [K, N]
+// tensor, as compact_llama._fuse stores the weights); bias: fp32 [N] or None. Returns [..., N].
+torch::Tensor linear_rows(const torch::Tensor& x, const torch::Tensor& w,
+                          const std::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "linear_rows: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat,
+              "linear_rows: fp32 tensors only");
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 2, "linear_rows: x must be [..., K] and w [N, K]");
+  const int64_t N = w.size(0), K = w.size(1);
+  TORCH_CHECK(N >= 1 && K >= 1 && w.stride(0) == 1 && w.stride(1) == N,
+              "linear_rows: w must be an input-major [N, K] view (strides (1, N)) of a "
+              "contiguous [K, N] tensor");
+  TORCH_CHECK(x.size(-1) == K, "linear_rows: x has ", x.size(-1), " inputs, the weight ", K);
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->dim() == 1 &&
+                                    bias->numel() == N && bias->device().is_cpu()),
+              "linear_rows: bias must be fp32 [N]");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  auto xs = x.reshape({-1, K}).contiguous();
+  const int64_t m = xs.size(0);
+  auto out = torch::zeros({m, N}, xs.options());
+  if (m == 0) return out.view(shape);
+  // NOTE: at least 64 inputs per thread, so a thread's stream is worth its partial buffer
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), K / 64));
+  auto partial = parts > 1 ? torch::zeros({parts - 1, m, N}, xs.options()) : torch::Tensor();
+  const float* xp = xs.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  float* pp = parts > 1 ? partial.data_ptr<float>() : nullptr;
+  const int64_t per = (K + parts - 1) / parts;
+  at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t k0 = t * per, k1 = std::min(K, k0 + per);
+      if (k0 < k1) rows_partial(xp, m, K, wp, N, k0, k1, t == 0 ? op : pp + (t - 1) * m * N);
+    }
+  });
+  const int64_t total = m * N;
+  for (int64_t t = 0; t + 1 < parts; ++t) {
+    const float* p = pp + t * total;
+#pragma omp simd
+    for (int64_t i = 0; i < total; ++i) op[i] += p[i];
+  }
+  if (bias.has_value()) out.add_(*bias);
+  return out.view(shape);
+}
+
+
 // x . w^T + bias on oneDNN (torch's mkldnn::_linear_pointwise, the op fp32_products.onednn_linear
 // calls): float32 products like at::linear's MKL ones, faster where MKL does not run its AVX-512
 // kernels (AMD). Looked up once; called boxed, so a change of the op's C++ signature in another
@@ -839,8 +956,10 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& w,
 // multiply-adds fused. Weights are the compact forward's (input-major views). With packed copies
 // of them (pack_weight: bf16 for weights="bfloat16", the fp32 weights then holding the same
 // rounded values; fp32 for weights="float32-packed"), a step of at most packed_max_rows rows runs
-// its products in linear_packed instead of at::linear; otherwise a step of onednn_lo to onednn_hi
-// rows (fp32_products.ProductChoice.onednn_rows) runs them in onednn_linear.
+// its products in linear_packed instead of at::linear; otherwise a step of at most rows_max rows
+// (fp32_products.ProductChoice.rows; 0: none) runs them in linear_rows over the weights
+// themselves, and a step of onednn_lo to onednn_hi rows (ProductChoice.onednn_rows) in
+// onednn_linear.
 class DecodeLayers {
  public:
   DecodeLayers(std::vector<torch::Tensor> ln1, std::vector<torch::Tensor> qkv,
@@ -849,12 +968,13 @@ class DecodeLayers {
                std::vector<torch::Tensor> gate_up, std::vector<torch::Tensor> down,
                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
                double scale, std::vector<torch::Tensor> packed, int64_t packed_max_rows,
-               int64_t onednn_lo, int64_t onednn_hi)
+               int64_t onednn_lo, int64_t onednn_hi, int64_t rows_max)
       : ln1_(std::move(ln1)), qkv_(std::move(qkv)), qkv_bias_(std::move(qkv_bias)),
         o_(std::move(o)), o_bias_(std::move(o_bias)), ln2_(std::move(ln2)),
         gate_up_(std::move(gate_up)), down_(std::move(down)), packed_(std::move(packed)),
         nh_(num_heads), nkv_(num_kv_heads), d_(head_dim), packed_max_rows_(packed_max_rows),
-        onednn_lo_(onednn_lo), onednn_hi_(onednn_hi), eps_(eps), scale_(scale) {
+        onednn_lo_(onednn_lo), onednn_hi_(onednn_hi), rows_max_(rows_max), eps_(eps),
+        scale_(scale) {
     const size_t L = ln1_.size();
     TORCH_CHECK(qkv_.size() == L && qkv_bias_.size() == L && o_.size() == L &&
                     o_bias_.size() == L && ln2_.size() == L && gate_up_.size() == L &&
@@ -869,6 +989,14 @@ class DecodeLayers {
                       qkv_[i].size(1) == hidden_,
                   "DecodeLayers: layer ", i, " needs fp32 contiguous norm weights [hidden] and "
                   "a qkv weight [(H + 2 H_kv) D, hidden]");
+    // linear_rows reads the weights input-major: [N, K] views with strides (1, N)
+    const auto input_major = [](const torch::Tensor& w) {
+      return w.dim() == 2 && w.stride(0) == 1 && w.stride(1) == w.size(0);
+    };
+    for (size_t i = 0; rows_max_ > 0 && i < L; ++i)
+      TORCH_CHECK(input_major(qkv_[i]) && input_major(o_[i]) && input_major(gate_up_[i]) &&
+                      input_major(down_[i]),
+                  "DecodeLayers: rows_max needs input-major weights (layer ", i, ")");
     // packed: empty, or per layer the blocks of qkv, o, gate_up and down (pack_weight), of one
     // element type (bf16 or fp32)
     TORCH_CHECK(packed_.empty() || packed_.size() == 4 * L,
@@ -925,10 +1053,12 @@ class DecodeLayers {
     for (size_t i = 0; i < ln1_.size(); ++i) {
       rms_norm(hs, ln1_[i], x);
       const bool use_packed = !packed_.empty() && b <= packed_max_rows_;
-      const bool use_onednn = !use_packed && onednn_lo_ <= b && b <= onednn_hi_;
+      const bool use_rows = !use_packed && b <= rows_max_;
+      const bool use_onednn = !use_packed && !use_rows && onednn_lo_ <= b && b <= onednn_hi_;
       const auto proj = [&](const torch::Tensor& in, size_t which, const torch::Tensor& w,
                             const std::optional<torch::Tensor>& bias) {
         return use_packed   ? linear_packed(in, packed_[4 * i + which], bias, w.size(0))
+               : use_rows   ? linear_rows(in, w, bias)
                : use_onednn ? onednn_linear(in, w, bias)
                             : at::linear(in, w, bias);
       };
@@ -1008,7 +1138,7 @@ class DecodeLayers {
   std::vector<torch::Tensor> o_;
   std::vector<std::optional<torch::Tensor>> o_bias_;
   std::vector<torch::Tensor> ln2_, gate_up_, down_, packed_;
-  int64_t nh_, nkv_, d_, packed_max_rows_, onednn_lo_, onednn_hi_, hidden_ = 0;
+  int64_t nh_, nkv_, d_, packed_max_rows_, onednn_lo_, onednn_hi_, rows_max_, hidden_ = 0;
   double eps_, scale_;
 };
 
@@ -1031,6 +1161,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "the source)",
              pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("bias"), pybind11::arg("n"),
              pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("linear_rows", &linear_rows,
+             "x . w^T + bias for few rows over an input-major fp32 weight, no copy (see the "
+             "source)",
+             pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("bias"),
+             pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("prefix_attention", &prefix_attention,
              "attention of q [H_kv, M, D] to k, v [H_kv, S, D], no mask: (out, log-sum-exp), fp32 "
              "(see the source)",
@@ -1042,7 +1177,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
                           std::vector<std::optional<torch::Tensor>>, std::vector<torch::Tensor>,
                           std::vector<torch::Tensor>, std::vector<torch::Tensor>, int64_t,
                           int64_t, int64_t, double, double, std::vector<torch::Tensor>,
-                          int64_t, int64_t, int64_t>())
+                          int64_t, int64_t, int64_t, int64_t>())
       .def("run", &DecodeLayers::run, "the layer loop of one decode step (see the source)",
            pybind11::arg("h"), pybind11::arg("cos"), pybind11::arg("sin"),
            pybind11::arg("buffer"), pybind11::arg("rows"), pybind11::arg("pos"),

@@ -21,6 +21,7 @@ from runtime.fp32_products import (
     FEW_ROWS,
     MKL_ONLY,
     PRODUCTS_ENV,
+    ROWS_MAX,
     ProductChoice,
     choose_products,
     onednn_linear,
@@ -224,3 +225,95 @@ def test_measuring_takes_the_faster_library(setting: pytest.MonkeyPatch) -> None
     assert torch.equal(torch.rand(3), drawn)  # measuring left the caller's random stream alone
     # measured once per process and shape: a second load runs the same products
     assert choose_products(weight.clone())[:2] == ("onednn", "mkl")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, ROWS_MAX, ROWS_MAX + 1])
+@pytest.mark.parametrize(("n", "k"), [(200, 576), (2048 + 40, 64), (17, 130), (5000, 7)])
+def test_linear_rows_matches_float64(rows: int, n: int, k: int) -> None:
+    """``linear_rows`` over an input-major weight against a float64 product, as close as MKL's:
+    rows in and out of its 4-row groups, columns past a whole vector and past a 2,048-column
+    tile, K not a multiple of its 8-input passes and below 64 per thread (one partial sum),
+    a bias and a 3-D input."""
+    kernels = required_native_kernels()
+    torch.manual_seed(rows * n + k)
+    weight, bias, x = torch.randn(k, n).t(), torch.randn(n), torch.randn(rows, 1, k)
+    want = x.double() @ weight.double().t() + bias.double()
+    got = kernels.linear_rows(x, weight, bias)
+    assert got.shape == (rows, 1, n) and got.dtype == torch.float32
+    tol = 1e-5 * math.sqrt(k)
+    assert (got.double() - want).abs().max().item() < tol
+    no_bias = kernels.linear_rows(x, weight, None)
+    assert (no_bias.double() - (want - bias.double())).abs().max().item() < tol
+
+
+def test_linear_rows_refuses_other_layouts_and_types() -> None:
+    kernels = required_native_kernels()
+    weight, x = torch.randn(64, 32).t(), torch.randn(2, 64)  # [32, 64] input-major
+    assert kernels.linear_rows(x, weight, None).shape == (2, 32)
+    for bad_x, bad_w, bias, words in (
+        (x, torch.randn(32, 64), None, "input-major"),  # row-major [N, K]
+        (x, torch.randn(64, 48).t()[:32], None, "input-major"),  # a slice: stride 48, not 32
+        (x.double(), weight, None, "fp32"),
+        (x, weight.double(), None, "fp32"),
+        (torch.randn(2, 63), weight, None, "inputs"),
+        (x, weight, torch.randn(31), "bias"),
+    ):
+        with pytest.raises(RuntimeError, match=words):
+            kernels.linear_rows(bad_x, bad_w, bias)
+
+
+def test_rows_choice_and_label(setting: pytest.MonkeyPatch) -> None:
+    """``linear_rows`` is measured against the few-row library at 4 rows and kept only under 90%
+    of its time; forcing a library (or no kernel) leaves it out; the label names it."""
+    kernels = required_native_kernels()
+    weight = torch.randn(96, 64).t()
+    for rows_time, rows in ((0.5, ROWS_MAX), (0.95, 0)):
+        times = iter([(1.0, 1.0), (1.0, 1.0), (1.0, rows_time)])  # 16, 512 rows, then 4
+        setting.setattr(fp32_products, "_best_of", lambda *_, t=times: next(t))
+        setting.setattr(fp32_products, "_MEASURED", {})
+        choice = choose_products(weight, rows_kernel=kernels.linear_rows)
+        assert choice.rows == rows and "4 rows linear_rows" in choice.reason, choice
+    setting.setattr(fp32_products, "_MEASURED", {})
+    setting.setattr(fp32_products, "_best_of", lambda *_: (1.0, 0.5))
+    assert choose_products(weight).rows == 0  # no kernel: nothing to measure
+    for forced in ("mkl", "onednn"):
+        setting.setenv(PRODUCTS_ENV, forced)
+        assert choose_products(weight, rows_kernel=kernels.linear_rows).rows == 0
+    both = ProductChoice("onednn", "onednn", "", ROWS_MAX)
+    assert both.describe() == f"oneDNN products, linear_rows up to {ROWS_MAX} rows"
+    assert MKL_ONLY._replace(rows=ROWS_MAX).describe() == f"linear_rows up to {ROWS_MAX} rows"
+    assert both.describe(packed=True) == "oneDNN products for prefill"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_few_row_products_follow_the_rows_choice(arch: str) -> None:
+    """With ``rows`` chosen, a decode step (the C++ loop) and a prefill (the Python path) of at
+    most ``ROWS_MAX`` rows dispatch no library product at all, LM head included; one more row
+    goes back to the library; the logits equal MKL's within float32 tolerance."""
+    kernels = required_native_kernels()
+    model = _model(arch, 4, 2, 16)
+    mkl = CompactLlama(copy.deepcopy(model), native=kernels)
+    rows = CompactLlama(model, native=kernels, products=MKL_ONLY._replace(rows=ROWS_MAX))
+    for run, n in ((_step, 1), (_step, ROWS_MAX), (_prefill, 3), (_step, ROWS_MAX + 1)):
+        ops = _ops(lambda r=run, k=n: r(rows, k))
+        assert ("aten::linear" in ops) == (n > ROWS_MAX), (run, n)
+        torch.testing.assert_close(run(rows, n), run(mkl, n), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_engine_with_linear_rows_matches_its_model(
+    arch: str, tmp_path: Path, setting: pytest.MonkeyPatch
+) -> None:
+    """An engine whose measurement kept ``linear_rows`` (fake timings): batched decode steps,
+    prefix-cache misses then hits, prompts of few and many tokens all give the model's own
+    transformers logits within float32 tolerance; the start line names it."""
+    required_native_kernels()
+    setting.setattr(fp32_products, "_MEASURED", {})
+    setting.setattr(fp32_products, "_best_of", lambda *_: (1.0, 0.5))
+    path = save_tiny_model(arch, tmp_path)
+    engine = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 22, block_size=4)
+    products = engine.runner.products
+    assert products is not None and products.rows == ROWS_MAX
+    assert _runs(engine).endswith(f"linear_rows up to {ROWS_MAX} rows)")
+    assert_batched_hits_match(engine, (21, FEW_ROWS + 14, 9))
+    engine.close()

@@ -253,7 +253,7 @@ def test_layer_loop_checks_hidden_size_and_reads_h_row_major() -> None:
     kernels = required_native_kernels()
     compact = CompactLlama(_model("llama", 4, 2, 8), native=kernels)
     parts = [list(p) for p in zip(*compact.layers, strict=True)]
-    layers = kernels.decode_layers(*parts, 4, 2, 8, compact.eps, compact.scale, [], 0, 1, 0)
+    layers = kernels.decode_layers(*parts, 4, 2, 8, compact.eps, compact.scale, [], 0, 1, 0, 0)
     cos, sin = compact.rope(torch.zeros(2, 1, 32), torch.tensor([[3], [5]]))
 
     def run(h: torch.Tensor) -> torch.Tensor:
@@ -266,7 +266,7 @@ def test_layer_loop_checks_hidden_size_and_reads_h_row_major() -> None:
     assert torch.equal(run(h), run(h.contiguous()))
     parts[0][1] = torch.ones(16)  # layer 1's input norm weight
     with pytest.raises(RuntimeError, match="layer 1 needs fp32 contiguous norm weights"):
-        kernels.decode_layers(*parts, 4, 2, 8, compact.eps, compact.scale, [], 0, 1, 0)
+        kernels.decode_layers(*parts, 4, 2, 8, compact.eps, compact.scale, [], 0, 1, 0, 0)
 
 
 def _status_in_child(**env: str) -> str:
