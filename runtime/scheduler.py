@@ -27,6 +27,7 @@ from runtime.exceptions import EngineBusyError, RuntimeEngineError, SamplingErro
 from runtime.forks import check_group, copy_prompt, live_forks, running_group
 from runtime.kv_cache import RequestKVCache
 from runtime.model_runner import ModelRunner
+from runtime.openmp import release_thread_workers
 from runtime.outputs import StreamDelta
 from runtime.prompt_scoring import prefill_scored
 from runtime.request import Request, RequestStatus
@@ -120,6 +121,9 @@ class Scheduler:
             PromptTooLongError: a request's (group's) KV rows alone exceed ``batch_kv_bytes``.
             RuntimeEngineError: the engine was closed.
         """
+        # NOTE: the submitting thread's OpenMP workers (a model loaded or a reference forward
+        # run on it) would otherwise throttle the loop thread's: see runtime.openmp.
+        release_thread_workers()
         for req in reqs:
             check_group(req, max_batch_size=self.max_batch_size,
                         position_bytes=self.batch.position_bytes,
@@ -247,7 +251,11 @@ class Scheduler:
     # --- the loop ------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        holds_workers = False  # NOTE: this thread's OpenMP pool is live (runtime.openmp)
         while True:
+            if holds_workers and not (self.waiting or self.running):  # NOTE: read unlocked: a
+                release_thread_workers()  # stale answer only costs rebuilding the pool
+                holds_workers = False
             is_idle_long = False
             with self._cv:
                 while not self._is_closed and (
@@ -269,6 +277,7 @@ class Scheduler:
                     self.batch.release_idle()  # NOTE: a no-op once a request holds a row again
                     continue
                 try:
+                    holds_workers = True
                     self._iterate()
                 except Exception as exc:  # noqa: BLE001 - a fault outside every request's guard
                     self._recover(exc)

@@ -1,0 +1,120 @@
+"""Releasing a thread's OpenMP workers (``runtime.openmp``): the right runtime is found, the
+calling thread's workers go, results do not change, and the scheduler releases the submitting
+thread's and, once idle, its own."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime import openmp, scheduler
+from runtime.engine import Engine
+from runtime.sampling import SamplingParams
+from tests.conftest import save_tiny_model
+
+
+def _required_runtime() -> str:
+    path = openmp.openmp_library()
+    if path is None:
+        pytest.skip("no OpenMP runtime with omp_pause_resource_all is loaded")
+    return path
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _parallel_work() -> torch.Tensor:
+    """A product torch runs as a parallel region (on 2+ threads)."""
+    a = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
+    return a @ a
+
+
+def test_finds_torchs_runtime_before_other_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other wheels map their own copy (sentencepiece's ``libgomp-<hash>.so``, listed first
+    here): the one in torch's package directory is the one released."""
+    path = _required_runtime()
+    torch_dir = Path(torch.__file__).resolve().parent
+    if not Path(path).resolve().is_relative_to(torch_dir):
+        pytest.skip("this torch does not bundle its OpenMP runtime")
+    other = "/opt/elsewhere/sentencepiece.libs/libgomp-6a29c32d.so.1.0.0"
+    monkeypatch.setattr(openmp, "_mapped_openmp", lambda: [other, path])
+    openmp.openmp_library.cache_clear()
+    try:
+        assert openmp.openmp_library() == path
+    finally:
+        openmp.openmp_library.cache_clear()
+
+
+def test_torchs_runtime_beside_sentencepieces_copy() -> None:
+    """With sentencepiece imported (its wheel maps its own ``libgomp-<hash>``, which exports
+    the same functions), the runtime found is still the one in torch's directory."""
+    pytest.importorskip("sentencepiece")
+    path = _required_runtime()
+    torch_dir = Path(torch.__file__).resolve().parent
+    if not Path(path).resolve().is_relative_to(torch_dir):
+        pytest.skip("this torch does not bundle its OpenMP runtime")
+    openmp.openmp_library.cache_clear()
+    try:
+        assert openmp.openmp_library() == path
+        assert len(openmp._mapped_openmp()) >= 1
+    finally:
+        openmp.openmp_library.cache_clear()
+
+
+def test_release_frees_only_the_calling_threads_workers() -> None:
+    """On a fresh thread with torch's 2+ threads: a parallel region adds its worker threads,
+    a release removes them (joined before it returns), and the next region works and gives
+    the same result; releasing where there is no pool is a no-op that succeeds."""
+    _required_runtime()
+    if not Path("/proc/self/task").exists() or torch.get_num_threads() < 2:
+        pytest.skip("needs Linux's /proc and 2+ torch threads")
+    seen: dict[str, object] = {}
+
+    def body() -> None:
+        before = _threads()
+        want = _parallel_work()
+        seen["with_pool"] = _threads() - before
+        seen["released"] = openmp.release_thread_workers()
+        seen["after"] = _threads() - before
+        seen["same"] = torch.equal(_parallel_work(), want)
+        seen["again"] = openmp.release_thread_workers() and openmp.release_thread_workers()
+
+    worker = threading.Thread(target=body)
+    worker.start()
+    worker.join()
+    assert seen["with_pool"] == torch.get_num_threads() - 1
+    assert seen == {**seen, "released": True, "after": 0, "same": True, "again": True}
+
+
+def test_scheduler_releases_the_submitter_and_itself_when_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every submission releases the submitting thread's workers; the loop thread releases its
+    own once nothing waits or runs (not while a request is in flight)."""
+    calls: list[tuple[str, bool]] = []
+    release = scheduler.release_thread_workers
+    engine = Engine.from_pretrained(str(save_tiny_model("llama", tmp_path)))
+    sched = engine.scheduler
+
+    def recorded() -> bool:
+        calls.append((threading.current_thread().name, bool(sched.waiting or sched.running)))
+        return release()
+
+    monkeypatch.setattr(scheduler, "release_thread_workers", recorded)
+    me = threading.current_thread().name
+    for _ in range(2):
+        assert engine.generate("hello there", SamplingParams(max_tokens=3)).usage.completion_tokens
+        deadline = time.monotonic() + 10
+        while ("runtime-scheduler", False) not in calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls[0] == (me, False)  # the submitter's, before its request was queued
+        assert ("runtime-scheduler", False) in calls  # the loop's own, once idle
+        assert ("runtime-scheduler", True) not in calls  # never with work in flight
+        calls.clear()
+    engine.close()
