@@ -74,6 +74,9 @@ _STREAM_BYTES = 256 << 20
 than any last-level cache, as a decode step reads its weights: from memory. NOTE: timed on the
 one W1 weight (3.5 MB, cache-resident) it tied oneDNN at 4 rows (0.06 vs 0.07 ms) while over
 the 30 layers it was 1.4x faster; the copies live only while measuring."""
+_STREAM_COPIES = 64
+"""At most this many copies: a model whose weights are this small (a test's) stays in cache in
+its decode steps too, and thousands of tiny products would only cost load time."""
 _MARGIN = 0.9  # NOTE: oneDNN must take under 90% of MKL's time: a tie keeps torch's default
 _REPEATS = 5
 
@@ -204,7 +207,8 @@ def _measure_streaming(
     """As ``_measure``, each run a pass over copies of ``weight`` (``_STREAM_BYTES`` in all,
     input-major like ``weight``), so the weights stream from memory as in a decode step."""
     size = weight.numel() * weight.element_size()
-    copies = [weight.t().clone().t() for _ in range(max(1, -(-_STREAM_BYTES // size)))]
+    count = min(_STREAM_COPIES, max(1, -(-_STREAM_BYTES // size)))
+    copies = [weight.t().clone().t() for _ in range(count)]
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype,
                     generator=torch.Generator().manual_seed(rows))  # fmt: skip
     one = first or torch.nn.functional.linear

@@ -11,8 +11,9 @@ in blocks of 32 output columns (``pack_weight``), as bfloat16 (``weights="bfloat
 bytes) or float32 (``weights="float32-packed"``: a copy the small products of a decode step
 stream at the read bandwidth, where MKL's product of 8-16 rows does not); ``linear_rows``,
 a product of 1-8 rows straight from the compact forward's own input-major fp32 weights (no copy),
-each thread streaming a contiguous range of them; and ``prefix_attention``, the unmasked attention of a packed prefill's tokens to the prefix their
-segments share (``CompactLlama.forward_packed``'s cascade), flash-style with register tiles.
+each thread streaming a contiguous range of them; and ``prefix_attention``, the unmasked
+attention of a packed prefill's tokens to the prefix their segments share
+(``CompactLlama.forward_packed``'s cascade), flash-style with register tiles.
 
 NOTE: measured on W1 (30 layers, 3 KV heads of 64, 2 threads, same process, noisy host):
 the attention over 2,001 cached tokens (caches flushed between layers) took 7.9 ms per decode
