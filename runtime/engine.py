@@ -20,6 +20,7 @@ from runtime.chunk_reuse import ChunkAssembler, ChunkReuse
 from runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
 from runtime.kv_stores import KVStores
 from runtime.model_runner import ForwardPath, ModelRunner, WeightsDtype, load_model
+from runtime.openmp import release_thread_workers
 from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.request import Request
 from runtime.request_builder import Prompt, RequestBuilder
@@ -132,6 +133,9 @@ class Engine:
         """Compiles ``GrammarSpec``s for constrained decoding (xgrammar loads on first use)."""
         # NOTE: holds the scheduler, not the engine, so an unreferenced engine is collected.
         self._finalizer = weakref.finalize(self, _shutdown, self.scheduler, self.prefix_cache.disk)
+        # NOTE: loading ran parallel regions here; their OpenMP workers would stay and throttle
+        # the scheduler thread's (runtime.openmp). A server's loading thread then holds none.
+        release_thread_workers()
 
     @classmethod
     def from_pretrained(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime import engine as engine_module
 from runtime import openmp, scheduler
 from runtime.engine import Engine
 from runtime.sampling import SamplingParams
@@ -118,3 +119,23 @@ def test_scheduler_releases_the_submitter_and_itself_when_idle(
         assert ("runtime-scheduler", True) not in calls  # never with work in flight
         calls.clear()
     engine.close()
+
+
+def test_engine_releases_the_loading_threads_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading an engine runs parallel regions on the loading thread (a server's main thread);
+    the constructor releases that thread's workers before returning."""
+    calls: list[str] = []
+    release = engine_module.release_thread_workers
+
+    def recorded() -> bool:
+        calls.append(threading.current_thread().name)
+        return release()
+
+    monkeypatch.setattr(engine_module, "release_thread_workers", recorded)
+    path = str(save_tiny_model("llama", tmp_path))
+    loader = threading.Thread(target=lambda: Engine.from_pretrained(path).close(), name="loader")
+    loader.start()
+    loader.join()
+    assert calls == ["loader"]
