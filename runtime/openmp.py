@@ -7,15 +7,19 @@ Between regions libgomp's workers spin for a while before sleeping, so the next 
 once; but once the process holds more OpenMP threads than CPUs, libgomp "throttles" that spin to
 almost nothing (its ``gomp_throttled_spin_count``), and every region then wakes its workers
 through the kernel. A decode step runs about 150 regions. A process that loaded a model on its
-main thread (a pool there) and runs the engine's scheduler thread (a second pool) holds 4
-OpenMP threads; on a 2-CPU machine that is over the count, and every forward paid for it.
+main thread (a pool there) and computes on the engine's scheduler thread (a second pool) is over
+that count on a 2-CPU machine (libgomp counts the main thread and both pools' workers: 3), and
+every forward paid for it.
 
 ``release_thread_workers`` frees the calling thread's pool (OpenMP 5.0's
-``omp_pause_resource_all(omp_pause_soft)``, which libgomp and LLVM's libomp implement for the
-calling thread); the next parallel region on that thread builds a new one (well under a
-millisecond). The scheduler calls it on the submitting thread and when its loop goes idle, so
-that while requests run, the scheduler thread's pool is the only one (unless other code starts
-regions on other threads meanwhile).
+``omp_pause_resource_all(omp_pause_soft)``, which libgomp implements for the calling thread's
+pool alone: ``gomp_pause_host`` in its ``team.c``); the next parallel region on that thread
+builds a new one (well under a millisecond). Only GNU libgomp is used: LLVM's libomp (and
+Intel's) pauses the whole runtime, which is not safe while another thread runs a region, so
+with those it does nothing. The engine calls it on the thread that built it (after loading),
+the scheduler on each submitting thread and on its own once its loop goes idle, so that while
+requests run, the scheduler thread's pool is the only one (unless other code starts regions on
+other threads meanwhile).
 
 NOTE: measured on W1's 30 layers of one-row products (``linear_rows``, 2 threads, AMD EPYC host,
 one process): 13.8-16.3 ms on the main thread alone; 22.0-40.4 ms on a second thread after the
@@ -38,14 +42,14 @@ __all__ = ["openmp_library", "release_thread_workers"]
 logger = logging.getLogger(__name__)
 
 _OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: omp_pause_soft = 1, omp_pause_hard = 2
-_NAMES = ("libgomp", "libomp", "libiomp5")
-_SONAMES = ("libgomp.so.1", "libomp.so", "libiomp5.so")
+_NAMES = ("libgomp",)
+_SONAMES = ("libgomp.so.1",)
 
 
 @functools.cache
 def openmp_library() -> str | None:
-    """The OpenMP runtime torch's kernels run on, as loaded in this process, or None: none is
-    found or it lacks ``omp_pause_resource_all``.
+    """The GNU OpenMP runtime (libgomp) torch's kernels run on, as loaded in this process, or
+    None: none is found (another runtime, or not Linux) or it lacks ``omp_pause_resource_all``.
 
     Other wheels bundle their own copy (sentencepiece's ``libgomp-<hash>.so``), so the one in
     torch's package directory comes first (read from ``/proc/self/maps`` on Linux), then the
