@@ -6,6 +6,7 @@ No downloads: models are built from configs. It knows nothing about HTTP or the 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ __all__ = [
     "bench_engine",
     "products_record",
     "report",
+    "restores_torch_threads",
     "timed",
     "ttft",
     "w1_model",
@@ -56,6 +58,22 @@ def w1_model(args: argparse.Namespace) -> Any:
     if getattr(args, "weights", "float32") == "bfloat16":  # NOTE: the peers see the same weights
         round_weights_bf16(model)
     return model
+
+
+def restores_torch_threads(main: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
+    """``main`` (a bench's entry point, which ``--threads`` lets set torch's thread count)
+    leaves torch's thread count as it found it: it also runs inside other programs (the test
+    suite, where a bench test's ``--threads 1`` once left every later test on one thread)."""
+
+    @functools.wraps(main)
+    def wrapper(argv: list[str]) -> int:
+        threads = torch.get_num_threads()
+        try:
+            return main(argv)
+        finally:
+            torch.set_num_threads(threads)
+
+    return wrapper
 
 
 def products_record(engine: Engine) -> tuple[str | None, dict[str, str] | None]:

@@ -19,7 +19,13 @@ from typing import Any
 import torch
 
 from runtime.bench._argtypes import positive_int
-from runtime.bench._common import add_common_options, bench_engine, report, w1_model
+from runtime.bench._common import (
+    add_common_options,
+    bench_engine,
+    report,
+    restores_torch_threads,
+    w1_model,
+)
 from runtime.engine import Engine
 from runtime.grammar import Grammar, JsonSchemaSpec
 from runtime.outputs import Completion
@@ -121,6 +127,7 @@ def _figure_grammar(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+@restores_torch_threads
 def main(argv: list[str]) -> int:
     """``agentcache bench choices``: n=4 vs four requests, and grammar overhead per token."""
     p = argparse.ArgumentParser(prog="agentcache bench choices", description=HELP)

@@ -27,6 +27,7 @@ from runtime.bench._common import (
     bench_engine,
     products_record,
     report,
+    restores_torch_threads,
     timed,
     ttft,
     w1_model,
@@ -343,6 +344,7 @@ with random weights, 2000-token shared prefix, 30-token suffix, fp32. Figures ar
 freshly started engine whose disk tier holds the prefix, against a cold miss."""
 
 
+@restores_torch_threads
 def prefix_main(argv: list[str]) -> int:
     """``agentcache bench prefix``: W1 TTFT miss/hit/floor/HF recipes and decode rate."""
     p = argparse.ArgumentParser(

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from runtime.bench._argtypes import positive_int
-from runtime.bench._common import add_common_options, bench_engine, w1_model
+from runtime.bench._common import add_common_options, bench_engine, restores_torch_threads, w1_model
 from runtime.bench._figures import Spread, noise_warnings, print_tables, spread_table
 from runtime.chunk_reuse import ChunkReuse, masked_prefill_logits
 from runtime.engine import Engine
@@ -240,6 +240,7 @@ def _print_quality(q: dict[str, Any], args: argparse.Namespace) -> None:
           f"{q['exact_vs_masked_max_logit_diff']:.2e}")  # fmt: skip
 
 
+@restores_torch_threads
 def main(argv: list[str]) -> int:
     """``agentcache bench rag``: TTFT per mode (W1) and blend quality (tiny)."""
     p = argparse.ArgumentParser(prog="agentcache bench rag", description=HELP)

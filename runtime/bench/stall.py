@@ -23,7 +23,13 @@ from typing import Any
 import torch
 
 from runtime.bench._argtypes import positive_int
-from runtime.bench._common import NullTokenizer, add_common_options, report, w1_model
+from runtime.bench._common import (
+    NullTokenizer,
+    add_common_options,
+    report,
+    restores_torch_threads,
+    w1_model,
+)
 from runtime.bench.rag import chunk_plan, rag_request, random_ids
 from runtime.chunk_reuse import CHUNK_MODES, DEFAULT_RECOMPUTE_FRACTION, ChunkReuse
 from runtime.engine import Engine
@@ -160,6 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@restores_torch_threads
 def main(argv: list[str]) -> int:
     """Entry of ``agentcache bench stall``; returns the exit code."""
     parser = _parser()

@@ -20,7 +20,13 @@ from typing import Any
 import torch
 
 from runtime.bench._argtypes import positive_int
-from runtime.bench._common import add_common_options, bench_engine, ttft, w1_model
+from runtime.bench._common import (
+    add_common_options,
+    bench_engine,
+    restores_torch_threads,
+    ttft,
+    w1_model,
+)
 from runtime.bench._figures import Spread, print_tables, spread_table
 from runtime.bench._plot import check_plot_path, plot_trace
 from runtime.bench._replay import Step, agent_sessions, belady, distinct_blocks, replay
@@ -106,6 +112,7 @@ def _agent_sessions_rows(block_size: int) -> dict[str, float]:
     return out
 
 
+@restores_torch_threads
 def trace_main(argv: list[str]) -> int:
     """``agentcache bench trace``: W3 hit rate, fill and TTFT vs cache off; disk tier; Belady."""
     p = argparse.ArgumentParser(prog="agentcache bench trace", description=TRACE_HELP)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -33,3 +34,23 @@ def test_bench_requests_decode_past_the_models_eos() -> None:
     assert eng.eos_ids == {greedy[1]}  # the engine's stop ids are the model's, not cleared
     done = ttft(eng, PROMPT, max_tokens=4)
     assert done.token_ids == greedy and done.finish_reason == "length"
+
+
+def test_bench_mains_leave_torchs_threads_as_they_found_them() -> None:
+    """``--threads`` sets torch's thread count for the bench only: after it returns or raises
+    (a bench test's ``--threads 1`` once left every later test of the suite on one thread)."""
+    from runtime.bench import choices, prefix, rag, stall, trace
+    from runtime.bench._common import restores_torch_threads
+
+    before = torch.get_num_threads()
+
+    @restores_torch_threads
+    def fails(argv: list[str]) -> int:
+        torch.set_num_threads(1 if before > 1 else 2)
+        raise ValueError(argv[0])
+
+    with pytest.raises(ValueError, match="x"):
+        fails(["x"])
+    assert torch.get_num_threads() == before
+    for main in (choices.main, prefix.prefix_main, rag.main, stall.main, trace.trace_main):
+        assert getattr(main, "__wrapped__", None) is not None, main
