@@ -359,7 +359,7 @@ class CompactLlama:
             if packed is not None and self.native is not None and rows <= self._packed_max_rows:
                 out = self.native.linear_packed(x, packed, bias, weight.shape[0])
                 return out
-            if rows <= self._rows_max and self.native is not None:
+            if 0 < rows <= self._rows_max and self.native is not None:
                 out = self.native.linear_rows(x, weight, bias)
                 return out
             if self._onednn_lo <= rows <= self._onednn_hi:

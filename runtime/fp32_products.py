@@ -70,8 +70,9 @@ ROWS_MAX = 8
 # rows timed for each class (a 16-row step, a 512-token chunk) and for linear_rows
 _FEW_PROBE, _MANY_PROBE, _ROWS_PROBE = 16, 512, 4
 _STREAM_BYTES = 256 << 20
-"""``linear_rows`` is timed over copies of the weight totalling at least this many bytes, more
-than any last-level cache, as a decode step reads its weights: from memory. NOTE: timed on the
+"""``linear_rows`` is timed over copies of the weight totalling about this many bytes (at most
+``_STREAM_COPIES``; W1: 64 of 3.5 MB), more than a last-level cache, as a decode step reads its
+weights: from memory. NOTE: timed on the
 one W1 weight (3.5 MB, cache-resident) it tied oneDNN at 4 rows (0.06 vs 0.07 ms) while over
 the 30 layers it was 1.4x faster; the copies live only while measuring."""
 _STREAM_COPIES = 64
@@ -208,7 +209,7 @@ def _measure_streaming(
     input-major like ``weight``), so the weights stream from memory as in a decode step."""
     size = weight.numel() * weight.element_size()
     count = min(_STREAM_COPIES, max(1, -(-_STREAM_BYTES // size)))
-    copies = [weight.t().clone().t() for _ in range(count)]
+    copies = [weight.t().clone(memory_format=torch.contiguous_format).t() for _ in range(count)]
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype,
                     generator=torch.Generator().manual_seed(rows))  # fmt: skip
     one = first or torch.nn.functional.linear
@@ -247,8 +248,8 @@ def choose_products(weight: torch.Tensor, *, rows_kernel: _Product | None = None
         return MKL_ONLY._replace(reason=f"MKL: {problem}")
     if setting == "onednn":
         return ProductChoice("onednn", "onednn", f"{PRODUCTS_ENV}=onednn")
-    fp32_cpu = weight.dtype == torch.float32 and weight.device.type == "cpu"
-    if problem is not None and (rows_kernel is None or not fp32_cpu):
+    is_fp32_cpu = weight.dtype == torch.float32 and weight.device.type == "cpu"
+    if problem is not None and (rows_kernel is None or not is_fp32_cpu):
         return MKL_ONLY._replace(reason=f"MKL: {problem}")
     key = (tuple(weight.shape), torch.get_num_threads(), rows_kernel is not None)
     with _MEASURING:  # NOTE: engines loading at once measure once and agree

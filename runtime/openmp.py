@@ -33,7 +33,9 @@ import ctypes
 import functools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -51,20 +53,25 @@ def openmp_library() -> str | None:
     """The GNU OpenMP runtime (libgomp) torch's kernels run on, as loaded in this process, or
     None: none is found (another runtime, or not Linux) or it lacks ``omp_pause_resource_all``.
 
-    Other wheels bundle their own copy (sentencepiece's ``libgomp-<hash>.so``), so the one in
-    torch's package directory comes first (read from ``/proc/self/maps`` on Linux), then the
-    runtimes' usual names, which resolve to an already loaded library of that soname.
+    Other wheels bundle their own copy (sentencepiece's ``libgomp-<hash>.so``), so the ones in
+    torch's package directory (or an auditwheel-repaired wheel's ``torch.libs``) come first
+    (read from ``/proc/self/maps``), then libgomp's soname, which resolves to an already loaded
+    library of that name. A library exporting ``__kmpc_fork_call`` is LLVM's or Intel's runtime
+    (conda can link ``libgomp.so.1`` to LLVM's ``libomp``) and is never used.
     """
+    no_load = getattr(os, "RTLD_NOLOAD", None)
+    if no_load is None:  # NOTE: not a Unix dlopen (Windows)
+        return None
     torch_dir = Path(torch.__file__).resolve().parent
-    candidates = [
-        path for path in _mapped_openmp() if Path(path).resolve().is_relative_to(torch_dir)
-    ]
+    homes = (torch_dir, torch_dir.parent / "torch.libs")
+    candidates = [path for path in _mapped_openmp()
+                  if any(Path(path).resolve().is_relative_to(home) for home in homes)]  # fmt: skip
     for path in (*candidates, *_SONAMES):
         try:
-            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+            lib = ctypes.CDLL(path, mode=no_load)
         except OSError:
             continue
-        if hasattr(lib, "omp_pause_resource_all"):
+        if hasattr(lib, "omp_pause_resource_all") and not hasattr(lib, "__kmpc_fork_call"):
             return path
     return None
 
@@ -82,14 +89,27 @@ def _mapped_openmp() -> list[str]:
     return list(dict.fromkeys(paths))
 
 
+_FORKED = False
+"""Whether this process is a fork's child: its copy of the parent's pools has no threads, and
+pausing would wait for them forever."""
+
+
+def _after_fork_in_child() -> None:
+    global _FORKED
+    _FORKED = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @functools.cache
-def _pause() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _pause() -> Callable[[int], int] | None:
     path = openmp_library()
     if path is None:
         return None
     func = ctypes.CDLL(path, mode=os.RTLD_NOLOAD).omp_pause_resource_all
     func.argtypes, func.restype = [ctypes.c_int], ctypes.c_int
-    return func
+    return cast("Callable[[int], int]", func)
 
 
 def release_thread_workers() -> bool:
@@ -97,8 +117,11 @@ def release_thread_workers() -> bool:
 
     Safe at any time on any thread: it touches only the caller's own pool, does nothing inside a
     parallel region or where the thread has none, and changes no result. Returns whether the
-    runtime accepted it (False where no OpenMP runtime with ``omp_pause_resource_all`` is
-    loaded). Never raises.
+    runtime accepted it (False where no libgomp with ``omp_pause_resource_all`` is loaded, and
+    in a forked child: a pool copied from the parent has no threads to join, and libgomp would
+    wait for them forever). Never raises.
     """
+    if _FORKED:
+        return False
     func = _pause()
     return func is not None and func(_OMP_PAUSE_SOFT) == 0

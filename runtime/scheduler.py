@@ -251,11 +251,12 @@ class Scheduler:
     # --- the loop ------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        holds_workers = False  # NOTE: this thread's OpenMP pool is live (runtime.openmp)
+        has_workers = False  # NOTE: this thread's OpenMP pool is live (runtime.openmp)
         while True:
-            if holds_workers and not (self.waiting or self.running):  # NOTE: read unlocked: a
-                release_thread_workers()  # stale answer only costs rebuilding the pool
-                holds_workers = False
+            # NOTE: read unlocked: a stale answer only costs rebuilding the pool
+            if has_workers and not (self.waiting or self.running):
+                release_thread_workers()
+                has_workers = False
             is_idle_long = False
             with self._cv:
                 while not self._is_closed and (
@@ -277,7 +278,7 @@ class Scheduler:
                     self.batch.release_idle()  # NOTE: a no-op once a request holds a row again
                     continue
                 try:
-                    holds_workers = True
+                    has_workers = True
                     self._iterate()
                 except Exception as exc:  # noqa: BLE001 - a fault outside every request's guard
                     self._recover(exc)

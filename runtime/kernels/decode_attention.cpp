@@ -816,8 +816,9 @@ std::vector<torch::Tensor> prefix_attention(torch::Tensor q, const torch::Tensor
 
 // x . w^T + bias for a few rows of x over the compact forward's own input-major weights (w is the
 // [N, K] view of a contiguous [K, N] tensor: wt[k * N + n]), no copy. Each of torch's threads
-// takes a contiguous range of K, so it reads its share of the weight as one forward stream (the
-// best case for the hardware prefetchers), and accumulates its partial products y[r, :] +=
+// takes a contiguous range of K, so it reads its share of the weight as one forward stream per
+// tile of columns (one stream where N <= kRowsCols; the best case for the hardware prefetchers),
+// and accumulates its partial products y[r, :] +=
 // x[r, k] * wt[k, :] over kRowsK inputs at a time into its own [m, N] buffer; the buffers are
 // summed at the end (m * N * threads adds, small next to K * N weight reads). Columns go in tiles
 // of kRowsCols so that the tile's rows of the weight stay in L2 while every row of x reuses them.

@@ -228,7 +228,9 @@ def test_measuring_takes_the_faster_library(setting: pytest.MonkeyPatch) -> None
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, ROWS_MAX, ROWS_MAX + 1])
-@pytest.mark.parametrize(("n", "k"), [(200, 576), (2048 + 40, 64), (17, 130), (5000, 7)])
+@pytest.mark.parametrize(
+    ("n", "k"), [(200, 576), (2048 + 40, 64), (2048 + 40, 576), (17, 130), (5000, 7)]
+)
 def test_linear_rows_matches_float64(rows: int, n: int, k: int) -> None:
     """``linear_rows`` over an input-major weight against a float64 product, as close as MKL's:
     rows in and out of its 4-row groups, columns past a whole vector and past a 2,048-column
@@ -244,6 +246,32 @@ def test_linear_rows_matches_float64(rows: int, n: int, k: int) -> None:
     assert (got.double() - want).abs().max().item() < tol
     no_bias = kernels.linear_rows(x, weight, None)
     assert (no_bias.double() - (want - bias.double())).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_linear_rows_on_other_thread_counts(threads: int) -> None:
+    """One thread (no partial sums) and three (a K range that does not split evenly), with
+    columns past a 2,048-column tile."""
+    kernels = required_native_kernels()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(threads)
+        weight, x = torch.randn(577, 2088).t(), torch.randn(6, 577)
+        got = kernels.linear_rows(x, weight, None)
+    finally:
+        torch.set_num_threads(before)
+    want = x.double() @ weight.double().t()
+    assert (got.double() - want).abs().max().item() < 1e-5 * math.sqrt(577)
+
+
+def test_rows_timing_takes_a_row_major_weight(setting: pytest.MonkeyPatch) -> None:
+    """The timing copies the weight input-major, whatever its own layout (a caller other than
+    the engine may pass a row-major one); it never raises."""
+    kernels = required_native_kernels()
+    setting.setattr(fp32_products, "_MEASURED", {})
+    choice = choose_products(torch.randn(96, 64), rows_kernel=kernels.linear_rows)
+    assert "linear_rows" in choice.reason
 
 
 def test_linear_rows_refuses_other_layouts_and_types() -> None:

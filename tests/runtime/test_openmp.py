@@ -70,12 +70,16 @@ def test_torchs_runtime_beside_sentencepieces_copy() -> None:
 
 def test_release_frees_only_the_calling_threads_workers() -> None:
     """On a fresh thread with 2 torch threads: a parallel region adds its worker thread,
-    a release removes them (joined before it returns), and the next region works and gives
-    the same result; releasing where there is no pool is a no-op that succeeds."""
+    a release removes it (joined before it returns) and leaves the calling test thread's own
+    pool alone, the next region works and gives the same result; releasing where there is no
+    pool is a no-op that succeeds."""
     _required_runtime()
     if not Path("/proc/self/task").exists():
         pytest.skip("needs Linux's /proc")
     seen: dict[str, object] = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # NOTE: whatever an earlier test left: a pool of one worker
+    _parallel_work()  # NOTE: this thread's pool, which the other thread's release must leave
 
     def body() -> None:
         before = _threads()
@@ -86,12 +90,13 @@ def test_release_frees_only_the_calling_threads_workers() -> None:
         seen["same"] = torch.equal(_parallel_work(), want)
         seen["again"] = openmp.release_thread_workers() and openmp.release_thread_workers()
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # NOTE: whatever an earlier test left: a pool of one worker
     try:
+        mine = _threads()
         worker = threading.Thread(target=body)
         worker.start()
         worker.join()
+        assert _threads() == mine  # the worker thread gone, this thread's pool kept
+        assert openmp.release_thread_workers() and _threads() == mine - 1
     finally:
         torch.set_num_threads(threads)
     assert seen["with_pool"] == 1
@@ -144,3 +149,26 @@ def test_engine_releases_the_loading_threads_workers(
     loader.start()
     loader.join()
     assert calls == ["loader"]
+
+
+def test_a_forked_child_does_not_wait_for_its_parents_workers() -> None:
+    """A child forked while the parent held a pool inherits it without its threads; libgomp's
+    pause would wait for them forever, so in the child the release does nothing."""
+    _required_runtime()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _parallel_work()
+        pid = os.fork()
+        if pid == 0:  # NOTE: the child: exit 0 only if the release returned False at once
+            os._exit(0 if openmp.release_thread_workers() is False else 1)
+        deadline = time.monotonic() + 20
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's release hung")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        torch.set_num_threads(threads)
