@@ -4,7 +4,10 @@ thread's and, once idle, its own."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -68,39 +71,55 @@ def test_torchs_runtime_beside_sentencepieces_copy() -> None:
         openmp.openmp_library.cache_clear()
 
 
+_RELEASE_SCRIPT = """
+import json, os, threading, time, torch
+from runtime import openmp
+count = lambda: len(os.listdir("/proc/self/task"))
+work = lambda: torch.mm(a, a)
+def settle(target):  # a joined thread's /proc entry may outlive the join a moment
+    deadline = time.monotonic() + 5
+    while count() > target and time.monotonic() < deadline:
+        time.sleep(0.01)
+torch.set_num_threads(2)
+a = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
+work()  # this thread's pool, which the other thread's release must leave
+seen = {}
+def body():
+    before = count()
+    want = work()
+    seen["with_pool"] = count() - before
+    seen["released"] = openmp.release_thread_workers()
+    settle(before)
+    seen["after"] = count() - before
+    seen["same"] = torch.equal(work(), want)
+    seen["again"] = openmp.release_thread_workers() and openmp.release_thread_workers()
+mine = count()
+worker = threading.Thread(target=body)
+worker.start()
+worker.join()
+settle(mine)
+seen["kept"] = count() - mine
+seen["mine_released"] = openmp.release_thread_workers()
+seen["mine_after"] = count() - mine
+print(json.dumps(seen))
+"""
+
+
 def test_release_frees_only_the_calling_threads_workers() -> None:
-    """On a fresh thread with 2 torch threads: a parallel region adds its worker thread,
-    a release removes it (joined before it returns) and leaves the calling test thread's own
-    pool alone, the next region works and gives the same result; releasing where there is no
-    pool is a no-op that succeeds."""
+    """In a fresh process (no other test's threads coming and going), 2 torch threads: a
+    parallel region on a new thread adds its worker thread, a release removes it (joined before
+    it returns) and leaves the main thread's own pool alone, the next region works and gives the
+    same result, and releasing where there is no pool is a no-op that succeeds."""
     _required_runtime()
     if not Path("/proc/self/task").exists():
         pytest.skip("needs Linux's /proc")
-    seen: dict[str, object] = {}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # NOTE: whatever an earlier test left: a pool of one worker
-    _parallel_work()  # NOTE: this thread's pool, which the other thread's release must leave
-
-    def body() -> None:
-        before = _threads()
-        want = _parallel_work()
-        seen["with_pool"] = _threads() - before
-        seen["released"] = openmp.release_thread_workers()
-        seen["after"] = _threads() - before
-        seen["same"] = torch.equal(_parallel_work(), want)
-        seen["again"] = openmp.release_thread_workers() and openmp.release_thread_workers()
-
-    try:
-        mine = _threads()
-        worker = threading.Thread(target=body)
-        worker.start()
-        worker.join()
-        assert _threads() == mine  # the worker thread gone, this thread's pool kept
-        assert openmp.release_thread_workers() and _threads() == mine - 1
-    finally:
-        torch.set_num_threads(threads)
-    assert seen["with_pool"] == 1
-    assert seen == {**seen, "released": True, "after": 0, "same": True, "again": True}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _RELEASE_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)  # fmt: skip
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    want = {"with_pool": 1, "released": True, "after": 0, "same": True, "again": True,
+            "kept": 0, "mine_released": True, "mine_after": -1}  # fmt: skip
+    assert seen == want, seen
 
 
 def test_scheduler_releases_the_submitter_and_itself_when_idle(
