@@ -72,9 +72,9 @@ _FEW_PROBE, _MANY_PROBE, _ROWS_PROBE = 16, 512, 4
 _STREAM_BYTES = 256 << 20
 """``linear_rows`` is timed over copies of the weight totalling about this many bytes (at most
 ``_STREAM_COPIES``; W1: 64 of 3.5 MB), more than a last-level cache, as a decode step reads its
-weights: from memory. NOTE: timed on the
-one W1 weight (3.5 MB, cache-resident) it tied oneDNN at 4 rows (0.06 vs 0.07 ms) while over
-the 30 layers it was 1.4x faster; the copies live only while measuring."""
+weights: from memory. NOTE: timed on the one W1 weight (3.5 MB, cache-resident) it tied oneDNN
+at 4 rows (0.06 vs 0.07 ms) while over the 30 layers it was 1.4x faster; the copies live only
+while measuring."""
 _STREAM_COPIES = 64
 """At most this many copies: a model whose weights are this small (a test's) stays in cache in
 its decode steps too, and thousands of tiny products would only cost load time."""
@@ -191,31 +191,27 @@ _Product = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.T
 
 
 def _measure(
-    weight: torch.Tensor, rows: int, first: _Product | None = None, second: _Product | None = None
-) -> tuple[float, float]:
-    """Best seconds of ``first`` (default MKL) and ``second`` (default oneDNN) on ``rows``."""
+    weights: list[torch.Tensor], rows: int, first: _Product | None = None,
+    second: _Product | None = None,
+) -> tuple[float, float]:  # fmt: skip
+    """Best seconds of ``first`` (default MKL) and ``second`` (default oneDNN), each run one
+    product of ``rows`` rows per weight of ``weights`` (all of one shape)."""
     # NOTE: a generator of its own: measuring must not move the caller's random stream
-    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype,
+    x = torch.randn(rows, weights[0].shape[1], dtype=weights[0].dtype,
                     generator=torch.Generator().manual_seed(rows))  # fmt: skip
     one, two = first or torch.nn.functional.linear, second or onednn_linear
     with torch.no_grad():
-        return _best_of(lambda: one(x, weight, None), lambda: two(x, weight, None))
+        return _best_of(lambda: [one(x, w, None) for w in weights],
+                        lambda: [two(x, w, None) for w in weights])  # fmt: skip
 
 
-def _measure_streaming(
-    weight: torch.Tensor, rows: int, first: _Product | None, second: _Product
-) -> tuple[float, float]:
-    """As ``_measure``, each run a pass over copies of ``weight`` (``_STREAM_BYTES`` in all,
-    input-major like ``weight``), so the weights stream from memory as in a decode step."""
-    size = weight.numel() * weight.element_size()
-    count = min(_STREAM_COPIES, max(1, -(-_STREAM_BYTES // size)))
-    copies = [weight.t().clone(memory_format=torch.contiguous_format).t() for _ in range(count)]
-    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype,
-                    generator=torch.Generator().manual_seed(rows))  # fmt: skip
-    one = first or torch.nn.functional.linear
-    with torch.no_grad():
-        return _best_of(lambda: [one(x, w, None) for w in copies],
-                        lambda: [second(x, w, None) for w in copies])  # fmt: skip
+def _stream_copies(weight: torch.Tensor) -> list[torch.Tensor]:
+    """Input-major copies of ``weight`` (``_STREAM_BYTES`` in all, at most ``_STREAM_COPIES``),
+    so that a pass over them streams from memory as a decode step's weights do."""
+    count = min(
+        _STREAM_COPIES, max(1, -(-_STREAM_BYTES // (weight.numel() * weight.element_size())))
+    )
+    return [weight.t().clone(memory_format=torch.contiguous_format).t() for _ in range(count)]
 
 
 def choose_products(weight: torch.Tensor, *, rows_kernel: _Product | None = None) -> ProductChoice:
@@ -239,8 +235,9 @@ def choose_products(weight: torch.Tensor, *, rows_kernel: _Product | None = None
         return MKL_ONLY._replace(reason=f"{PRODUCTS_ENV}={setting!r} not understood")
     if setting == "mkl":
         return MKL_ONLY._replace(reason=f"{PRODUCTS_ENV}=mkl")
+    is_fp32_cpu = weight.dtype == torch.float32 and weight.device.type == "cpu"
     problem = onednn_problem()
-    if problem is None and (weight.dtype != torch.float32 or weight.device.type != "cpu"):
+    if problem is None and not is_fp32_cpu:
         problem = f"weights are {weight.dtype} on {weight.device.type}, not fp32 on the CPU"
     if problem is not None and setting == "onednn":
         logger.warning("agentcache: %s=onednn, but %s; fp32 products run on MKL",
@@ -248,7 +245,6 @@ def choose_products(weight: torch.Tensor, *, rows_kernel: _Product | None = None
         return MKL_ONLY._replace(reason=f"MKL: {problem}")
     if setting == "onednn":
         return ProductChoice("onednn", "onednn", f"{PRODUCTS_ENV}=onednn")
-    is_fp32_cpu = weight.dtype == torch.float32 and weight.device.type == "cpu"
     if problem is not None and (rows_kernel is None or not is_fp32_cpu):
         return MKL_ONLY._replace(reason=f"MKL: {problem}")
     key = (tuple(weight.shape), torch.get_num_threads(), rows_kernel is not None)
@@ -270,8 +266,8 @@ def _measured_choice(
 ) -> ProductChoice:
     shape = "x".join(str(s) for s in weight.shape)
     if onednn_missing is None:
-        mkl_few, dnn_few = _measure(weight, _FEW_PROBE)
-        mkl_many, dnn_many = _measure(weight, _MANY_PROBE)
+        mkl_few, dnn_few = _measure([weight], _FEW_PROBE)
+        mkl_many, dnn_many = _measure([weight], _MANY_PROBE)
         few: Library = "onednn" if dnn_few < _MARGIN * mkl_few else "mkl"
         many: Library = "onednn" if dnn_many < _MARGIN * mkl_many else "mkl"
         reason = (f"measured on a {shape} weight: {_FEW_PROBE} rows oneDNN {dnn_few * 1e3:.2f} vs "
@@ -283,7 +279,7 @@ def _measured_choice(
     if rows_kernel is None:
         return ProductChoice(few, many, reason)
     library = onednn_linear if few == "onednn" else None
-    lib_s, rows_s = _measure_streaming(weight, _ROWS_PROBE, library, rows_kernel)
+    lib_s, rows_s = _measure(_stream_copies(weight), _ROWS_PROBE, library, rows_kernel)
     name = "oneDNN" if few == "onednn" else "MKL"
     reason += (f"; {_ROWS_PROBE} rows linear_rows {rows_s * 1e3:.2f} vs {name} "
                f"{lib_s * 1e3:.2f} ms")  # fmt: skip

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -40,8 +39,6 @@ from typing import cast
 import torch
 
 __all__ = ["openmp_library", "release_thread_workers"]
-
-logger = logging.getLogger(__name__)
 
 _OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: omp_pause_soft = 1, omp_pause_hard = 2
 _NAMES = ("libgomp",)
@@ -99,7 +96,8 @@ def _after_fork_in_child() -> None:
     _FORKED = True
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # NOTE: Unix only, as is fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @functools.cache
