@@ -19,10 +19,23 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from runtime.fp32_products import FEW_ROWS, MKL_ONLY, ProductChoice, onednn_linear
+from runtime.fp32_products import (
+    FEW_ROWS,
+    MKL_ONLY,
+    ProductChoice,
+    choose_prefix_attention,
+    onednn_linear,
+)
 from runtime.kernels import NativeKernels, pack_weight
 
-__all__ = ["PACKED_MAX_ROWS", "CompactLlama", "KVWrite", "Segment", "StepSlots", "compact_blocker"]
+__all__ = [
+    "PACKED_MAX_ROWS",
+    "CompactLlama",
+    "KVWrite",
+    "Segment",
+    "StepSlots",
+    "compact_blocker",
+]
 
 KVWrite = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """``(layer_idx, keys, values) -> (all_keys, all_values)``: store ``[B, H_kv, q, D]`` new K/V of a
@@ -157,7 +170,7 @@ class CompactLlama:
             for which ``compact_blocker`` returns None.
         native: The C++ kernels (``runtime.kernels.native_kernels()``) for one-query steps, or
             None for the torch path. Used only for fp32 weights on the CPU.
-        packed: With ``native`` (built with AVX-512: ``packed_vectorized``), keep a packed copy
+        packed: With vectorized ``native`` kernels (``is_vectorized``), keep a packed copy
             (``pack_weight``) of each projection and of the LM head in this dtype, on top of the
             fp32 weights, for products of up to ``PACKED_MAX_ROWS`` rows. ``torch.bfloat16``
             (``ModelRunner``'s ``weights="bfloat16"``, whose weights already hold bf16-rounded
@@ -206,6 +219,17 @@ class CompactLlama:
         ``forward``'s ``slots``."""
         self.products = products if products is not None and fits else MKL_ONLY
         """Which library runs the fp32 products no packed copy serves."""
+        self.native_prefix_attention, self.prefix_attention_reason = (
+            (False, "no native kernels")
+            if self.native is None
+            else choose_prefix_attention(
+                self.native.prefix_attention, _lse_attention, self.num_kv_heads, self.head_dim,
+                self.native.isa,
+            )
+        )  # fmt: skip
+        """Whether a packed prefill's shared prefix is attended in the native
+        ``prefix_attention`` (else torch's flash kernel), measured at load
+        (``fp32_products.choose_prefix_attention``), and why."""
         self._onednn_lo, self._onednn_hi = self.products.onednn_rows()
         self._rows_max = self.products.rows if self.native is not None else 0
         """Products of at most this many rows run in the native ``linear_rows`` (0: none)."""
@@ -214,7 +238,7 @@ class CompactLlama:
         copies: list[torch.Tensor] = []
         self._head_packed: torch.Tensor | None = None
         self._packed_max_rows = 0
-        if packed is not None and self.native is not None and self.native.packed_vectorized:
+        if packed is not None and self.native is not None and self.native.is_vectorized:
             copies = [pack_weight(w, packed) for layer in self.layers
                       for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]  # fmt: skip
             self._head_packed = pack_weight(self.lm_head, packed)
@@ -485,12 +509,13 @@ class CompactLlama:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Unmasked attention of ``q`` ``[1, H_kv, M, D]`` to ``k``, ``v`` ``[1, H_kv, S, D]``
-        and its log-sum-exp ``[1, H_kv, M]``: the native ``prefix_attention`` where it runs
-        (fp32 CPU, ``D`` a multiple of 16 up to 128), else torch's flash kernel; the same
-        numbers within float32 rounding."""
+        and its log-sum-exp ``[1, H_kv, M]``: the native ``prefix_attention`` where it is used
+        (``native_prefix_attention``; ``D`` a multiple of 16 up to 128), else torch's flash
+        kernel; the same numbers within float32 rounding."""
         d = q.shape[-1]
-        if self.native is not None and d % 16 == 0 and d <= 128 and v.stride(-1) == 1:
-            out, lse = self.native.prefix_attention(q[0], k[0], v[0], self.scale)
+        native = self.native if self.native_prefix_attention else None
+        if native is not None and d % 16 == 0 and d <= 128 and v.stride(-1) == 1:
+            out, lse = native.prefix_attention(q[0], k[0], v[0], self.scale)
             return out.unsqueeze(0), lse.unsqueeze(0)
         return _lse_attention(q, k, v, None, self.scale)
 

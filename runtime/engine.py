@@ -187,7 +187,7 @@ class Engine:
                 memory) that products of up to 64 rows (decode steps, a hit's few new tokens)
                 stream instead of MKL's (about 1.1x at one row, 1.6-1.8x at 8-16; see the
                 README's figures); the same answers as ``"float32"`` within float32 rounding.
-                Without AVX-512 no copy is kept.
+                With the scalar kernels (``AGENTCACHE_KERNEL_ISA=scalar``) no copy is kept.
 
         Raises:
             ModelLoadError: the model or tokenizer cannot be loaded.

@@ -16,10 +16,11 @@ earlier sessions MKL ran 512 rows at 226-313 GFLOP/s (its peak there), so there 
 is expected to keep MKL.
 
 The products of a very few rows (a decode step of one to ``ROWS_MAX`` requests, where every
-weight is read for little arithmetic) have a third candidate where the native kernels are built
-with AVX-512: ``runtime.kernels``' ``linear_rows``, which streams the same input-major weights
-(no copy) and is chosen when it took under 90% of the few-row library's time at 4 rows.
-NOTE: measured on W1's 30 layers of products (AMD EPYC host, 2 threads, same run), ms for
+weight is read for little arithmetic) have a third candidate where the native kernels are
+vectorized (any ISA but scalar): ``runtime.kernels``' ``linear_rows``, which streams the same
+input-major weights (no copy) and is chosen when it took under 90% of the few-row library's time
+at 4 rows. NOTE: measured on W1's 30 layers of products (AMD EPYC host with AVX-512, 2 threads,
+same run), ms for
 ``linear_rows`` / oneDNN / MKL: 1 row 13.4-15.7 / 30.9-35.4 / 30.5-32.6; 4 rows 20.5-22.5 /
 29.7-33.1 / 65.1-76.8; 8 rows 25.7-31.7 / 30.8-37.2 / 54.7-82.4; 16 rows 38.4-56.1 / 39.7-45.3
 (no gain, hence ``ROWS_MAX = 8``); the LM head (49,152 x 576) at 1 row 4.5 / 10.8 / 5.6.
@@ -48,6 +49,7 @@ __all__ = [
     "MKL_ONLY",
     "Library",
     "ProductChoice",
+    "choose_prefix_attention",
     "choose_products",
     "onednn_linear",
     "onednn_problem",
@@ -219,7 +221,7 @@ def choose_products(weight: torch.Tensor, *, rows_kernel: _Product | None = None
     default, by timing ``weight`` (``[N, K]`` fp32 CPU, as the forward stores it: pass the
     largest) through both at 16 and 512 rows (five alternating runs each after a warm-up, the
     fastest of each kept). oneDNN is chosen for a class when it took under 90% of MKL's time.
-    With ``rows_kernel`` (the native ``linear_rows``; None where it is not built with AVX-512)
+    With ``rows_kernel`` (the native ``linear_rows``; None where the kernels are scalar or off)
     it is timed against the few-row library at 4 rows too, and ``rows`` set to ``ROWS_MAX``
     when it took under 90% of that library's time. About 0.1-0.3 s on W1's gate-up weight, once
     per process for each weight shape, thread count and kernel presence (later loads reuse the
@@ -284,3 +286,54 @@ def _measured_choice(
     reason += (f"; {_ROWS_PROBE} rows linear_rows {rows_s * 1e3:.2f} vs {name} "
                f"{lib_s * 1e3:.2f} ms")  # fmt: skip
     return ProductChoice(few, many, reason, ROWS_MAX if rows_s < _MARGIN * lib_s else 0)
+
+
+PrefixAttention = Callable[..., object]
+_PREFIX_PROBE = (512, 1024)  # queries per KV head, shared keys: a burst's cascade, scaled down
+_PREFIX_MEASURED: dict[tuple[int, int, int, str], tuple[bool, str]] = {}
+
+
+def choose_prefix_attention(
+    native: PrefixAttention, flash: PrefixAttention, num_kv_heads: int, head_dim: int, isa: str
+) -> tuple[bool, str]:
+    """Whether a packed prefill's shared prefix (the cascade, ``CompactLlama.forward_packed``)
+    is attended in the native ``prefix_attention`` rather than torch's flash kernel, and why:
+    timed once per process for each (KV heads, head dim, torch threads, ISA) on 512 queries per
+    KV head over 1,024 keys (five alternating runs after a warm-up, the fastest of each); the
+    native kernel is kept where it took under 90% of the flash kernel's time. Both give the
+    same numbers within float32 rounding. Never raises.
+
+    Args:
+        native: ``NativeKernels.prefix_attention``.
+        flash: ``compact_llama._lse_attention`` (torch's CPU flash kernel, with the LSE).
+        num_kv_heads, head_dim: The model's.
+        isa: ``NativeKernels.isa`` (part of the key: each ISA's build is measured on its own).
+
+    NOTE: the winner depends on the CPU, hence the measurement. At W1's shapes (3 KV heads of 64,
+    1,920 queries per head, 1,360 keys, 2 threads, same run), native vs flash: AMD EPYC (Zen 4)
+    AVX-512 9.2 vs 13.3 ms; Intel Xeon (Sapphire Rapids) AVX-512 22.9 vs 12.1 ms, AVX2 31.5 vs
+    12.1 ms; AMD EPYC (Zen 3) AVX2 17.2 vs 14.6 ms.
+    """
+    if head_dim % 16 or head_dim > 128:
+        return False, f"head dim {head_dim} is not a multiple of 16 up to 128"
+    key = (num_kv_heads, head_dim, torch.get_num_threads(), isa)
+    with _MEASURING:
+        if key not in _PREFIX_MEASURED:
+            _PREFIX_MEASURED[key] = _measure_prefix_attention(native, flash, num_kv_heads, head_dim)
+        return _PREFIX_MEASURED[key]
+
+
+def _measure_prefix_attention(
+    native: PrefixAttention, flash: PrefixAttention, heads: int, head_dim: int
+) -> tuple[bool, str]:
+    queries, keys = _PREFIX_PROBE
+    generator = torch.Generator().manual_seed(head_dim)  # NOTE: the caller's stream untouched
+    q, k, v = (torch.randn(heads, n, head_dim, generator=generator) for n in (queries, keys, keys))
+    scale = head_dim**-0.5
+    with torch.no_grad():
+        native_s, flash_s = _best_of(
+            lambda: native(q, k, v, scale), lambda: flash(q[None], k[None], v[None], None, scale)
+        )
+    use = native_s < _MARGIN * flash_s
+    why = f"measured at {heads} x {queries} queries over {keys} keys: native {native_s * 1e3:.2f}"
+    return use, f"{why} vs torch's flash kernel {flash_s * 1e3:.2f} ms"

@@ -195,9 +195,9 @@ class ModelRunner:
                 (``round_weights_bf16``); on the compact forward with the native kernels, decode
                 steps then read packed bf16 copies (half the weight bytes). Elsewhere it only
                 rounds (the same answers, no speed-up). ``"float32-packed"`` keeps the weights
-                and, on the compact forward with the native kernels built with AVX-512, a packed
-                fp32 copy that products of up to 64 rows read (``CompactLlama``'s ``packed``);
-                elsewhere it changes nothing (the start line says why).
+                and, on the compact forward with vectorized native kernels (any ISA but scalar),
+                a packed fp32 copy that products of up to 64 rows read (``CompactLlama``'s
+                ``packed``); elsewhere it changes nothing (the start line says why).
 
         Raises:
             ValueError: ``forward="compact"`` on a model ``compact_blocker`` refuses, an unknown
@@ -233,7 +233,7 @@ class ModelRunner:
         load: ``fp32_products.choose_products``); None off the compact forward or not fp32 on
         the CPU (torch's own choice)."""
         if why is None and is_fp32_cpu:
-            rows = native.linear_rows if native is not None and native.packed_vectorized else None
+            rows = native.linear_rows if native is not None and native.is_vectorized else None
             self.products = choose_products(_largest_linear(model), rows_kernel=rows)
         self.compact = (
             CompactLlama(model, native=native, packed=_PACKED.get(weights), products=self.products)

@@ -178,7 +178,7 @@ def _weights(runner: Any) -> str:
     if compact is not None and compact.packed_products:
         return ", float32-packed weights"
     why = ("transformers forward" if compact is None
-           else "no native kernels" if compact.native is None else "no AVX-512")  # fmt: skip
+           else "no native kernels" if compact.native is None else "scalar kernels")  # fmt: skip
     return f", float32-packed weights unused ({why})"
 
 

@@ -16,6 +16,7 @@ import torch
 
 from runtime.engine import Engine
 from tests.conftest import VOCAB_SIZE, save_tiny_model
+from tests.runtime.kernel_isas import chosen_kernels
 from tests.runtime.test_engine_exactness import assert_same_answer, run
 
 PROMPTS = [
@@ -99,7 +100,7 @@ def test_decode_attention_equals_sdpa_over_rows_of_different_lengths(
     torch.manual_seed(0)
     self = CompactLlama.__new__(CompactLlama)  # NOTE: ``attend`` reads only these two
     self.scale = 64**-0.5
-    self.native = required_native_kernels() if path == "native" else None
+    self.native = chosen_kernels() if path == "native" else None
     rows, heads, kv_heads, length = 3, 6, 2, 40
     q = torch.randn(rows, heads, 1, 64).to(dtype)
     k = torch.randn(rows, kv_heads, length, 64).to(dtype)
@@ -116,19 +117,6 @@ def test_decode_attention_equals_sdpa_over_rows_of_different_lengths(
         got = CompactLlama.attend(self, q, k, v, mask)
         assert got.dtype == dtype and got.shape == (rows, heads, 1, 64)
         torch.testing.assert_close(got.float(), want.to(dtype).float(), atol=tol, rtol=tol)
-
-
-def required_native_kernels() -> Any:
-    """The native kernels; a test machine must build them (skipped only when turned off)."""
-    import os
-
-    from runtime.kernels import DISABLE_ENV, native_kernels, native_status
-
-    if os.environ.get(DISABLE_ENV) == "0":
-        pytest.skip(f"{DISABLE_ENV}=0")
-    kernels = native_kernels()
-    assert kernels is not None, native_status().reason
-    return kernels
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -23,13 +23,14 @@ from runtime.fp32_products import (
     PRODUCTS_ENV,
     ROWS_MAX,
     ProductChoice,
+    choose_prefix_attention,
     choose_products,
     onednn_linear,
     onednn_problem,
 )
 from runtime.serve.cli import _runs
 from tests.conftest import save_tiny_model
-from tests.runtime.test_compact_forward import required_native_kernels
+from tests.runtime.kernel_isas import KERNEL_ISAS, chosen_kernels, isa_kernels
 from tests.runtime.test_native_kernels import _model
 from tests.runtime.test_packed_weights import _prefill, _step, assert_batched_hits_match
 
@@ -146,7 +147,7 @@ def test_every_product_follows_the_choice(arch: str) -> None:
     the library chosen for its row count, and give the same logits as MKL within float32
     tolerance (Qwen2: QKV biases)."""
     _required_onednn()
-    kernels = required_native_kernels()
+    kernels = chosen_kernels()
     model = _model(arch, 4, 2, 16)
     mkl = CompactLlama(copy.deepcopy(model), native=kernels)
     dnn = ProductChoice("onednn", "onednn", "test")
@@ -176,7 +177,7 @@ def test_engine_on_either_library_matches_its_model(
     within float32 tolerance, on either library; the start line names oneDNN."""
     if library == "onednn":
         _required_onednn()
-    required_native_kernels()
+    chosen_kernels()
     setting.setenv(PRODUCTS_ENV, library)
     path = save_tiny_model(arch, tmp_path)
     engine = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 22, block_size=4)
@@ -191,7 +192,8 @@ def test_packed_start_line_names_only_prefill(tmp_path: Path, setting: pytest.Mo
     """With float32-packed weights the few-row products read the copies, so oneDNN chosen for
     them is not claimed on the start line."""
     _required_onednn()
-    required_native_kernels()
+    if not chosen_kernels().is_vectorized:
+        pytest.skip("scalar kernels keep no packed copies (test_no_copies_where_nothing_...)")
     setting.setenv(PRODUCTS_ENV, "onednn")
     path = str(save_tiny_model("llama", tmp_path))
     engine = Engine.from_pretrained(path, weights="float32-packed")
@@ -227,16 +229,17 @@ def test_measuring_takes_the_faster_library(setting: pytest.MonkeyPatch) -> None
     assert choose_products(weight.clone())[:2] == ("onednn", "mkl")
 
 
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, ROWS_MAX, ROWS_MAX + 1])
 @pytest.mark.parametrize(
     ("n", "k"), [(200, 576), (2048 + 40, 64), (2048 + 40, 576), (17, 130), (5000, 7)]
 )
-def test_linear_rows_matches_float64(rows: int, n: int, k: int) -> None:
+def test_linear_rows_matches_float64(isa: str, rows: int, n: int, k: int) -> None:
     """``linear_rows`` over an input-major weight against a float64 product, as close as MKL's:
     rows in and out of its 4-row groups, columns past a whole vector and past a 2,048-column
     tile, K not a multiple of its 8-input passes and below 64 per thread (one partial sum),
     a bias and a 3-D input."""
-    kernels = required_native_kernels()
+    kernels = isa_kernels(isa)
     torch.manual_seed(rows * n + k)
     weight, bias, x = torch.randn(k, n).t(), torch.randn(n), torch.randn(rows, 1, k)
     want = x.double() @ weight.double().t() + bias.double()
@@ -248,11 +251,12 @@ def test_linear_rows_matches_float64(rows: int, n: int, k: int) -> None:
     assert (no_bias.double() - (want - bias.double())).abs().max().item() < tol
 
 
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize("threads", [1, 3])
-def test_linear_rows_on_other_thread_counts(threads: int) -> None:
+def test_linear_rows_on_other_thread_counts(isa: str, threads: int) -> None:
     """One thread (no partial sums) and three (a K range that does not split evenly), with
     columns past a 2,048-column tile."""
-    kernels = required_native_kernels()
+    kernels = isa_kernels(isa)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -268,14 +272,15 @@ def test_linear_rows_on_other_thread_counts(threads: int) -> None:
 def test_rows_timing_takes_a_row_major_weight(setting: pytest.MonkeyPatch) -> None:
     """The timing copies the weight input-major, whatever its own layout (a caller other than
     the engine may pass a row-major one); it never raises."""
-    kernels = required_native_kernels()
+    kernels = chosen_kernels()
     setting.setattr(fp32_products, "_MEASURED", {})
     choice = choose_products(torch.randn(96, 64), rows_kernel=kernels.linear_rows)
     assert "linear_rows" in choice.reason
 
 
-def test_linear_rows_refuses_other_layouts_and_types() -> None:
-    kernels = required_native_kernels()
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+def test_linear_rows_refuses_other_layouts_and_types(isa: str) -> None:
+    kernels = isa_kernels(isa)
     weight, x = torch.randn(64, 32).t(), torch.randn(2, 64)  # [32, 64] input-major
     assert kernels.linear_rows(x, weight, None).shape == (2, 32)
     for bad_x, bad_w, bias, words in (
@@ -293,7 +298,7 @@ def test_linear_rows_refuses_other_layouts_and_types() -> None:
 def test_rows_choice_and_label(setting: pytest.MonkeyPatch) -> None:
     """``linear_rows`` is measured against the few-row library at 4 rows and kept only under 90%
     of its time; forcing a library (or no kernel) leaves it out; the label names it."""
-    kernels = required_native_kernels()
+    kernels = chosen_kernels()
     weight = torch.randn(96, 64).t()
     for rows_time, rows in ((0.5, ROWS_MAX), (0.95, 0)):
         times = iter([(1.0, 1.0), (1.0, 1.0), (1.0, rows_time)])  # 16, 512 rows, then 4
@@ -313,12 +318,13 @@ def test_rows_choice_and_label(setting: pytest.MonkeyPatch) -> None:
     assert both.describe(packed=True) == "oneDNN products for prefill"
 
 
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_few_row_products_follow_the_rows_choice(arch: str) -> None:
+def test_few_row_products_follow_the_rows_choice(isa: str, arch: str) -> None:
     """With ``rows`` chosen, a decode step (the C++ loop) and a prefill (the Python path) of at
     most ``ROWS_MAX`` rows dispatch no library product at all, LM head included; one more row
     goes back to the library; the logits equal MKL's within float32 tolerance."""
-    kernels = required_native_kernels()
+    kernels = isa_kernels(isa)
     model = _model(arch, 4, 2, 16)
     mkl = CompactLlama(copy.deepcopy(model), native=kernels)
     rows = CompactLlama(model, native=kernels, products=MKL_ONLY._replace(rows=ROWS_MAX))
@@ -334,14 +340,46 @@ def test_engine_with_linear_rows_matches_its_model(
 ) -> None:
     """An engine whose measurement kept ``linear_rows`` (fake timings): batched decode steps,
     prefix-cache misses then hits, prompts of few and many tokens all give the model's own
-    transformers logits within float32 tolerance; the start line names it."""
-    required_native_kernels()
+    transformers logits within float32 tolerance; the start line names it. (The scalar kernels'
+    ``linear_rows`` is never measured: it is slower than either library.)"""
+    vectorized = chosen_kernels().is_vectorized
     setting.setattr(fp32_products, "_MEASURED", {})
     setting.setattr(fp32_products, "_best_of", lambda *_: (1.0, 0.5))
     path = save_tiny_model(arch, tmp_path)
     engine = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 22, block_size=4)
     products = engine.runner.products
-    assert products is not None and products.rows == ROWS_MAX
-    assert _runs(engine).endswith(f"linear_rows up to {ROWS_MAX} rows)")
+    assert products is not None and products.rows == (ROWS_MAX if vectorized else 0)
+    assert _runs(engine).endswith(f"linear_rows up to {ROWS_MAX} rows)") == vectorized
     assert_batched_hits_match(engine, (21, FEW_ROWS + 14, 9))
     engine.close()
+
+
+def test_prefix_attention_is_measured_against_torch_flash(setting: pytest.MonkeyPatch) -> None:
+    """The cascade's shared prefix goes to the native ``prefix_attention`` only where it took
+    under 90% of torch's flash kernel's time (the winner depends on the CPU), measured once per
+    (KV heads, head dim, threads, ISA); a head dim the kernel does not take is never timed."""
+    times = iter([(0.5, 1.0), (0.95, 1.0)])  # (native, flash) seconds
+    setting.setattr(fp32_products, "_best_of", lambda *_: next(times))
+    setting.setattr(fp32_products, "_PREFIX_MEASURED", {})
+
+    def never(*_: object) -> None:
+        raise AssertionError("not called: _best_of is faked")
+
+    assert choose_prefix_attention(never, never, 3, 64, "avx2")[0]
+    assert choose_prefix_attention(never, never, 3, 64, "avx2")[0]  # measured once
+    use, why = choose_prefix_attention(never, never, 2, 64, "avx2")
+    assert not use and why.startswith("measured at 2 x 512 queries over 1024 keys")
+    assert choose_prefix_attention(never, never, 3, 24, "avx2") == (
+        False, "head dim 24 is not a multiple of 16 up to 128")  # fmt: skip
+
+
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+def test_prefix_attention_choice_on_real_kernels(isa: str, setting: pytest.MonkeyPatch) -> None:
+    """Timed for real, either answer can win here; the compact forward records it and why."""
+    from runtime.compact_llama import CompactLlama
+
+    kernels = isa_kernels(isa)
+    setting.setattr(fp32_products, "_PREFIX_MEASURED", {})
+    compact = CompactLlama(_model("llama", 4, 2, 16), native=kernels)
+    assert isinstance(compact.native_prefix_attention, bool)
+    assert compact.prefix_attention_reason.startswith("measured at 2 x 512 queries")

@@ -1,20 +1,17 @@
-"""The C++ kernels of the compact forward (``runtime.kernels``): the decode attention against a
-float64 reference over every shape class it has code for, the C++ layer loop against the Python
-one (within float32 rounding), and the loader's fallbacks."""
+"""The C++ kernels of the compact forward (``runtime.kernels``), on every ISA this CPU runs
+(``kernel_isas.py``): the decode attention against a float64 reference over every shape class it
+has code for, the prefix attention against torch's flash kernel, and the C++ layer loop against
+the Python one (within float32 rounding). The loader: ``test_kernel_build.py``."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from typing import Any
 
 import pytest
 import torch
 
 from runtime.compact_llama import CompactLlama, StepSlots
-from tests.runtime.test_compact_forward import required_native_kernels
+from tests.runtime.kernel_isas import KERNEL_ISAS, isa_kernels
 
 NEG_INF = float("-inf")
 
@@ -30,15 +27,16 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.einsum("bht,bhtd->bhd", torch.softmax(scores, dim=-1), vv)
 
 
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize(
     ("group", "head_dim", "length"),
     [(3, 64, 2001), (1, 64, 256), (4, 128, 257), (5, 128, 600), (2, 8, 1), (7, 40, 300)],
 )
-def test_decode_attention_matches_float64(group: int, head_dim: int, length: int) -> None:
+def test_decode_attention_matches_float64(isa: str, group: int, head_dim: int, length: int) -> None:
     """Strided K/V views of a slot buffer (as a batched step reads them), three rows: one with
     no mask entry, one shorter than the rest, one with a hole covering a whole block of keys;
     head dims with (64, 128) and without an unrolled loop, 1 to 7 queries per KV head."""
-    kernels = required_native_kernels()
+    kernels = isa_kernels(isa)
     torch.manual_seed(group * 1000 + head_dim + length)
     rows, kv_heads, capacity = 3, 2, length + 37
     buffer = torch.randn(2, rows + 1, kv_heads, capacity, head_dim)  # NOTE: a spare row
@@ -57,17 +55,18 @@ def test_decode_attention_matches_float64(group: int, head_dim: int, length: int
         torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-5)
 
 
-def test_decode_attention_fully_masked_row_is_zeros_and_bad_input_raises() -> None:
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+def test_decode_attention_fully_masked_row_is_zeros_and_bad_input_raises(isa: str) -> None:
     """A row with no key to attend to gets zeros (torch's softmax gives NaN) and leaves the
     other rows alone; wrong dtypes and shapes raise instead of reading out of bounds."""
-    kernels = required_native_kernels()
+    kernels = isa_kernels(isa)
     q, k, v = torch.randn(2, 4, 16), torch.randn(2, 2, 300, 16), torch.randn(2, 2, 300, 16)
     mask = torch.zeros(2, 300)
     mask[0] = NEG_INF
     got = kernels.decode_attention(q, k, v, mask, 0.25)
     assert torch.equal(got[0], torch.zeros(4, 16))
     torch.testing.assert_close(
-        got[1:].double(), reference_attention(q[1:], k[1:], v[1:], None, 0.25)
+        got[1:].double(), reference_attention(q[1:], k[1:], v[1:], None, 0.25), atol=2e-6, rtol=1e-5
     )
     with pytest.raises(RuntimeError, match="fp32"):
         kernels.decode_attention(q.double(), k, v, None, 0.25)
@@ -80,12 +79,13 @@ def test_decode_attention_fully_masked_row_is_zeros_and_bad_input_raises() -> No
         kernels.decode_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, None, 0.25)
 
 
-def test_shared_prefix_is_read_from_the_source_row() -> None:
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+def test_shared_prefix_is_read_from_the_source_row(isa: str) -> None:
     """Rows whose keys ``[0, shared)`` copy row 0's: declaring it gives the same numbers as not,
     within float32 rounding (the rows reading a block from row 0 run as one group). Declared
     over rows that differ, the whole blocks inside the shared range are really read from the
     source row, and nothing else is."""
-    kernels = required_native_kernels()
+    kernels = isa_kernels(isa)
     torch.manual_seed(7)
     rows, kv_heads, group, d, length, shared = 4, 2, 3, 64, 700, 600
     buffer = torch.randn(2, rows, kv_heads, length + 5, d)
@@ -113,16 +113,19 @@ def test_shared_prefix_is_read_from_the_source_row() -> None:
     assert (got[3] - plain[3]).abs().max().item() > 1e-2
 
 
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize(
     ("rows", "group", "head_dim"),
     [(20, 4, 64), (6, 7, 128), (9, 2, 80), (5, 3, 24), (2, 1, 16), (4, 2, 48), (3, 3, 32)],
 )
-def test_rows_sharing_a_block_run_as_one_group(rows: int, group: int, head_dim: int) -> None:
+def test_rows_sharing_a_block_run_as_one_group(
+    isa: str, rows: int, group: int, head_dim: int
+) -> None:
     """Many rows reading whole blocks from one source row, against float64: more queries than
     one pass holds (20 x 4 = 80), head dims of one to eight vectors (a pass takes four) and one
     that no group takes (24), a row that declares nothing (it reads its own keys), a row whose
     mask masks a key of a shared block (it runs alone), and the source row's own masked tail."""
-    kernels = required_native_kernels()
+    kernels = isa_kernels(isa)
     torch.manual_seed(rows * 100 + group * 10 + head_dim)
     kv_heads, length, shared = 2, 900, 780
     buffer = torch.randn(2, rows, kv_heads, length, head_dim)
@@ -143,8 +146,9 @@ def test_rows_sharing_a_block_run_as_one_group(rows: int, group: int, head_dim: 
         torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-5)
 
 
-def test_shared_prefix_arguments_are_checked() -> None:
-    kernels = required_native_kernels()
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+def test_shared_prefix_arguments_are_checked(isa: str) -> None:
+    kernels = isa_kernels(isa)
     q, k, v = torch.randn(2, 4, 16), torch.randn(2, 2, 300, 16), torch.randn(2, 2, 300, 16)
     ok_src, ok_shared = torch.tensor([0, 0]), torch.tensor([0, 256])
     with pytest.raises(RuntimeError, match="together"):
@@ -158,10 +162,11 @@ def test_shared_prefix_arguments_are_checked() -> None:
         kernels.decode_attention(q, k, v, None, 0.25, torch.tensor([0]), torch.tensor([0]))
 
 
-def test_tensors_off_the_cpu_are_refused_before_any_read() -> None:
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+def test_tensors_off_the_cpu_are_refused_before_any_read(isa: str) -> None:
     """A tensor on another device (a CUDA one would be read from host memory and crash the
     process; the meta device stands in for it here) is refused by name, in both kernels."""
-    kernels = required_native_kernels()
+    kernels = isa_kernels(isa)
     q, k, v = torch.randn(1, 2, 8), torch.randn(1, 1, 5, 8), torch.randn(1, 1, 5, 8)
     with pytest.raises(RuntimeError, match="CPU tensors only"):
         kernels.decode_attention(q, k, v, torch.zeros(1, 5, device="meta"), 0.3)
@@ -184,19 +189,18 @@ def _model(arch: str, heads: int, kv_heads: int, head_dim: int) -> Any:
     return LlamaForCausalLM(LlamaConfig(attention_bias=True, **shape)).eval()
 
 
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize(
     ("arch", "heads", "kv_heads", "head_dim"),
     [("llama", 9, 3, 64), ("qwen2", 4, 2, 8), ("llama", 10, 2, 128), ("qwen2", 2, 2, 24)],
 )
 def test_layer_loop_in_cpp_equals_the_python_loop(
-    arch: str, heads: int, kv_heads: int, head_dim: int
+    isa: str, arch: str, heads: int, kv_heads: int, head_dim: int
 ) -> None:
     """One batched decode step of three rows at different positions (one with a masked tail):
     ``DecodeLayers`` returns the logits and writes the K/V of the Python loop over ``write_kv``,
     within float32 rounding, and touches no other slot of the buffer."""
-    compact = CompactLlama(
-        _model(arch, heads, kv_heads, head_dim), native=required_native_kernels()
-    )
+    compact = CompactLlama(_model(arch, heads, kv_heads, head_dim), native=isa_kernels(isa))
     layers, rows, capacity = len(compact.layers), 3, 64
     start = torch.randn(layers, 2, rows + 1, kv_heads, capacity, head_dim)
     ids = torch.tensor([[5], [17], [99]])
@@ -233,9 +237,10 @@ def test_layer_loop_in_cpp_equals_the_python_loop(
     assert torch.equal(got_kv[~written], start[~written])  # nothing else moved
 
 
-def test_layer_loop_refuses_a_row_or_position_outside_the_buffer() -> None:
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+def test_layer_loop_refuses_a_row_or_position_outside_the_buffer(isa: str) -> None:
     """A bad slot is an error of that step, never a write past the buffer."""
-    compact = CompactLlama(_model("llama", 4, 2, 8), native=required_native_kernels())
+    compact = CompactLlama(_model("llama", 4, 2, 8), native=isa_kernels(isa))
     buffer = torch.zeros(len(compact.layers), 2, 2, 2, 16, 8)
     ids, allowed = torch.tensor([[3]]), torch.ones(1, 1, 1, 16, dtype=torch.bool)
     for row, pos in ((2, 0), (0, 16), (-1, 0)):
@@ -245,12 +250,13 @@ def test_layer_loop_refuses_a_row_or_position_outside_the_buffer() -> None:
     assert not buffer.any()
 
 
-def test_layer_loop_checks_hidden_size_and_reads_h_row_major() -> None:
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+def test_layer_loop_checks_hidden_size_and_reads_h_row_major(isa: str) -> None:
     """``DecodeLayers`` is public (``native_kernels().decode_layers``): an ``h`` or a norm weight
     of another hidden size is a RuntimeError, not a read past the weights (a 4M-wide ``h``
     segfaulted), and a permuted ``h`` gives the contiguous one's result (it was read as if
     row-major)."""
-    kernels = required_native_kernels()
+    kernels = isa_kernels(isa)
     compact = CompactLlama(_model("llama", 4, 2, 8), native=kernels)
     parts = [list(p) for p in zip(*compact.layers, strict=True)]
     layers = kernels.decode_layers(*parts, 4, 2, 8, compact.eps, compact.scale, [], 0, 1, 0, 0)
@@ -269,83 +275,7 @@ def test_layer_loop_checks_hidden_size_and_reads_h_row_major() -> None:
         kernels.decode_layers(*parts, 4, 2, 8, compact.eps, compact.scale, [], 0, 1, 0, 0)
 
 
-def _status_in_child(**env: str) -> str:
-    code = ("from runtime.kernels import native_kernels, native_status; "
-            "print(native_kernels() is None, native_status().reason)")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=900, check=True)  # fmt: skip
-    return done.stdout.strip()
-
-
-def test_a_damaged_cached_library_is_built_again(tmp_path: Any) -> None:
-    """A truncated library in the kernel dir (a damaged disk or copy) is rebuilt, not loaded and
-    not left to fail every later start. The build dir of a build killed two hours ago goes with
-    it (a SIGTERM during a first start left one behind for good); a fresh one, maybe another
-    process's build in progress, and other files stay."""
-    from runtime.kernels import _key
-
-    target = tmp_path / f"agentcache_decode_attention_{_key()}.so"
-    target.write_bytes(b"\x7fELF truncated")
-    stale, busy = (
-        tmp_path / ".agentcache_decode_attention_0a1b-x1",
-        tmp_path / ".agentcache_decode_attention_0a1b-x2",
-    )
-    for folder in (stale, busy):
-        folder.mkdir()
-        (folder / "build.ninja").write_text("")
-    two_hours_ago = time.time() - 7200
-    os.utime(stale, (two_hours_ago, two_hours_ago))
-    (tmp_path / "notes.txt").write_text("mine")
-    out = _status_in_child(AGENTCACHE_KERNEL_DIR=str(tmp_path))
-    assert out == f"False {target}"
-    assert target.stat().st_size > 10_000
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [target.name, busy.name, "notes.txt"]
-    )
-
-
-def test_a_directory_where_the_library_goes_fails_fast(tmp_path: Any) -> None:
-    """A directory at the library's path could never be replaced by a build: the loader says so
-    at once instead of compiling for a minute and failing on every start."""
-    from runtime.kernels import _key
-
-    (tmp_path / f"agentcache_decode_attention_{_key()}.so").mkdir()
-    out = _status_in_child(AGENTCACHE_KERNEL_DIR=str(tmp_path))
-    assert out.startswith("True native kernels: ") and out.endswith("exists and is not a file")
-    assert [p.name for p in tmp_path.iterdir()] == [f"agentcache_decode_attention_{_key()}.so"]
-
-
-def test_kernels_turned_off_or_unbuildable_leave_the_torch_path(tmp_path: Any) -> None:
-    """``AGENTCACHE_NATIVE_KERNELS=0`` (or off, or a value it does not understand) and a kernel
-    dir that cannot be created all give None with the reason, never an exception."""
-    assert _status_in_child(AGENTCACHE_NATIVE_KERNELS="0") == "True AGENTCACHE_NATIVE_KERNELS=0"
-    assert _status_in_child(AGENTCACHE_NATIVE_KERNELS="Off") == "True AGENTCACHE_NATIVE_KERNELS=Off"
-    # NOTE: a value it does not understand is not taken as on ('flase' built and loaded them).
-    out = _status_in_child(AGENTCACHE_NATIVE_KERNELS="flase")
-    assert out == "True AGENTCACHE_NATIVE_KERNELS='flase' is not 0 or 1"
-    blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
-    out = _status_in_child(AGENTCACHE_KERNEL_DIR=str(blocker / "kernels"))
-    assert out.startswith("True native kernel build failed (") and "Error" in out
-
-
-def test_no_compiler_is_named_at_once(tmp_path: Any) -> None:
-    """Without a C++ compiler on PATH the reason names it (it was the start of a 700-character
-    compiler command line, cut before ninja's 'c++: not found'), nothing is built and torch's
-    compiler-compatibility warning is not printed; stderr says the torch path runs, and why."""
-    env = {**os.environ, "PATH": str(tmp_path), "AGENTCACHE_KERNEL_DIR": str(tmp_path / "k")}
-    env.pop("CXX", None)
-    code = "from runtime.kernels import native_status; print(native_status().reason)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=300, check=True)  # fmt: skip
-    assert done.stdout.strip() == (
-        "native kernel build failed (FileNotFoundError: no C++ compiler: 'c++' not found on "
-        "PATH (install g++, or set CXX))"
-    )
-    assert "WARNING" not in done.stderr and not (tmp_path / "k").exists()
-    assert done.stderr == f"agentcache: {done.stdout.strip()}; decode runs on the torch path\n"
-
-
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize(
     ("heads", "queries", "keys", "head_dim", "spread"),
     [
@@ -358,7 +288,7 @@ def test_no_compiler_is_named_at_once(tmp_path: Any) -> None:
     ],
 )
 def test_prefix_attention_matches_torch_flash(
-    heads: int, queries: int, keys: int, head_dim: int, spread: float
+    isa: str, heads: int, queries: int, keys: int, head_dim: int, spread: float
 ) -> None:
     """``prefix_attention`` against torch's CPU flash kernel (what the cascade used before):
     outputs and log-sum-exp within float32 rounding, on K/V that are views into a larger cache
@@ -366,7 +296,7 @@ def test_prefix_attention_matches_torch_flash(
     that an unshifted softmax would overflow."""
     from runtime.compact_llama import _lse_attention
 
-    kernels = required_native_kernels()
+    kernels = isa_kernels(isa)
     torch.manual_seed(queries + keys)
     cache = torch.randn(2, heads, keys + 9, head_dim)
     k, v = cache[0, :, 5 : 5 + keys], cache[1, :, 5 : 5 + keys]
@@ -378,8 +308,9 @@ def test_prefix_attention_matches_torch_flash(
     torch.testing.assert_close(lse, want_lse[0], atol=1e-4 * spread, rtol=1e-5)
 
 
-def test_prefix_attention_refuses_bad_input() -> None:
-    kernels = required_native_kernels()
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+def test_prefix_attention_refuses_bad_input(isa: str) -> None:
+    kernels = isa_kernels(isa)
     q, k = torch.randn(2, 5, 64), torch.randn(2, 9, 64)
     with pytest.raises(RuntimeError, match="multiple of 16 up to 128"):
         kernels.prefix_attention(torch.randn(2, 5, 20), torch.randn(2, 9, 20),

@@ -17,7 +17,7 @@ from runtime.batch_kv import BatchKV
 from runtime.engine import Engine
 from runtime.sampling import SamplingParams
 from tests.conftest import EOS_ID, VOCAB_SIZE, make_tokenizer
-from tests.runtime.test_compact_forward import required_native_kernels
+from tests.runtime.kernel_isas import chosen_kernels
 from tests.runtime.test_engine_exactness import TOL
 
 PREFIX = [(7 * i + 5) % (VOCAB_SIZE - 3) + 3 for i in range(600)]
@@ -39,7 +39,7 @@ def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         model = LlamaForCausalLM(LlamaConfig(**shape))
     model.save_pretrained(path)
     make_tokenizer().save_pretrained(path)
-    required_native_kernels()
+    chosen_kernels()
     eng = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 24, block_size=16)
     assert eng.runner.decode_attention == "native", eng.runner.decode_attention
     eng.debug_integrity = True
@@ -113,8 +113,8 @@ def test_cascade_prefill_matches_per_segment_attention(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The packed prefill over the 592 shared positions, attended once (cascade, the shared
-    part in the native ``prefix_attention``) or per segment: every step's logits within the
-    suite's tolerance, the same greedy tokens."""
+    part in the native ``prefix_attention``, used here whatever this ISA's default) or per
+    segment: every step's logits within the suite's tolerance, the same greedy tokens."""
     calls, native_calls = [], []
     cascade = compact_llama.CompactLlama._attend_cascade
     compact = engine.runner.compact
@@ -132,6 +132,7 @@ def test_cascade_prefill_matches_per_segment_attention(
     with monkeypatch.context() as m:
         m.setattr(compact_llama.CompactLlama, "_attend_cascade", spy)
         m.setattr(compact, "native", compact.native._replace(prefix_attention=native_spy))
+        m.setattr(compact, "native_prefix_attention", True)
         tokens, logits, _, packed = run_batch(engine)
     assert packed >= compact_llama.CASCADE_MIN_SHARED and calls == [packed] * 2  # two layers
     assert native_calls == [packed] * 2

@@ -280,7 +280,9 @@ def test_weights_reach_the_engine_and_bad_ones_are_refused(model_dir: Path) -> N
     assert packed.engine.runner.weights == "float32-packed"
     assert plain.engine.runner.weights == "float32"
     compact = packed.engine.runner.compact
-    assert compact is not None and compact.packed_products == (compact.native is not None)
+    assert compact is not None
+    native = compact.native
+    assert compact.packed_products == (native is not None and native.is_vectorized)
     got, want = packed.complete("What is json?", options), plain.complete("What is json?", options)
     assert got.text == want.text and got.usage.completion_tokens == want.usage.completion_tokens
     packed.close()

@@ -1,0 +1,524 @@
+// Attention kernels of agentcache's compact forward, fp32, one source for every ISA (vec.h).
+//
+// decode_attention: one query per row over grouped KV heads (a decode step), flash-decoding
+// layout. Every (row, KV head, block of kBlock keys) is one work item on the configured threads;
+// each item computes the scores of the H / H_kv queries that share the KV head, a block-local
+// softmax (max, sum) and the weighted sum of V; a serial merge rescales the blocks by
+// exp(block max - global max). K and V are read once per KV head and never expanded. A block
+// whose additive mask is -inf everywhere is skipped (rows of a batched step shorter than the
+// longest row read nothing past their end). Rows that read one block of keys from the same source
+// row (a shared prefix) are one work item: their queries together against the block, as two
+// small register-tiled matrix products (run_group).
+//
+// prefix_attention: many queries to one shared run of keys, no mask (forward_packed's cascade),
+// flash-style with register tiles and an online softmax, returning the log-sum-exp too.
+//
+// Register tiles are counted in native vectors (kW floats) and sized by kRegs, so each ISA gets
+// tiles that fit its register file; the arithmetic (and so the results, within float32 rounding)
+// is the same on every path.
+#include <atomic>
+#include <vector>
+
+#include "cores.h"
+#include "vec.h"
+
+AGENTCACHE_BEGIN
+
+const char* isa_name() { return AGENTCACHE_ISA_NAME; }
+
+namespace {
+
+constexpr int64_t kBlock = 256;  // keys per work item (64 KiB of K at D = 64)
+constexpr int64_t kAhead = 8;    // rows of K / V prefetched ahead of the one in use
+
+// Prefetch the row of `floats` floats at p (one hint per 64-byte line).
+inline void prefetch_row(const float* p, int64_t floats) {
+  for (int64_t d = 0; d < floats; d += 16) __builtin_prefetch(p + d);
+}
+
+struct Item {
+  const float* q;     // [G, D] queries of this KV head
+  const float* k;     // first key of the block; rows `ks` floats apart
+  const float* v;
+  const float* mask;  // [n] additive, or nullptr
+  int64_t ks, vs, n, G, D;
+  float scale;
+  float* block_max;   // [G]
+  float* block_sum;   // [G]
+  float* block_acc;   // [G, D] unnormalized sum of p * V
+};
+
+// P.V of one item: queries per pass and head-dim vectors per pass, accumulators in registers.
+constexpr int kPvVecs = 4;
+constexpr int kPvQueries = std::min(4, (kRegs - kPvVecs - 2) / kPvVecs);
+
+// Queries [g0, g0 + GT) over head dims [d0, d0 + kPvVecs * kW).
+template <int GT>
+void pv_tile(const Item& it, const float* __restrict scores, int64_t g0, int64_t d0) {
+  vf acc[GT][kPvVecs];
+  for (int gi = 0; gi < GT; ++gi)
+    for (int c = 0; c < kPvVecs; ++c) acc[gi][c] = vzero();
+  for (int64_t t = 0; t < it.n; ++t) {
+    const float* __restrict vt = it.v + t * it.vs + d0;
+    if (t + kAhead < it.n) prefetch_row(vt + kAhead * it.vs, kPvVecs * kW);
+    vf vv[kPvVecs];
+    for (int c = 0; c < kPvVecs; ++c) vv[c] = vload(vt + c * kW);
+    for (int gi = 0; gi < GT; ++gi) {
+      const float p = scores[(g0 + gi) * kBlock + t];
+      for (int c = 0; c < kPvVecs; ++c) acc[gi][c] += vv[c] * p;
+    }
+  }
+  for (int gi = 0; gi < GT; ++gi)
+    for (int c = 0; c < kPvVecs; ++c) vstore(it.block_acc + (g0 + gi) * it.D + d0 + c * kW, acc[gi][c]);
+}
+
+// P.V for a head dim that is not a whole number of tiles: plain loops the compiler vectorizes.
+void pv_loops(const Item& it, const float* __restrict scores) {
+  const int64_t D = it.D;
+  std::fill(it.block_acc, it.block_acc + it.G * D, 0.f);
+  for (int64_t t = 0; t < it.n; ++t) {
+    const float* __restrict vt = it.v + t * it.vs;
+    for (int64_t g = 0; g < it.G; ++g) {
+      const float p = scores[g * kBlock + t];
+      float* __restrict ag = it.block_acc + g * D;
+AGENTCACHE_SIMD
+      for (int64_t d = 0; d < D; ++d) ag[d] += p * vt[d];
+    }
+  }
+}
+
+// DC: the head dim known at compile time (0: read it from `it.D`), so the score loop unrolls.
+template <int64_t DC>
+void run_block(const Item& it, float* __restrict scores) {
+  const int64_t D = DC > 0 ? DC : it.D, G = it.G, n = it.n;
+  if (it.mask != nullptr) {
+    bool any = false;
+    for (int64_t t = 0; t < n && !any; ++t) any = it.mask[t] != kNegInf;
+    if (!any) {
+      std::fill(it.block_max, it.block_max + G, kNegInf);
+      std::fill(it.block_sum, it.block_sum + G, 0.f);
+      std::fill(it.block_acc, it.block_acc + G * D, 0.f);
+      return;
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const float* __restrict kt = it.k + t * it.ks;
+    if (t + kAhead < n) prefetch_row(kt + kAhead * it.ks, D);
+    const float add = it.mask != nullptr ? it.mask[t] : 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* __restrict qg = it.q + g * D;
+      float dot = 0.f;
+AGENTCACHE_SIMD_SUM(dot)
+      for (int64_t d = 0; d < D; ++d) dot += qg[d] * kt[d];
+      scores[g * kBlock + t] = dot * it.scale + add;
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* __restrict sg = scores + g * kBlock;
+    float mx = kNegInf;
+    for (int64_t t = 0; t < n; ++t) mx = std::max(mx, sg[t]);
+    float sum = 0.f;
+    if (mx == kNegInf) {
+      std::fill(sg, sg + n, 0.f);
+    } else {
+AGENTCACHE_SIMD_SUM(sum)
+      for (int64_t t = 0; t < n; ++t) {
+        const float e = exp_nonpositive(sg[t] - mx);
+        sg[t] = e;
+        sum += e;
+      }
+    }
+    it.block_max[g] = mx;
+    it.block_sum[g] = sum;
+  }
+  if constexpr (DC > 0 && DC % (kPvVecs * kW) == 0) {
+    for (int64_t g0 = 0; g0 < G; g0 += kPvQueries)
+      for (int64_t d0 = 0; d0 < DC; d0 += kPvVecs * kW) {
+        switch (std::min<int64_t>(kPvQueries, G - g0)) {  // NOTE: exactly the queries left
+          case 4: if constexpr (kPvQueries >= 4) pv_tile<4>(it, scores, g0, d0); break;
+          case 3: if constexpr (kPvQueries >= 3) pv_tile<3>(it, scores, g0, d0); break;
+          case 2: if constexpr (kPvQueries >= 2) pv_tile<2>(it, scores, g0, d0); break;
+          default: pv_tile<1>(it, scores, g0, d0); break;
+        }
+      }
+  } else {
+    pv_loops(it, scores);
+  }
+}
+
+// Rows that read one whole block of keys from the same row (a shared prefix), computed together:
+// their m * G queries become the lanes of vectors, so scores are Q.K^T and the weighted sum P.V
+// as register-tiled products over the block (every key and value loaded once per tile of keys x
+// kGroupLanes queries, not once per query), where run_block pays a horizontal sum per query and
+// key. The numbers equal run_block's within float32 rounding (each score is a sum over the head
+// dim in another order), not to the bit.
+constexpr int64_t kGroupVecs = 4;
+constexpr int64_t kGroupLanes = kGroupVecs * kW;  // queries per pass over the block
+constexpr int kScoreKeys = kRegs >= 32 ? 4 : 2;   // keys per score tile (KT)
+constexpr int kGroupPvVecs = kRegs >= 32 ? 4 : 2;  // head-dim vectors per P.V pass
+constexpr int kGroupPvQueries = 4;
+
+struct GroupQuery {
+  const float* q;  // [D]
+  float* block_max;
+  float* block_sum;
+  float* block_acc;  // [D]
+};
+
+struct GroupScratch {
+  std::vector<float> qt;      // [D][kGroupLanes] the queries, transposed
+  std::vector<float> scores;  // [kBlock][kGroupLanes], then the weights exp(s - max)
+};
+
+// scores[t][lane] = scale * q_lane . k_t over tiles of kScoreKeys keys and NV vectors of queries
+// (kScoreKeys * NV accumulators held in registers across the head dim).
+template <int NV>
+void group_scores(const float* qt, const float* k, int64_t ks, int64_t D, int64_t n, float scale,
+                  float* scores) {
+  static_assert(kBlock % kScoreKeys == 0, "whole tiles of keys");
+  for (int64_t t = 0; t < n; t += kScoreKeys) {
+    vf acc[kScoreKeys][NV];
+    for (int kk = 0; kk < kScoreKeys; ++kk)
+      for (int v = 0; v < NV; ++v) acc[kk][v] = vzero();
+    for (int64_t d = 0; d < D; ++d) {
+      vf qv[NV];
+      for (int v = 0; v < NV; ++v) qv[v] = vload(qt + d * kGroupLanes + v * kW);
+      for (int kk = 0; kk < kScoreKeys; ++kk) {
+        const float kv = k[(t + kk) * ks + d];
+        for (int v = 0; v < NV; ++v) acc[kk][v] += qv[v] * kv;
+      }
+    }
+    for (int kk = 0; kk < kScoreKeys; ++kk)
+      for (int v = 0; v < NV; ++v) vstore(scores + (t + kk) * kGroupLanes + v * kW, acc[kk][v] * scale);
+  }
+}
+
+// acc of queries [q0, q0 + QT) over DV vectors of the head dim from d0: sum_t w[t][q] v_t.
+template <int QT, int DV>
+void group_pv(const float* w, const float* vb, int64_t vs, int64_t n, int64_t q0, int64_t d0,
+              const GroupQuery* queries) {
+  vf acc[QT][DV];
+  for (int qi = 0; qi < QT; ++qi)
+    for (int j = 0; j < DV; ++j) acc[qi][j] = vzero();
+  for (int64_t t = 0; t < n; ++t) {
+    const float* vt = vb + t * vs + d0;
+    if (t + kAhead < n) prefetch_row(vt + kAhead * vs, DV * kW);
+    vf vv[DV];
+    for (int j = 0; j < DV; ++j) vv[j] = vload(vt + j * kW);
+    for (int qi = 0; qi < QT; ++qi) {
+      const float p = w[t * kGroupLanes + q0 + qi];
+      for (int j = 0; j < DV; ++j) acc[qi][j] += vv[j] * p;
+    }
+  }
+  for (int qi = 0; qi < QT; ++qi)
+    for (int j = 0; j < DV; ++j) vstore(queries[q0 + qi].block_acc + d0 + j * kW, acc[qi][j]);
+}
+
+template <int QT>
+void group_pv_dims(const float* w, const float* vb, int64_t vs, int64_t n, int64_t q0, int64_t D,
+                   const GroupQuery* queries) {
+  for (int64_t d0 = 0; d0 < D; d0 += kGroupPvVecs * kW) {
+    switch (std::min<int64_t>(kGroupPvVecs, (D - d0) / kW)) {
+      case 4: if constexpr (kGroupPvVecs >= 4) group_pv<QT, 4>(w, vb, vs, n, q0, d0, queries); break;
+      case 3: if constexpr (kGroupPvVecs >= 3) group_pv<QT, 3>(w, vb, vs, n, q0, d0, queries); break;
+      case 2: group_pv<QT, 2>(w, vb, vs, n, q0, d0, queries); break;
+      default: group_pv<QT, 1>(w, vb, vs, n, q0, d0, queries); break;
+    }
+  }
+}
+
+// The block's keys k / values v (rows ks / vs floats apart, n == kBlock, D % kW == 0) for nq
+// queries, no key masked; writes each query's block max, sum and accumulator as run_block does.
+void run_group(const float* k, const float* v, int64_t ks, int64_t vs, int64_t n, int64_t D,
+               float scale, const GroupQuery* queries, int64_t nq, GroupScratch& scratch) {
+  scratch.qt.resize(D * kGroupLanes);
+  scratch.scores.resize(kBlock * kGroupLanes);
+  float* qt = scratch.qt.data();
+  float* sc = scratch.scores.data();
+  for (int64_t c0 = 0; c0 < nq; c0 += kGroupLanes) {
+    const int64_t m = std::min(kGroupLanes, nq - c0), nv = (m + kW - 1) / kW;
+    const GroupQuery* qs = queries + c0;
+    std::fill(qt, qt + D * kGroupLanes, 0.f);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t d = 0; d < D; ++d) qt[d * kGroupLanes + i] = qs[i].q[d];
+    switch (nv) {
+      case 4: group_scores<4>(qt, k, ks, D, n, scale, sc); break;
+      case 3: group_scores<3>(qt, k, ks, D, n, scale, sc); break;
+      case 2: group_scores<2>(qt, k, ks, D, n, scale, sc); break;
+      default: group_scores<1>(qt, k, ks, D, n, scale, sc); break;
+    }
+    // softmax over the block, lane by lane (every key is unmasked: the max is finite)
+    float mx[kGroupLanes], sum[kGroupLanes];
+    std::fill(mx, mx + kGroupLanes, kNegInf);
+    std::fill(sum, sum + kGroupLanes, 0.f);
+    const int64_t lanes = nv * kW;  // NOTE: lanes past nv * kW hold no score
+    for (int64_t t = 0; t < n; ++t) {
+      const float* st = sc + t * kGroupLanes;
+AGENTCACHE_SIMD
+      for (int64_t i = 0; i < lanes; ++i) mx[i] = std::max(mx[i], st[i]);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      float* st = sc + t * kGroupLanes;
+AGENTCACHE_SIMD
+      for (int64_t i = 0; i < lanes; ++i) {
+        const float e = exp_nonpositive(st[i] - mx[i]);
+        st[i] = e;
+        sum[i] += e;
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      *qs[i].block_max = mx[i];
+      *qs[i].block_sum = sum[i];
+    }
+    int64_t q0 = 0;
+    for (; q0 + kGroupPvQueries <= m; q0 += kGroupPvQueries)
+      group_pv_dims<kGroupPvQueries>(sc, v, vs, n, q0, D, qs);
+    for (; q0 < m; ++q0) group_pv_dims<1>(sc, v, vs, n, q0, D, qs);
+  }
+}
+
+// A unit of work: one row's block (count == 0) or the group of rows [first, first + count) of
+// `members` that read block s of KV head h from row kv_row.
+struct Work {
+  int64_t b, h, s, kv_row, first, count;
+};
+
+// The work items of a step, groups first (the heaviest); members lists the rows of each group.
+std::vector<Work> plan_work(const DecodeAttentionArgs& a, int64_t S, std::vector<int64_t>& members) {
+  const int64_t B = a.B, T = a.T, Hkv = a.Hkv;
+  std::vector<Work> work, singles;
+  work.reserve(B * Hkv * S);
+  // the row whose keys row b reads in block s: its source for a block wholly inside its prefix
+  const auto reads_from = [&](int64_t b, int64_t s) {
+    return a.src != nullptr && (s + 1) * kBlock <= a.shared[b] ? a.src[b] : b;
+  };
+  if (a.src == nullptr || a.D % kW != 0) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t s = 0; s < S; ++s) work.push_back({b, h, s, reads_from(b, s), 0, 0});
+    return work;
+  }
+  std::vector<int64_t> reader(B);
+  std::vector<char> unmasked(B);
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t t0 = s * kBlock, n = std::min(kBlock, T - t0);
+    for (int64_t b = 0; b < B; ++b) {
+      reader[b] = reads_from(b, s);
+      bool clear = n == kBlock;
+      for (int64_t t = 0; a.mask != nullptr && clear && t < n; ++t)
+        clear = a.mask[b * T + t0 + t] == 0.f;
+      unmasked[b] = clear;
+    }
+    for (int64_t r = 0; r < B; ++r) {
+      const int64_t first = static_cast<int64_t>(members.size());
+      for (int64_t b = 0; b < B; ++b)
+        if (reader[b] == r && unmasked[b]) members.push_back(b);
+      const int64_t count = static_cast<int64_t>(members.size()) - first;
+      if (count < 2) members.resize(first);
+      for (int64_t h = 0; h < Hkv; ++h) {
+        if (count >= 2) work.push_back({-1, h, s, r, first, count});
+        for (int64_t b = 0; b < B; ++b)
+          if (reader[b] == r && (count < 2 || !unmasked[b])) singles.push_back({b, h, s, r, 0, 0});
+      }
+    }
+  }
+  work.insert(work.end(), singles.begin(), singles.end());
+  return work;
+}
+
+}  // namespace
+
+void decode_attention(const DecodeAttentionArgs& a) {
+  const int64_t B = a.B, H = a.H, D = a.D, Hkv = a.Hkv, T = a.T;
+  const int64_t G = H / Hkv, S = (T + kBlock - 1) / kBlock;
+  std::fill(a.out, a.out + B * H * D, 0.f);
+  if (S == 0 || B == 0) return;
+  std::vector<float> part_max(B * Hkv * S * G), part_sum(B * Hkv * S * G);
+  std::vector<float> part_acc(B * Hkv * S * G * D);
+  float *pm = part_max.data(), *pl = part_sum.data(), *pa = part_acc.data();
+  std::vector<int64_t> members;
+  const std::vector<Work> work = plan_work(a, S, members);
+  std::atomic<int64_t> next{0};
+  const int64_t total = static_cast<int64_t>(work.size());
+  // NOTE: items are handed out one at a time (their costs differ up to B-fold)
+  parallel_for(std::min<int64_t>(total, thread_count()), [&](int64_t, int64_t) {
+    std::vector<float> scores(G * kBlock);
+    GroupScratch scratch;
+    std::vector<GroupQuery> queries;
+    for (int64_t j = next++; j < total; j = next++) {
+      const Work& w = work[j];
+      const int64_t t0 = w.s * kBlock;
+      const float* kb = a.k + w.kv_row * a.ks0 + w.h * a.ks1 + t0 * a.ks2;
+      const float* vb = a.v + w.kv_row * a.vs0 + w.h * a.vs1 + t0 * a.vs2;
+      if (w.count > 0) {
+        queries.clear();
+        for (int64_t i = 0; i < w.count; ++i) {
+          const int64_t b = members[w.first + i], idx = (b * Hkv + w.h) * S + w.s;
+          for (int64_t g = 0; g < G; ++g)
+            queries.push_back({a.q + (b * H + w.h * G + g) * D, pm + idx * G + g,
+                               pl + idx * G + g, pa + (idx * G + g) * D});
+        }
+        run_group(kb, vb, a.ks2, a.vs2, kBlock, D, a.scale, queries.data(),
+                  static_cast<int64_t>(queries.size()), scratch);
+        continue;
+      }
+      const int64_t b = w.b, idx = (b * Hkv + w.h) * S + w.s;
+      const Item it{a.q + (b * H + w.h * G) * D, kb, vb, a.mask ? a.mask + b * T + t0 : nullptr,
+                    a.ks2, a.vs2, std::min(kBlock, T - t0), G, D, a.scale,
+                    pm + idx * G, pl + idx * G, pa + idx * G * D};
+      if (D == 64) run_block<64>(it, scores.data());
+      else if (D == 128) run_block<128>(it, scores.data());
+      else run_block<0>(it, scores.data());
+    }
+  });
+  for (int64_t bh = 0; bh < B * Hkv; ++bh) {
+    for (int64_t g = 0; g < G; ++g) {
+      float mx = kNegInf;
+      for (int64_t s = 0; s < S; ++s) mx = std::max(mx, pm[(bh * S + s) * G + g]);
+      if (mx == kNegInf) continue;  // every key masked: zeros
+      float* o = a.out + (bh * G + g) * D;
+      float denom = 0.f;
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t at = (bh * S + s) * G + g;
+        const float w = std::exp(pm[at] - mx);
+        denom += w * pl[at];
+        const float* acc = pa + at * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += w * acc[d];
+      }
+      for (int64_t d = 0; d < D; ++d) o[d] /= denom;
+    }
+  }
+}
+
+
+// prefix_attention: per item of kItemRows queries of one head, blocks of kKeyBlock keys from K
+// transposed once per head ([D, Sp] padded to whole blocks; padded keys score -inf), tiles of
+// kTileRows queries whose scores (kTileRows x kKeyVecs vectors) and whose P.V accumulators stay in
+// registers; an online softmax rescales each query's sums per block. Results equal torch's CPU
+// flash kernel within float32 rounding (sums in another order; exp by exp_nonpositive).
+// NOTE: measured on an AMD EPYC host with AVX-512 (2 threads, same run), D = 64, 1,360 keys:
+// 1,920 queries per head x 3 heads 9.2 vs 13.3 ms for torch's kernel, 2,700 x 3 13.2 vs 19.5 ms
+// (1.44-1.48x); D = 128: 1.25x; 4-query tiles were 1.10-1.17x.
+namespace {
+
+constexpr int64_t kKeyVecs = kRegs >= 32 ? 4 : 3;      // key vectors per block
+constexpr int64_t kKeyBlock = kKeyVecs * kW;     // keys per block
+constexpr int kTileRows = kRegs >= 32 ? 6 : 3;   // queries per register tile
+constexpr int kPrefixPvVecs = 4;                 // head-dim vectors per P.V pass
+constexpr int64_t kItemRows = 60;                // queries per work item (whole tiles of 6 and 2)
+
+// acc[r] (rows of D floats, head dims [d0, d0 + CV * kW)) += sum_j p[r][j] v_j over nb keys.
+template <int RT, int CV>
+inline void prefix_pv(const float (*p)[kKeyBlock], const float* __restrict v, int64_t vs,
+                      int64_t j0, int64_t nb, float* __restrict acc, int64_t D, int64_t d0) {
+  vf a[RT][CV];
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CV; ++c) a[r][c] = vload(acc + r * D + d0 + c * kW);
+  for (int64_t j = 0; j < nb; ++j) {
+    const float* vj = v + (j0 + j) * vs + d0;
+    vf vv[CV];
+    for (int c = 0; c < CV; ++c) vv[c] = vload(vj + c * kW);
+    for (int r = 0; r < RT; ++r) {
+      const float pr = p[r][j];
+      for (int c = 0; c < CV; ++c) a[r][c] += vv[c] * pr;
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CV; ++c) vstore(acc + r * D + d0 + c * kW, a[r][c]);
+}
+
+template <int RT>
+inline void prefix_tile(const float* __restrict q, int64_t D, const float* __restrict kt,
+                        int64_t Sp, int64_t j0, int64_t nb, const float* __restrict v, int64_t vs,
+                        float scale, float* __restrict acc, float* __restrict mx,
+                        float* __restrict sm) {
+  vf s[RT][kKeyVecs];
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < kKeyVecs; ++c) s[r][c] = vzero();
+  for (int64_t d = 0; d < D; ++d) {
+    const float* kd = kt + d * Sp + j0;
+    vf kv[kKeyVecs];
+    for (int c = 0; c < kKeyVecs; ++c) kv[c] = vload(kd + c * kW);
+    for (int r = 0; r < RT; ++r) {
+      const float qv = q[r * D + d];
+      for (int c = 0; c < kKeyVecs; ++c) s[r][c] += kv[c] * qv;
+    }
+  }
+  alignas(64) float p[RT][kKeyBlock];
+  for (int r = 0; r < RT; ++r) {
+    for (int c = 0; c < kKeyVecs; ++c) vstore(p[r] + c * kW, s[r][c] * scale);
+    for (int64_t j = nb; j < kKeyBlock; ++j) p[r][j] = kNegInf;
+    float top = kNegInf;
+    for (int64_t j = 0; j < kKeyBlock; ++j) top = std::max(top, p[r][j]);
+    const float next = std::max(mx[r], top);  // finite: the block has a key (nb >= 1)
+    const float alpha = exp_nonpositive(mx[r] - next);
+    float total = 0.f;
+AGENTCACHE_SIMD_SUM(total)
+    for (int64_t j = 0; j < kKeyBlock; ++j) {
+      const float e = exp_nonpositive(p[r][j] - next);
+      p[r][j] = e;
+      total += e;
+    }
+    sm[r] = sm[r] * alpha + total;
+    mx[r] = next;
+    float* ar = acc + r * D;
+AGENTCACHE_SIMD
+    for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
+  }
+  for (int64_t d0 = 0; d0 < D; d0 += kPrefixPvVecs * kW) {
+    switch (std::min<int64_t>(kPrefixPvVecs, (D - d0) / kW)) {
+      case 4: prefix_pv<RT, 4>(p, v, vs, j0, nb, acc, D, d0); break;
+      case 3: prefix_pv<RT, 3>(p, v, vs, j0, nb, acc, D, d0); break;
+      case 2: prefix_pv<RT, 2>(p, v, vs, j0, nb, acc, D, d0); break;
+      default: prefix_pv<RT, 1>(p, v, vs, j0, nb, acc, D, d0); break;
+    }
+  }
+}
+
+// One work item: rows queries (q, out: [rows, D]; lse: [rows]) of one head over all S keys.
+void prefix_item(const float* q, int64_t rows, int64_t D, const float* kt, int64_t S, int64_t Sp,
+                 const float* v, int64_t vs, float scale, float* out, float* lse) {
+  float mx[kItemRows], sm[kItemRows];
+  std::fill(mx, mx + rows, kNegInf);
+  std::fill(sm, sm + rows, 0.f);
+  std::fill(out, out + rows * D, 0.f);
+  for (int64_t j0 = 0; j0 < S; j0 += kKeyBlock) {
+    const int64_t nb = std::min(kKeyBlock, S - j0);
+    int64_t r0 = 0;
+    for (; r0 + kTileRows <= rows; r0 += kTileRows)
+      prefix_tile<kTileRows>(q + r0 * D, D, kt, Sp, j0, nb, v, vs, scale, out + r0 * D, mx + r0,
+                             sm + r0);
+    for (; r0 < rows; ++r0)
+      prefix_tile<1>(q + r0 * D, D, kt, Sp, j0, nb, v, vs, scale, out + r0 * D, mx + r0, sm + r0);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = 1.f / sm[r];
+    for (int64_t d = 0; d < D; ++d) out[r * D + d] *= inv;
+    lse[r] = mx[r] + std::log(sm[r]);
+  }
+}
+
+}  // namespace
+
+void prefix_attention(const float* q, const float* k, int64_t kh, int64_t ks, const float* v,
+                      int64_t vh, int64_t vs, int64_t H, int64_t M, int64_t S, int64_t D,
+                      float scale, float* out, float* lse) {
+  static_assert(kItemRows % kTileRows == 0, "whole tiles per item");
+  const int64_t Sp = (S + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+  std::vector<float> kt(H * D * Sp, 0.f);  // [H, D, Sp]: K transposed, zero past S
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t j = 0; j < S; ++j)
+      for (int64_t d = 0; d < D; ++d) kt[(h * D + d) * Sp + j] = k[h * kh + j * ks + d];
+  const int64_t per = (M + kItemRows - 1) / kItemRows;
+  const float* ktp = kt.data();
+  parallel_for(H * per, [&](int64_t begin, int64_t end) {
+    for (int64_t it = begin; it < end; ++it) {
+      const int64_t h = it / per, m0 = (it % per) * kItemRows;
+      const int64_t rows = std::min(kItemRows, M - m0);
+      prefix_item(q + (h * M + m0) * D, rows, D, ktp + h * D * Sp, S, Sp, v + h * vh, vs, scale,
+                  out + (h * M + m0) * D, lse + h * M + m0);
+    }
+  });
+}
+
+AGENTCACHE_END

@@ -1,0 +1,52 @@
+// The kernels' cores: raw pointers in, raw pointers out, no torch (see vec.h). module.cpp checks
+// tensors and calls these; tests/runtime/kernel_selftest.cpp calls them directly.
+#pragma once
+
+#include <cstdint>
+
+#include "vec.h"
+
+AGENTCACHE_BEGIN
+
+// One query per row over grouped KV heads (a decode step), fp32 (attention.cpp).
+struct DecodeAttentionArgs {
+  const float* q;                  // [B, H, D] contiguous
+  const float* k;                  // [B, H_kv, T, D], element strides below, last dim contiguous
+  const float* v;
+  int64_t ks0, ks1, ks2, vs0, vs1, vs2;
+  const float* mask;               // additive [B, T] contiguous, or nullptr
+  const int64_t* src;              // [B] or nullptr (with shared): shared-prefix source row
+  const int64_t* shared;           // [B]: keys [0, shared[b]) equal row src[b]'s
+  int64_t B, H, Hkv, T, D;
+  float scale;
+  float* out;                      // [B, H, D]: written (a fully masked row gets zeros)
+};
+void decode_attention(const DecodeAttentionArgs& a);
+
+// Unmasked attention of M queries per KV head to one run of S keys, with the log-sum-exp of the
+// scaled scores (attention.cpp). q [H, M, D] contiguous; k [H, S, D] with element strides
+// (kh, ks), last dim contiguous; v likewise (vh, vs); out [H, M, D]; lse [H, M]. D a multiple of
+// 16 up to 128 (checked by the caller).
+void prefix_attention(const float* q, const float* k, int64_t kh, int64_t ks, const float* v,
+                      int64_t vh, int64_t vs, int64_t H, int64_t M, int64_t S, int64_t D,
+                      float scale, float* out, float* lse);
+
+// Output columns per packed block of pack_weight (products.cpp).
+constexpr int64_t kPackedCols = 32;
+
+// out [m, n] = x [m, K] . W^T + bias, W packed by pack_weight as fp32 or bf16 (the bits, as
+// uint16) in `blocks` blocks of kPackedCols columns ([blocks, K, 32]); bias [n] or nullptr.
+void linear_packed_f32(const float* x, int64_t m, int64_t K, const float* packed, int64_t blocks,
+                       float* out, int64_t n, const float* bias);
+void linear_packed_bf16(const float* x, int64_t m, int64_t K, const uint16_t* packed,
+                        int64_t blocks, float* out, int64_t n, const float* bias);
+
+// out [m, N] = x [m, K] . wt + bias for wt a contiguous [K, N] (input-major) weight; bias [N] or
+// nullptr. Few rows (a decode step's): each thread streams a contiguous range of K (products.cpp).
+void linear_rows(const float* x, int64_t m, int64_t K, const float* wt, int64_t N,
+                 const float* bias, float* out);
+
+// The ISA this library was built for: "avx512", "avx2", "neon" or "scalar".
+const char* isa_name();
+
+AGENTCACHE_END

@@ -1,0 +1,168 @@
+// The kernels as torch ops (ops.h): every tensor argument is checked before a core reads it.
+#include "ops.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include "cores.h"
+
+AGENTCACHE_BEGIN
+namespace ops {
+
+at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v,
+                            std::optional<at::Tensor> mask, double scale,
+                            std::optional<at::Tensor> src, std::optional<at::Tensor> shared) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat, "decode_attention: fp32 tensors only");
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() &&
+                  (!mask.has_value() || mask->device().is_cpu()),
+              "decode_attention: CPU tensors only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4,
+              "decode_attention: q [B, H, D], k and v [B, H_kv, T, D]");
+  q = q.contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1), T = k.size(2);
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == T &&
+                  k.size(3) == D && v.size(3) == D, "decode_attention: k/v shapes do not match q");
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "decode_attention: H must be a multiple of H_kv");
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: k/v last dim not contiguous");
+  at::Tensor m;
+  const float* mp = nullptr;
+  if (mask.has_value()) {
+    m = mask->contiguous();
+    TORCH_CHECK(m.scalar_type() == at::kFloat && m.dim() == 2 && m.size(0) == B &&
+                    m.size(1) == T,
+                "decode_attention: mask must be additive fp32 [B, T]");
+    mp = m.data_ptr<float>();
+  }
+  TORCH_CHECK(src.has_value() == shared.has_value(),
+              "decode_attention: pass src and shared together");
+  at::Tensor src64, shared64;
+  const int64_t *srcp = nullptr, *sharedp = nullptr;
+  if (src.has_value()) {
+    TORCH_CHECK(src->device().is_cpu() && shared->device().is_cpu(),
+                "decode_attention: CPU tensors only");
+    TORCH_CHECK(src->dim() == 1 && src->size(0) == B && shared->dim() == 1 &&
+                    shared->size(0) == B, "decode_attention: src and shared must be [B]");
+    src64 = src->to(at::kLong).contiguous();
+    shared64 = shared->to(at::kLong).contiguous();
+    srcp = src64.data_ptr<int64_t>();
+    sharedp = shared64.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK(srcp[b] >= 0 && srcp[b] < B && sharedp[b] >= 0 && sharedp[b] <= T,
+                  "decode_attention: src must name a row and shared lie within [0, T]");
+  }
+  auto out = at::empty({B, H, D}, q.options());
+  agentcache::decode_attention({q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), k.stride(0),
+                    k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), mp, srcp,
+                    sharedp, B, H, Hkv, T, D, static_cast<float>(scale),
+                    out.data_ptr<float>()});
+  return out;
+}
+
+std::vector<at::Tensor> prefix_attention(at::Tensor q, const at::Tensor& k, const at::Tensor& v,
+                                         double scale) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
+              "prefix_attention: CPU tensors only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat,
+              "prefix_attention: fp32 tensors only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && q.size(0) == k.size(0) &&
+                  q.size(2) == k.size(2),
+              "prefix_attention: q [H_kv, M, D], k and v [H_kv, S, D]");
+  const int64_t H = q.size(0), M = q.size(1), D = q.size(2), S = k.size(1);
+  // NOTE: the same limits on every ISA (16 is a whole number of vectors on each)
+  TORCH_CHECK(D % 16 == 0 && D >= 16 && D <= 128,
+              "prefix_attention: head dim must be a multiple of 16 up to 128, not ", D);
+  TORCH_CHECK(S >= 1, "prefix_attention: no keys");
+  TORCH_CHECK(v.stride(2) == 1, "prefix_attention: v rows must be contiguous");
+  TORCH_CHECK(k.stride(2) == 1 || S == 1, "prefix_attention: k rows must be contiguous");
+  q = q.contiguous();
+  auto ks = k.stride(2) == 1 ? k : k.contiguous();
+  auto out = at::empty({H, M, D}, q.options());
+  auto lse = at::empty({H, M}, q.options());
+  agentcache::prefix_attention(q.data_ptr<float>(), ks.data_ptr<float>(), ks.stride(0), ks.stride(1),
+                   v.data_ptr<float>(), v.stride(0), v.stride(1), H, M, S, D,
+                   static_cast<float>(scale), out.data_ptr<float>(), lse.data_ptr<float>());
+  return {out, lse};
+}
+
+at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
+                         const std::optional<at::Tensor>& bias, int64_t n) {
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "linear_packed: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "linear_packed: x must be fp32");
+  TORCH_CHECK(x.dim() >= 1, "linear_packed: x must be [..., K], not a 0-dim tensor");
+  const auto type = packed.scalar_type();
+  TORCH_CHECK((type == at::kBFloat16 || type == at::kFloat) && packed.dim() == 3 &&
+                  packed.size(2) == kPackedCols && packed.is_contiguous(),
+              "linear_packed: packed must be contiguous bf16 or fp32 [blocks, K, 32] "
+              "(pack_weight)");
+  const int64_t K = packed.size(1), blocks = packed.size(0);
+  TORCH_CHECK(K >= 1, "linear_packed: the packed weight has K = 0 inputs");
+  TORCH_CHECK(x.size(-1) == K, "linear_packed: x has ", x.size(-1), " inputs, the weight ", K);
+  TORCH_CHECK(n > 0 && n <= blocks * kPackedCols && n > (blocks - 1) * kPackedCols,
+              "linear_packed: n = ", n, " does not match ", blocks, " packed blocks");
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->dim() == 1 &&
+                                    bias->numel() == n && bias->device().is_cpu()),
+              "linear_packed: bias must be fp32 [n]");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  auto xs = x.reshape({-1, K}).contiguous();
+  const int64_t m = xs.size(0);
+  auto out = at::empty({m, n}, xs.options());
+  if (m == 0) return out.view(shape);
+  std::optional<at::Tensor> b;
+  if (bias.has_value()) b = bias->contiguous();
+  const float* bp = b.has_value() ? b->data_ptr<float>() : nullptr;
+  if (type == at::kFloat)
+    linear_packed_f32(xs.data_ptr<float>(), m, K, packed.data_ptr<float>(), blocks,
+                      out.data_ptr<float>(), n, bp);
+  else
+    linear_packed_bf16(xs.data_ptr<float>(), m, K,
+                       reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
+                       blocks, out.data_ptr<float>(), n, bp);
+  return out.view(shape);
+}
+
+at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w,
+                       const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "linear_rows: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat,
+              "linear_rows: fp32 tensors only");
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 2, "linear_rows: x must be [..., K] and w [N, K]");
+  const int64_t N = w.size(0), K = w.size(1);
+  TORCH_CHECK(N >= 1 && K >= 1 && w.stride(0) == 1 && w.stride(1) == N,
+              "linear_rows: w must be an input-major [N, K] view (strides (1, N)) of a "
+              "contiguous [K, N] tensor");
+  TORCH_CHECK(x.size(-1) == K, "linear_rows: x has ", x.size(-1), " inputs, the weight ", K);
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->dim() == 1 &&
+                                    bias->numel() == N && bias->device().is_cpu()),
+              "linear_rows: bias must be fp32 [N]");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  auto xs = x.reshape({-1, K}).contiguous();
+  const int64_t m = xs.size(0);
+  auto out = at::empty({m, N}, xs.options());
+  std::optional<at::Tensor> b;
+  if (bias.has_value()) b = bias->contiguous();
+  agentcache::linear_rows(xs.data_ptr<float>(), m, K, w.data_ptr<float>(), N,
+              b.has_value() ? b->data_ptr<float>() : nullptr, out.data_ptr<float>());
+  return out.view(shape);
+}
+
+// Looked up once; called boxed, so a change of the op's C++ signature in another torch cannot
+// miscall it (the Python side checks that the op exists before asking for it). Float32 products
+// like at::linear's MKL ones, faster where MKL does not run its AVX-512 kernels (AMD).
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w,
+                         const std::optional<at::Tensor>& bias) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack stack{x, w, bias.has_value() ? c10::IValue(*bias) : c10::IValue(),
+                          c10::IValue(std::string("none")),
+                          c10::IValue(c10::List<std::optional<c10::Scalar>>()),
+                          c10::IValue(std::string(""))};
+  op.callBoxed(&stack);
+  return stack.at(0).toTensor();
+}
+
+}  // namespace ops
+AGENTCACHE_END

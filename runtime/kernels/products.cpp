@@ -1,0 +1,257 @@
+// Matrix products of few rows (a decode step's) for agentcache's compact forward, fp32 inputs,
+// accumulation and outputs, one source for every ISA (vec.h).
+//
+// linear_packed: y = x . W^T + bias with W packed by runtime.kernels.pack_weight into blocks of
+// kPackedCols (32) output columns, [ceil(N / 32), K, 32], zero padded past N, so a block is one
+// contiguous stream of K lines of 32 values, read once per row tile of x (again from cache for
+// the next tile). Two element types:
+// - bfloat16 (weights="bfloat16"): half the bytes of fp32. Inside a line, 32-bit word i holds
+//   column i (low half) and column 16 + i (high half), so widening is a shift and a mask per
+//   vector on every ISA (vec.h's bf16_low / bf16_high); the result equals fp32 arithmetic on the
+//   bf16-rounded weights within float32 rounding.
+// - float32 (weights="float32-packed"): the model's values in their natural column order; the
+//   result equals at::linear's within float32 rounding (sums in another order).
+//
+// linear_rows: x . w^T + bias for a few rows over the compact forward's own input-major weights
+// (a contiguous [K, N] tensor), no copy: each thread streams a contiguous range of K.
+#include <vector>
+
+#include "cores.h"
+#include "vec.h"
+
+AGENTCACHE_BEGIN
+namespace {
+
+constexpr int64_t kColVecs = kPackedCols / kW;  // vectors per packed line (fp32)
+constexpr int64_t kPrefetchBytes = 96 * 64;     // measured best of 8-160 lines on W1's shapes (bf16)
+// Rows of x per pass over a block: accumulators (rows x kColVecs) plus a line of weights within
+// the register file (AVX-512: 12 x 2 + 2; AVX2: 3 x 4 with the weights read as FMA operands;
+// NEON: 2 x 8 + 8).
+constexpr int kPackedRows = kW == 16 ? 12 : kW == 8 ? 3 : 2;
+
+// How a packed element type is read: one k's line of kPackedCols values as kColVecs fp32 vectors
+// in column order.
+template <typename T>
+struct Line;
+
+template <>
+struct Line<float> {
+  static inline void load(const float* w, vf* out) {
+    for (int64_t c = 0; c < kColVecs; ++c) out[c] = vload(w + c * kW);
+  }
+};
+
+template <>
+struct Line<uint16_t> {  // bfloat16 bits, pairs (column i, column 16 + i) per 32-bit word
+  static inline void load(const uint16_t* w, vf* out) {
+    for (int64_t c = 0; c < kColVecs / 2; ++c) {
+      const vu words = vload_bits(w + 2 * c * kW);
+      out[c] = bf16_low(words);
+      out[kColVecs / 2 + c] = bf16_high(words);
+    }
+  }
+};
+
+// KU independent partial sums per output vector hide the multiply-add latency when MR is small
+// (AVX-512's tuned rule; elsewhere as many as the registers left hold, at most 4).
+template <int MR>
+constexpr int packed_unroll() {
+  if constexpr (kW == 16) {
+    return MR <= 2 ? 4 : (MR <= 4 ? 2 : 1);
+  } else {
+    constexpr int64_t left = (kRegs - kColVecs - 1) / (MR * kColVecs);
+    return left >= 4 ? 4 : left >= 2 ? 2 : 1;
+  }
+}
+
+// MR rows of x (row stride ldx) against one packed block; stores ncols (<= 32) columns per row.
+template <typename T, int MR>
+inline void packed_tile(const float* __restrict x, int64_t ldx, const T* __restrict w, int64_t K,
+                        float* __restrict out, int64_t ldo, int64_t ncols, const float* bias) {
+  constexpr int KU = packed_unroll<MR>();
+  constexpr int64_t line = kPackedCols * static_cast<int64_t>(sizeof(T));  // bytes per k
+  vf acc[KU][MR][kColVecs];
+  for (int u = 0; u < KU; ++u)
+    for (int r = 0; r < MR; ++r)
+      for (int64_t c = 0; c < kColVecs; ++c) acc[u][r][c] = vzero();
+  const char* ahead = reinterpret_cast<const char*>(w) + kPrefetchBytes;
+  int64_t k = 0;
+  for (; k + KU <= K; k += KU) {
+    for (int u = 0; u < KU; ++u) {
+      // NOTE: past the block's end this prefetches the next block (or nothing useful); a
+      // prefetch never faults.
+      for (int64_t b = 0; b < line; b += 64) __builtin_prefetch(ahead + (k + u) * line + b);
+      vf wv[kColVecs];
+      Line<T>::load(w + (k + u) * kPackedCols, wv);
+      for (int r = 0; r < MR; ++r) {
+        const float xb = x[r * ldx + k + u];
+        for (int64_t c = 0; c < kColVecs; ++c) acc[u][r][c] += wv[c] * xb;
+      }
+    }
+  }
+  for (; k < K; ++k) {
+    vf wv[kColVecs];
+    Line<T>::load(w + k * kPackedCols, wv);
+    for (int r = 0; r < MR; ++r) {
+      const float xb = x[r * ldx + k];
+      for (int64_t c = 0; c < kColVecs; ++c) acc[0][r][c] += wv[c] * xb;
+    }
+  }
+  alignas(64) float row[kPackedCols];
+  for (int r = 0; r < MR; ++r) {
+    for (int64_t c = 0; c < kColVecs; ++c) {
+      vf s = acc[0][r][c];
+      for (int u = 1; u < KU; ++u) s += acc[u][r][c];
+      vstore(row + c * kW, s);
+    }
+    float* o = out + r * ldo;
+    for (int64_t c = 0; c < ncols; ++c) o[c] = row[c] + (bias != nullptr ? bias[c] : 0.f);
+  }
+}
+
+// One block of columns for rows [0, m) of x (fp32 [m, K] contiguous) into out (row stride ldo).
+template <typename T>
+void packed_block(const float* x, int64_t m, int64_t K, const T* w, float* out, int64_t ldo,
+                  int64_t ncols, const float* bias) {
+  for (int64_t r = 0; r < m; r += kPackedRows) {
+    const float* xr = x + r * K;
+    float* o = out + r * ldo;
+    switch (std::min<int64_t>(kPackedRows, m - r)) {
+#define AGENTCACHE_PACKED_CASE(n) \
+  case n:                         \
+    if constexpr (n <= kPackedRows) packed_tile<T, n>(xr, K, w, K, o, ldo, ncols, bias); \
+    break;
+      AGENTCACHE_PACKED_CASE(12)
+      AGENTCACHE_PACKED_CASE(11)
+      AGENTCACHE_PACKED_CASE(10)
+      AGENTCACHE_PACKED_CASE(9)
+      AGENTCACHE_PACKED_CASE(8)
+      AGENTCACHE_PACKED_CASE(7)
+      AGENTCACHE_PACKED_CASE(6)
+      AGENTCACHE_PACKED_CASE(5)
+      AGENTCACHE_PACKED_CASE(4)
+      AGENTCACHE_PACKED_CASE(3)
+      AGENTCACHE_PACKED_CASE(2)
+#undef AGENTCACHE_PACKED_CASE
+      default: packed_tile<T, 1>(xr, K, w, K, o, ldo, ncols, bias); break;
+    }
+  }
+}
+
+template <typename T>
+void packed_columns(const float* xp, int64_t m, int64_t K, const T* wp, int64_t blocks, float* op,
+                    int64_t n, const float* bp) {
+  parallel_for(blocks, [&](int64_t first, int64_t last) {
+    for (int64_t blk = first; blk < last; ++blk) {
+      const int64_t c0 = blk * kPackedCols;
+      packed_block<T>(xp, m, K, wp + blk * K * kPackedCols, op + c0, n,
+                      std::min(kPackedCols, n - c0), bp != nullptr ? bp + c0 : nullptr);
+    }
+  });
+}
+
+// linear_rows: columns go in tiles of kRowsCols so that the tile's rows of the weight stay in L2
+// while every row of x reuses them; each pass reads kRowsK inputs' weight vectors once for a group
+// of up to kRowsGroup rows (2 accumulators per row). The sums run in another order than MKL's or
+// oneDNN's: float32 within rounding.
+// NOTE: measured on W1's 30 layers of products (AMD EPYC host, 2 threads, same run), ms for this
+// kernel / oneDNN / MKL / linear_packed over a packed copy: see fp32_products' docstring.
+constexpr int64_t kRowsK = 8;          // inputs per pass over a row of y
+constexpr int64_t kRowsCols = 2048;    // columns per tile
+constexpr int kRowsGroup = kRegs >= 32 ? 4 : 2;  // rows sharing each load of kRowsK vectors
+
+// Rows [0, RT) of x (row stride K) against inputs [kb, kb + kRowsK) and columns [c0, c1).
+template <int RT>
+inline void rows_pass(const float* __restrict x, int64_t K, const float* __restrict w, int64_t N,
+                      int64_t c0, int64_t c1, float* __restrict y) {
+  float xs[RT][kRowsK];
+  for (int r = 0; r < RT; ++r)
+    for (int64_t j = 0; j < kRowsK; ++j) xs[r][j] = x[r * K + j];
+  int64_t c = c0;
+  for (; c + kW <= c1; c += kW) {
+    vf wv[kRowsK];
+    for (int64_t j = 0; j < kRowsK; ++j) wv[j] = vload(w + j * N + c);
+    for (int r = 0; r < RT; ++r) {
+      vf a = vload(y + r * N + c) + wv[0] * xs[r][0], b = wv[1] * xs[r][1];
+      for (int64_t j = 2; j < kRowsK; j += 2) {
+        a += wv[j] * xs[r][j];
+        b += wv[j + 1] * xs[r][j + 1];
+      }
+      vstore(y + r * N + c, a + b);
+    }
+  }
+  for (; c < c1; ++c)  // the last columns of a row
+    for (int r = 0; r < RT; ++r) {
+      float acc = y[r * N + c];
+      for (int64_t j = 0; j < kRowsK; ++j) acc += w[j * N + c] * xs[r][j];
+      y[r * N + c] = acc;
+    }
+}
+
+void rows_partial(const float* __restrict x, int64_t m, int64_t K, const float* __restrict wt,
+                  int64_t N, int64_t k0, int64_t k1, float* __restrict y) {
+  for (int64_t c0 = 0; c0 < N; c0 += kRowsCols) {
+    const int64_t c1 = std::min(N, c0 + kRowsCols);
+    for (int64_t kb = k0; kb < k1; kb += kRowsK) {
+      const float* w = wt + kb * N;
+      if (kb + kRowsK > k1) {  // the K remainder, one input at a time
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t k = kb; k < k1; ++k) {
+            const float xv = x[r * K + k];
+            const float* wk = wt + k * N;
+            float* yr = y + r * N;
+            for (int64_t c = c0; c < c1; ++c) yr[c] += wk[c] * xv;
+          }
+        continue;
+      }
+      int64_t r = 0;
+      for (; r + kRowsGroup <= m; r += kRowsGroup)
+        rows_pass<kRowsGroup>(x + r * K + kb, K, w, N, c0, c1, y + r * N);
+      switch (m - r) {
+        case 3: if constexpr (kRowsGroup > 3) rows_pass<3>(x + r * K + kb, K, w, N, c0, c1, y + r * N); break;
+        case 2: if constexpr (kRowsGroup > 2) rows_pass<2>(x + r * K + kb, K, w, N, c0, c1, y + r * N); break;
+        case 1: rows_pass<1>(x + r * K + kb, K, w, N, c0, c1, y + r * N); break;
+        default: break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void linear_packed_f32(const float* x, int64_t m, int64_t K, const float* packed, int64_t blocks,
+                       float* out, int64_t n, const float* bias) {
+  packed_columns<float>(x, m, K, packed, blocks, out, n, bias);
+}
+
+void linear_packed_bf16(const float* x, int64_t m, int64_t K, const uint16_t* packed,
+                        int64_t blocks, float* out, int64_t n, const float* bias) {
+  packed_columns<uint16_t>(x, m, K, packed, blocks, out, n, bias);
+}
+
+void linear_rows(const float* x, int64_t m, int64_t K, const float* wt, int64_t N,
+                 const float* bias, float* out) {
+  std::fill(out, out + m * N, 0.f);
+  if (m == 0) return;
+  // NOTE: at least 64 inputs per thread, so a thread's stream is worth its partial buffer
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(thread_count(), K / 64));
+  std::vector<float> partial(parts > 1 ? (parts - 1) * m * N : 0, 0.f);
+  float* pp = partial.data();
+  const int64_t per = (K + parts - 1) / parts, total = m * N;
+  parallel_for(parts, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t k0 = t * per, k1 = std::min(K, k0 + per);
+      if (k0 < k1) rows_partial(x, m, K, wt, N, k0, k1, t == 0 ? out : pp + (t - 1) * total);
+    }
+  });
+  for (int64_t t = 0; t + 1 < parts; ++t) {
+    const float* p = pp + t * total;
+AGENTCACHE_SIMD
+    for (int64_t i = 0; i < total; ++i) out[i] += p[i];
+  }
+  if (bias != nullptr)
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < N; ++c) out[r * N + c] += bias[c];
+}
+
+AGENTCACHE_END

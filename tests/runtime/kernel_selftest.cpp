@@ -1,0 +1,233 @@
+// Runs the torch-free kernel cores (runtime/kernels/attention.cpp, products.cpp) of one ISA's
+// build against float64 loops written here, serially (vec.h's default threads). Built by
+// tests/runtime/test_kernel_cores.py for each ISA this machine runs, and for NEON with an aarch64
+// cross compiler, run under qemu: so the NEON path is executed, not only compiled, on x86.
+// Prints one line per failed check and a summary; exit status 0 when every check passed.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cores.h"
+
+namespace ac = agentcache;
+
+namespace {
+
+int checks = 0, failures = 0;
+std::mt19937 rng(1234);
+
+std::vector<float> randn(size_t n, float scale = 1.f) {
+  std::normal_distribution<float> dist(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// |got - want| <= atol + rtol |want| everywhere.
+void expect_close(const char* what, const float* got, const std::vector<double>& want,
+                  double atol, double rtol) {
+  ++checks;
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(got[i] - want[i]) - rtol * std::fabs(want[i]);
+    if (!(err <= worst)) {  // NOTE: NaN counts as a failure
+      worst = std::isnan(err) ? INFINITY : err;
+      at = i;
+    }
+  }
+  if (worst > atol) {
+    ++failures;
+    std::printf("FAIL %s: element %zu got %.9g want %.9g\n", what, at, got[at], want[at]);
+  }
+}
+
+// softmax(q . K^T * scale + mask) V per (row, head), float64, GQA.
+std::vector<double> attention_ref(const std::vector<float>& q, const std::vector<float>& k,
+                                  const std::vector<float>& v, const std::vector<float>* mask,
+                                  int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D,
+                                  double scale) {
+  std::vector<double> out(B * H * D, 0.0);
+  const int64_t G = H / Hkv;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kh = h / G;
+      std::vector<double> s(T);
+      double mx = -INFINITY;
+      for (int64_t t = 0; t < T; ++t) {
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d)
+          dot += double(q[(b * H + h) * D + d]) * k[((b * Hkv + kh) * T + t) * D + d];
+        s[t] = dot * scale + (mask ? (*mask)[b * T + t] : 0.f);
+        mx = std::max(mx, s[t]);
+      }
+      if (mx == -INFINITY) continue;
+      double sum = 0;
+      for (auto& x : s) sum += (x = std::exp(x - mx));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < D; ++d)
+          out[(b * H + h) * D + d] += s[t] / sum * v[((b * Hkv + kh) * T + t) * D + d];
+    }
+  return out;
+}
+
+void check_decode_attention(int64_t B, int64_t G, int64_t Hkv, int64_t T, int64_t D, bool masked,
+                            bool shared) {
+  const int64_t H = G * Hkv;
+  auto q = randn(B * H * D), k = randn(B * Hkv * T * D), v = randn(B * Hkv * T * D);
+  std::vector<int64_t> src(B, 0), len(B, 0);
+  if (shared) {  // rows 1.. copy row 0's first 3/4 of the keys
+    const int64_t n = T * 3 / 4;
+    for (int64_t b = 1; b < B; ++b) {
+      for (int64_t h = 0; h < Hkv; ++h) {
+        std::memcpy(&k[((b * Hkv + h) * T) * D], &k[(h * T) * D], n * D * sizeof(float));
+        std::memcpy(&v[((b * Hkv + h) * T) * D], &v[(h * T) * D], n * D * sizeof(float));
+      }
+      len[b] = n;
+    }
+  }
+  std::vector<float> mask(B * T, 0.f);
+  if (masked) {
+    for (int64_t t = T / 2 + 1; t < T; ++t) mask[(B - 1) * T + t] = -INFINITY;  // a shorter row
+    if (B > 1 && T > 300)
+      for (int64_t t = 256; t < 300; ++t) mask[t] = -INFINITY;  // a hole in row 0
+  }
+  std::vector<float> out(B * H * D);
+  ac::DecodeAttentionArgs a{q.data(), k.data(), v.data(), Hkv * T * D, T * D, D,
+                            Hkv * T * D, T * D, D, masked ? mask.data() : nullptr,
+                            shared ? src.data() : nullptr, shared ? len.data() : nullptr,
+                            B, H, Hkv, T, D, 1.f / std::sqrt(float(D)), out.data()};
+  ac::decode_attention(a);
+  char what[128];
+  std::snprintf(what, sizeof what, "decode_attention B=%ld G=%ld T=%ld D=%ld mask=%d shared=%d",
+                long(B), long(G), long(T), long(D), masked, shared);
+  expect_close(what, out.data(),
+               attention_ref(q, k, v, masked ? &mask : nullptr, B, H, Hkv, T, D,
+                             1.0 / std::sqrt(double(D))),
+               2e-6, 1e-5);
+}
+
+void check_prefix_attention(int64_t H, int64_t M, int64_t S, int64_t D) {
+  auto q = randn(H * M * D), k = randn(H * S * D), v = randn(H * S * D);
+  std::vector<float> out(H * M * D), lse(H * M);
+  const float scale = 1.f / std::sqrt(float(D));
+  ac::prefix_attention(q.data(), k.data(), S * D, D, v.data(), S * D, D, H, M, S, D, scale,
+                       out.data(), lse.data());
+  // as decode attention of M rows of one query each, head by head
+  std::vector<double> want(H * M * D), want_lse(H * M);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t m = 0; m < M; ++m) {
+      std::vector<double> s(S);
+      double mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < S; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d)
+          dot += double(q[(h * M + m) * D + d]) * k[(h * S + j) * D + d];
+        mx = std::max(mx, s[j] = dot * scale);
+      }
+      for (auto& x : s) sum += (x = std::exp(x - mx));
+      for (int64_t j = 0; j < S; ++j)
+        for (int64_t d = 0; d < D; ++d)
+          want[(h * M + m) * D + d] += s[j] / sum * v[(h * S + j) * D + d];
+      want_lse[h * M + m] = mx + std::log(sum);
+    }
+  char what[96];
+  std::snprintf(what, sizeof what, "prefix_attention H=%ld M=%ld S=%ld D=%ld", long(H), long(M),
+                long(S), long(D));
+  expect_close(what, out.data(), want, 1e-5, 1e-5);
+  expect_close(what, lse.data(), want_lse, 1e-4, 1e-5);
+}
+
+// x [m, K] . W^T with W [N, K]; pack as pack_weight does (fp32: columns in order; bf16: word i
+// of a line holds column i low, column 16 + i high; values rounded to nearest even).
+uint16_t to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return uint16_t(bits >> 16);
+}
+
+float from_bf16(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+void check_linear_packed(int64_t m, int64_t N, int64_t K, bool bf16) {
+  const int64_t C = ac::kPackedCols, blocks = (N + C - 1) / C;
+  auto w = randn(N * K), x = randn(m * K), bias = randn(N);
+  std::vector<float> held(w);
+  if (bf16)
+    for (auto& value : held) value = from_bf16(to_bf16(value));
+  std::vector<float> pf(blocks * K * C, 0.f);
+  std::vector<uint16_t> pb(blocks * K * C, 0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t kk = 0; kk < K; ++kk) {
+      const int64_t b = n / C, c = n % C, line = (b * K + kk) * C;
+      pf[line + c] = w[n * K + kk];
+      pb[line + (c < 16 ? 2 * c : 2 * (c - 16) + 1)] = to_bf16(w[n * K + kk]);
+    }
+  std::vector<float> out(m * N);
+  if (bf16)
+    ac::linear_packed_bf16(x.data(), m, K, pb.data(), blocks, out.data(), N, bias.data());
+  else
+    ac::linear_packed_f32(x.data(), m, K, pf.data(), blocks, out.data(), N, bias.data());
+  std::vector<double> want(m * N);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = bias[n];
+      for (int64_t kk = 0; kk < K; ++kk) acc += double(x[r * K + kk]) * held[n * K + kk];
+      want[r * N + n] = acc;
+    }
+  char what[96];
+  std::snprintf(what, sizeof what, "linear_packed_%s m=%ld N=%ld K=%ld", bf16 ? "bf16" : "f32",
+                long(m), long(N), long(K));
+  expect_close(what, out.data(), want, 1e-5 * std::sqrt(double(K)), 1e-5);
+}
+
+void check_linear_rows(int64_t m, int64_t N, int64_t K) {
+  auto wt = randn(K * N), x = randn(m * K), bias = randn(N);
+  std::vector<float> out(m * N);
+  ac::linear_rows(x.data(), m, K, wt.data(), N, bias.data(), out.data());
+  std::vector<double> want(m * N);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = bias[n];
+      for (int64_t kk = 0; kk < K; ++kk) acc += double(x[r * K + kk]) * wt[kk * N + n];
+      want[r * N + n] = acc;
+    }
+  char what[64];
+  std::snprintf(what, sizeof what, "linear_rows m=%ld N=%ld K=%ld", long(m), long(N), long(K));
+  expect_close(what, out.data(), want, 1e-5 * std::sqrt(double(K)), 1e-5);
+}
+
+}  // namespace
+
+int main() {
+  for (bool masked : {false, true}) {
+    check_decode_attention(3, 3, 2, 601, 64, masked, false);
+    check_decode_attention(2, 4, 1, 257, 128, masked, false);
+    check_decode_attention(3, 7, 2, 300, 40, masked, false);
+    check_decode_attention(2, 1, 1, 1, 8, masked, false);
+    check_decode_attention(4, 3, 2, 700, 64, masked, true);
+    check_decode_attention(5, 2, 2, 800, 80, masked, true);
+  }
+  check_prefix_attention(3, 37, 200, 64);
+  check_prefix_attention(2, 61, 130, 16);
+  check_prefix_attention(1, 7, 65, 128);
+  check_prefix_attention(2, 13, 64, 48);
+  for (bool bf16 : {false, true}) {
+    check_linear_packed(16, 96, 57, bf16);
+    check_linear_packed(3, 100, 70, bf16);
+    check_linear_packed(13, 33, 5, bf16);
+    check_linear_packed(1, 1, 1, bf16);
+  }
+  check_linear_rows(1, 200, 130);
+  check_linear_rows(5, 2088, 70);
+  check_linear_rows(8, 17, 9);
+  std::printf("%s: %d checks, %d failed\n", ac::isa_name(), checks, failures);
+  return failures == 0 ? 0 : 1;
+}
