@@ -87,6 +87,22 @@ def products_record(engine: Engine) -> tuple[str | None, dict[str, str] | None]:
     return line, products._asdict()
 
 
+def kernels_record() -> tuple[str, dict[str, str | bool | None]]:
+    """The native kernels this process runs, for a bench's header: the line to print
+    (``"native kernels: avx2 (native: avx2 (this CPU lacks avx512f, ...))"``) and the same as
+    JSON (``isa``: the ISA, None when off; ``loaded``; ``reason``). Builds them if needed."""
+    from runtime.kernels import chosen_isa, native_status
+
+    choice, status = chosen_isa(), native_status()
+    isa = choice.isa if status.loaded else None
+    why = choice.reason if status.loaded else status.reason
+    return f"native kernels: {isa or 'off'} ({why})", {
+        "isa": isa,
+        "loaded": status.loaded,
+        "reason": why,
+    }
+
+
 def bench_engine(
     model: Any, *, kv_bytes: int, prefix_cache: bool = True, forward: ForwardPath = "auto",
     disk_dir: str | None = None, disk_bytes: int = 0, weights: WeightsDtype = "float32",

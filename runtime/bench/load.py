@@ -32,7 +32,7 @@ from runtime.bench._clients import (
     remote_model,
     system_prompt,
 )
-from runtime.bench._common import products_record
+from runtime.bench._common import kernels_record, products_record
 from runtime.bench._plot import check_plot_path, plot_load
 from runtime.bench.floors import Hardware, W1Shape, batching_floor_ratio, measure_hardware
 from runtime.bench.llama_server_peer import BUILD_HELP as LLAMA_SERVER_BUILD_HELP
@@ -410,11 +410,14 @@ def _run_in_process(args: argparse.Namespace) -> dict[str, Any]:
                 f"{engine.scheduler.max_batch_size}, {threads} torch threads, "
                 f"{args.weights} weights)"
             )
+            kernels_line, kernels = kernels_record()
+            print(kernels_line)
             line, products = products_record(engine)
             if line is not None:
                 print(line)
             report = run_load(url, engine.model_id, args, engine)
-            return {**report, "threads": threads, "weights": args.weights, "products": products}
+            return {**report, "threads": threads, "weights": args.weights, "products": products,
+                    "kernels": kernels}  # fmt: skip
     finally:
         engine.close()
         torch.set_num_threads(default_threads)  # NOTE: main() may run inside another program

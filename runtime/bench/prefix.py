@@ -25,6 +25,7 @@ from runtime.bench._argtypes import positive_int
 from runtime.bench._common import (
     add_common_options,
     bench_engine,
+    kernels_record,
     products_record,
     report,
     restores_torch_threads,
@@ -392,8 +393,10 @@ def prefix_main(argv: list[str]) -> int:
             p.error(problem)
     if args.threads:
         torch.set_num_threads(args.threads)
+    kernels_line, kernels = kernels_record()
     header = {"workload": "W1", "layers": args.layers, "prefix_len": args.prefix_len,
-              "dtype": args.dtype, "weights": args.weights}  # fmt: skip
+              "dtype": args.dtype, "weights": args.weights,
+              "kernel_isa": kernels["isa"] or "off"}  # fmt: skip
     if args.warm_restart:
         report(_measure_restart(args), args.json, {**header, "suffix_len": args.suffix_len})
         return 0
@@ -409,7 +412,7 @@ def prefix_main(argv: list[str]) -> int:
     warnings = noise_warnings(timings, ratios, floors)
     title = (
         f"bench prefix: W1, {args.layers} layers, {args.prefix_len}-token prefix + "
-        f"{args.suffix_len}-token suffix, {args.dtype}"
+        f"{args.suffix_len}-token suffix, {args.dtype}, {kernels['isa'] or 'no'} native kernels"
         + {
             "bfloat16": ", bf16 weights",
             "float32-packed": ", float32-packed weights (compact)",
@@ -423,12 +426,14 @@ def prefix_main(argv: list[str]) -> int:
     if args.llama_cpp is not None:
         tables += _peer_tables(raw, args)
         warnings += agreement_warnings(raw["same_ids_as_compact"], args.decode_tokens)
+    print(kernels_line)
     if products_line is not None:
         print(products_line)
     print_tables(tables, warnings)
     if args.json:
         spread = {s.name: s.as_json() for s in (*timings, *ratios, *decode)}
-        extra = {"spread": spread, "warnings": warnings, "products": products}
+        extra = {"spread": spread, "warnings": warnings, "products": products,
+                 "kernels": kernels}  # fmt: skip
         print(json.dumps({**header, "suffix_len": args.suffix_len, **result, **extra}))
     return 0
 

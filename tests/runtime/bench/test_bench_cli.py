@@ -9,6 +9,7 @@ import pytest
 
 from runtime.bench import load as loadtest
 from runtime.bench import prefix, rag, stall, trace
+from runtime.kernels import chosen_isa
 
 
 @pytest.mark.parametrize(
@@ -74,6 +75,11 @@ def test_prefix_prints_tables_with_units_and_keeps_json(capsys: pytest.CaptureFi
     assert "miss_over_hit" in report and isinstance(report["warnings"], list)
     assert report["products"]["few"] in ("mkl", "onednn") and report["products"]["reason"]
     assert "fp32 products: " in out
+    # the ISA the kernels run, as chosen here (the header, the JSON and the printed line agree)
+    isa = chosen_isa().isa
+    assert report["kernels"]["isa"] == isa and report["kernels"]["loaded"] == (isa is not None)
+    assert report["kernel_isa"] == (isa or "off")
+    assert f"native kernels: {isa or 'off'} (" in out
 
 
 def test_prefix_refuses_bf16_weights_on_a_16_bit_model(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from runtime.bench.load import _decode_batch, main
+from runtime.kernels import chosen_isa
 from runtime.serve.app import create_app
 from runtime.serve.server_thread import ServerThread
 from tests.runtime.serve.server_fakes import ScriptedEngine
@@ -95,6 +96,8 @@ def test_load_compares_packed_prefill_in_process(capsys: pytest.CaptureFixture[s
     assert report["threads"] == 1
     assert report["products"]["few"] in ("mkl", "onednn") and report["products"]["reason"]
     assert "fp32 products: " in out
+    isa = chosen_isa().isa
+    assert report["kernels"]["isa"] == isa and f"native kernels: {isa or 'off'} (" in out
     assert 0 < report["rss_before_mb"] <= level["peak_rss_mb"]
     assert level["unpacked"]["num_requests"] == 3 and level["unpacked"]["num_errors"] == 0
     assert 1 <= level["peak_batch"] <= 3 and 1 <= level["mean_batch"] <= level["peak_batch"]
