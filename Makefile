@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: demo test lint typecheck pytest install clean
+.PHONY: demo test test-isas lint typecheck pytest install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest
+
+# After `make test` (CI runs both): the kernel and engine-exactness tests under each other
+# instruction set this CPU runs (AGENTCACHE_KERNEL_ISA=avx2, scalar), and the kernel sources
+# compiled for aarch64 when Debian's cross compiler is here (scripts/test_isas.py).
+test-isas: $(STAMP)
+	$(BIN)/python scripts/test_isas.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
