@@ -107,7 +107,10 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[SamplerRow]) -> list[Sampl
     clamped to ``MIN_TEMPERATURE`` = 0.01 (the rule of vLLM's ``SamplingParams.__post_init__``,
     whose ``_MAX_TEMP`` = 1e-2 guards against "nan or inf in tensors"); 0 stays greedy. Logits are
     also shifted by their row maximum before dividing, so the top token's score is exactly 0 and
-    softmax never sees ``inf - inf``; top-p keeps the top token however small ``top_p`` is.
+    softmax never sees ``inf - inf``; top-p keeps the top token however small ``top_p`` is. A
+    ``repetition_penalty`` that would scale a row's logits past float32's range (HF and vLLM
+    accept any value > 0 and then compute inf or NaN) is limited for that row to the nearest
+    value that keeps them finite (``_repetition_penalties``).
 
     Args:
         logits: ``[n, vocab]`` raw logits of the last position of each row (any float dtype).
@@ -252,16 +255,46 @@ def _apply_penalties(scores: torch.Tensor, rows: Sequence[SamplerRow]) -> torch.
     picked = [rows[i] for i in active]
     counts = torch.stack([r.token_counts.output for r in picked if r.token_counts])  # [k, vocab]
     seen = torch.stack([r.token_counts.seen for r in picked if r.token_counts])  # [k, vocab]
-    rep = _column([r.params.repetition_penalty for r in picked], scores)  # [k, 1]
     freq = _column([r.params.frequency_penalty for r in picked], scores)
     pres = _column([r.params.presence_penalty for r in picked], scores)
     part = scores[active]  # [k, vocab]
+    rep = _repetition_penalties([r.params.repetition_penalty for r in picked], part)  # [k, 1]
     repeated = torch.where(part > 0, part / rep, part * rep)
     part = torch.where(seen, repeated, part)
     part = part - freq * counts - pres * (counts > 0).float()
     scores = scores.clone()
     scores[active] = part
     return scores
+
+
+_F32 = torch.finfo(torch.float32)
+_ROUNDING_ROOM = 2.0**-20
+"""Relative margin for float32's rounding of the penalty and of the scaled logit (2^-24 each)."""
+
+
+def _repetition_penalties(values: Sequence[float], scores: torch.Tensor) -> torch.Tensor:
+    """``[k, 1]`` penalties for rows ``scores`` (``[k, vocab]``), each kept where its row stays
+    finite.
+
+    A penalty p divides a row's positive scores and multiplies its negative ones, so with m the
+    row's largest finite ``|score|`` every result is finite for p in ``[m / F, F / m]`` (F =
+    float32's largest value). HF's ``RepetitionPenaltyLogitsProcessor`` and vLLM's
+    ``SamplingParams`` accept any p > 0 (vLLM: "repetition_penalty must be greater than zero")
+    and return +inf (then NaN) outside that interval. Inside it p is used as given, so the
+    scores are HF's and vLLM's; outside, the nearest end is used: the order of the scores is
+    the same, and the seen token with the largest positive logit (p small) or the unseen tokens
+    (p large) already take all the probability mass that float32 can express, as they do in
+    the limit. It also keeps p itself a positive float32 (a value below 1.2e-38 or above 3.4e38
+    would round to 0 or inf, and ``0 * inf`` is NaN).
+    """
+    if all(value == 1.0 for value in values):
+        return _column(values, scores)
+    finite = torch.where(torch.isfinite(scores), scores.abs(), 0.0)  # [k, vocab]
+    largest = finite.amax(dim=-1, keepdim=True).double()  # [k, 1]
+    low = (largest / _F32.max * (1 + _ROUNDING_ROOM)).clamp(min=_F32.tiny)
+    high = (_F32.max / largest * (1 - _ROUNDING_ROOM)).clamp(max=_F32.max)  # m = 0: F
+    wanted = torch.tensor(values, dtype=torch.float64, device=scores.device).unsqueeze(1)
+    return torch.maximum(torch.minimum(wanted, high), low).to(scores.dtype)
 
 
 def _edits_in_place(row: SamplerRow) -> bool:

@@ -61,7 +61,9 @@ class SamplingParams:
     """In [-2, 2]: subtracted per occurrence from the logit of every generated id (OpenAI)."""
     repetition_penalty: float = 1.0
     """> 0; ids in the prompt or output get positive logits divided, negative ones multiplied
-    by it (HF ``RepetitionPenaltyLogitsProcessor`` / vLLM semantics); 1.0 disables."""
+    by it (HF ``RepetitionPenaltyLogitsProcessor`` / vLLM semantics); 1.0 disables. Any value
+    is safe: where it would scale a logit past float32's range, the sampler uses the nearest
+    value that does not (the same tokens win: ``runtime.sampler``)."""
     logit_bias: dict[int, float] = field(default_factory=dict)
     """Token id -> value in [-100, 100] added to its logit before sampling (OpenAI)."""
     min_tokens: int = 0

@@ -56,6 +56,27 @@ CASES = [
     Case("a good call next to a bad one",
          f"<tool_call>{CALL}</tool_call> <tool_call>oops</tool_call>",
          "<tool_call>oops</tool_call>", [PARIS], 1),
+    # Issue 35: a grammar-valid argument may contain the tags; the JSON's own end ends the block.
+    Case("close tag inside a string argument",
+         '<tool_call>\n{"name": "say", "arguments": {"text": "a </tool_call> b"}}\n</tool_call>',
+         "", [("say", {"text": "a </tool_call> b"})]),
+    Case("both tags inside arguments, then a second call",
+         '<tool_call>{"name": "a", "arguments": {"s": "<tool_call>x</tool_call>"}}</tool_call>\n'
+         '<tool_call>{"name": "b", "arguments": {}}</tool_call>',
+         "", [("a", {"s": "<tool_call>x</tool_call>"}), ("b", {})]),
+    Case("close tag inside a string-encoded arguments value",
+         '<tool_call>{"name": "f", "arguments": "{\\"s\\": \\"</tool_call>\\"}"}</tool_call>',
+         "", [("f", {"s": "</tool_call>"})]),
+    Case("close tag inside arguments, cut at max_tokens after the JSON",
+         'ok <tool_call>{"name": "say", "arguments": {"text": "</tool_call>"}}\n',
+         "ok", [("say", {"text": "</tool_call>"})]),
+    Case("cut at max_tokens inside the close tag", f"<tool_call>\n{CALL}\n</tool_", "", [PARIS]),
+    Case("text after the JSON stays malformed",
+         '<tool_call>{"name": "f"} more</tool_call>', '<tool_call>{"name": "f"} more</tool_call>',
+         [], 1),
+    Case("malformed, close tag in a string: cut at the first close tag",
+         '<tool_call>{"name": "f", "arguments": {"s": "</tool_call>"}} x</tool_call>',
+         '<tool_call>{"name": "f", "arguments": {"s": "</tool_call>"}} x</tool_call>', [], 1),
 ]  # fmt: skip
 
 HOLDBACK = [

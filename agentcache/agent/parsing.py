@@ -10,7 +10,6 @@ parser (``runtime.serve.tool_parser``) behaves the same; one case table
 from __future__ import annotations
 
 import json
-import re
 from typing import NamedTuple
 
 from agentcache.canonical import canonical_json
@@ -19,8 +18,8 @@ __all__ = ["CLOSE_TAG", "OPEN_TAG", "MarkupFilter", "ParsedText", "TextCall", "p
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
-# NOTE: a block ends at its close tag or at the end of the text (generation cut at max_tokens).
-_BLOCK = re.compile(re.escape(OPEN_TAG) + r"(.*?)(?:" + re.escape(CLOSE_TAG) + r"|\Z)", re.DOTALL)
+_JSON_WHITESPACE = " \t\n\r"  # RFC 8259 section 2
+_DECODER = json.JSONDecoder()
 
 
 class TextCall(NamedTuple):
@@ -42,8 +41,9 @@ def parse_hermes(text: str) -> ParsedText:
     """Parse ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks.
 
     The format is the NousResearch Hermes function-calling format, also used by the Qwen2.5 chat
-    template and the bundled tiny model. An unterminated last block is parsed too (generation
-    may stop at max_tokens).
+    template and the bundled tiny model. A block's JSON ends where parsing it says
+    (``json.JSONDecoder.raw_decode``), so ``</tool_call>`` inside a string argument is part of
+    the argument; an unterminated last block is parsed too (generation may stop at max_tokens).
 
     Returns:
         ``ParsedText``: ``content`` is the text outside well-formed blocks (stripped when a call
@@ -54,19 +54,45 @@ def parse_hermes(text: str) -> ParsedText:
     calls: list[TextCall] = []
     errors: list[str] = []
     kept: list[str] = []
-    pos = 0
-    for match in _BLOCK.finditer(text):
-        body = match.group(1).strip()
+    pos = search = 0
+    while (start := text.find(OPEN_TAG, search)) >= 0:
+        body, search = _block(text, start + len(OPEN_TAG))
+        body = body.strip()
         call, error = _parse_body(body)
         if call is None:
             errors.append(f"could not parse tool call {body[:200]!r}: {error}")
             continue
-        kept.append(text[pos : match.start()])
-        pos = match.end()
+        kept.append(text[pos:start])
+        pos = search
         calls.append(call)
     kept.append(text[pos:])
     content = "".join(kept)
     return ParsedText(content.strip() if calls else content, calls, errors)
+
+
+def _block(text: str, start: int) -> tuple[str, int]:
+    """``(body, end)`` of the block whose open tag ends at ``start``: a body that is a whole JSON
+    value followed by whitespace and the close tag (or the end of the text, or a cut-off close
+    tag) ends with that value; any other ends at the first close tag or the end of the text."""
+    value_start = start
+    while value_start < len(text) and text[value_start] in _JSON_WHITESPACE:
+        value_start += 1
+    try:
+        _, value_end = _DECODER.raw_decode(text, value_start)
+    except ValueError:
+        value_end = -1
+    if value_end >= 0:
+        after = value_end
+        while after < len(text) and text[after] in _JSON_WHITESPACE:
+            after += 1
+        if text.startswith(CLOSE_TAG, after):
+            return text[start:value_end], after + len(CLOSE_TAG)
+        if CLOSE_TAG.startswith(text[after:]):
+            return text[start:value_end], len(text)
+    close = text.find(CLOSE_TAG, start)
+    if close < 0:
+        return text[start:], len(text)
+    return text[start:close], close + len(CLOSE_TAG)
 
 
 def _parse_body(body: str) -> tuple[TextCall | None, str]:

@@ -3,15 +3,16 @@ threads and processes that open the same directory.
 
 Each value is wrapped in the checksummed envelope of ``_envelope``, so a damaged entry is
 detected and dropped instead of returned. A vanished directory is recreated and a damaged
-database moved aside for inspection (bounded), each with a ``CacheRecoveryWarning``; a folder on a
+database moved aside for inspection (bounded), its entries that still read back whole copied
+into the new one first (``_salvage``), each with a ``CacheRecoveryWarning``; a folder on a
 network filesystem gets a ``NetworkFilesystemWarning``. Knows nothing about what the bytes mean.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import shutil
 import sqlite3
 import threading
 import time
@@ -25,6 +26,7 @@ import diskcache
 
 from agentcache.cache._envelope import open_envelope, pack, unpack
 from agentcache.cache._fs import network_filesystem
+from agentcache.cache._salvage import readable_entries
 from agentcache.cache.base import (
     CacheRecoveryWarning,
     CacheStats,
@@ -76,8 +78,10 @@ class DiskStore:
             (``cache.db*`` and two-hex-digit value folders) are ever deleted or moved. A
             damaged database is renamed ``cache.db.damaged-<UTC stamp>`` (its ``-wal``/``-shm``
             alongside, so SQLite opens it as it was) and the newest ``MAX_QUARANTINED`` such
-            copies are kept; value files (entries over 32 kB) of the damaged database are
-            deleted.
+            copies are kept. Every entry of it that still reads back whole (not on a damaged
+            page, its envelope's checksum intact, not expired) is copied into the new database
+            first, unless that one already has the key; then the damaged database's value
+            files (entries over 32 kB) are deleted.
         size_limit_bytes: Budget for the on-disk size, SQLite pages included (default 512 MiB).
             diskcache culls at most 10 entries per write, so the size can briefly overshoot.
         clock: Time source for TTLs, seconds since the epoch (default ``time.time``).
@@ -124,8 +128,7 @@ class DiskStore:
         try:
             self._handle = self._connect()
         except (sqlite3.DatabaseError, OSError) as exc:
-            moved = self._quarantine()
-            self._handle = self._connect_or_raise()
+            moved = self._replace_damaged()
             _warn_recovered(f"cache at {str(self.directory)!r} was unreadable ({exc}); {moved}")
 
     def get(self, key: str) -> bytes | None:
@@ -262,16 +265,61 @@ class DiskStore:
             if self._handle is not handle:
                 return  # another thread already recovered
             _close_quietly(handle.cache)
-            replaced = self._file_id() not in (None, handle.file_id)
-            moved = "reopened another process's new one" if replaced else self._quarantine()
-            self._handle = self._connect_or_raise()
+            if self._file_id() not in (None, handle.file_id):
+                moved = "reopened another process's new one"
+                self._handle = self._connect_or_raise()
+            else:
+                moved = self._replace_damaged()
         _warn_recovered(f"cache at {str(self.directory)!r} was damaged ({exc}); {moved}")
 
-    def _quarantine(self) -> str:
-        """Move the damaged database aside, delete its value files, keep the newest copies.
+    def _replace_damaged(self) -> str:
+        """Move the damaged database aside, open a new one, copy in what still reads back
+        whole, then delete the damaged one's value files and keep the newest copies.
 
         Returns:
-            What happened, for the warning (names the copy).
+            What happened, for the warning (names the copy and how many entries it gave).
+
+        Raises:
+            CacheError: the new database cannot be opened.
+        """
+        copy = self._quarantine()
+        old_files = _value_files(self.directory)
+        self._handle = self._connect_or_raise()
+        saved = 0 if copy is None else self._salvage(copy)
+        for path in old_files:
+            path.unlink(missing_ok=True)
+        _remove_empty_value_dirs(self.directory)
+        self._prune_quarantine()
+        if copy is None:
+            return "recreated it empty"
+        return (
+            f"moved it to {str(copy)!r} for inspection and recreated it with the {saved} "
+            f"entries that still read back whole"
+        )
+
+    def _salvage(self, copy: Path) -> int:
+        """Add the readable entries of the damaged database ``copy`` to the new one (a key the
+        new one already holds, written since by another process, is kept). Best effort: an
+        error of the new database ends it. Returns how many entries were added."""
+        cache = self._handle.cache
+        saved = 0
+        entries = readable_entries(copy, self.directory, clock=self._clock, now=time.time())
+        try:
+            for entry in entries:
+                expire = None if entry.expire_time is None else entry.expire_time - time.time()
+                if expire is None or expire > 0:
+                    saved += bool(cache.add(entry.key, entry.envelope, expire=expire))
+        except (sqlite3.Error, OSError, diskcache.Timeout):
+            pass  # NOTE: what was added stays; the new database is usable either way
+        finally:
+            entries.close()  # NOTE: closes the damaged database's connection now
+        return saved
+
+    def _quarantine(self) -> Path | None:
+        """Move the damaged database (and its ``-wal``/``-shm``) aside.
+
+        Returns:
+            The copy's path, or None when there was no database file to move.
         """
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         target = self.directory / f"{_DAMAGED}{stamp}"
@@ -287,14 +335,7 @@ class DiskStore:
                 pass
             except OSError:
                 source.unlink(missing_ok=True)  # NOTE: cannot rename (e.g. read-only): as before
-        if self.directory.is_dir():
-            for child in self.directory.iterdir():
-                if child.is_dir() and _VALUE_DIR.match(child.name):
-                    shutil.rmtree(child, ignore_errors=True)
-        self._prune_quarantine()
-        if not moved:
-            return "recreated it empty"
-        return f"moved it to {str(target)!r} for inspection and recreated it empty"
+        return target if moved else None
 
     def _prune_quarantine(self) -> None:
         found = self.directory.glob(f"{_DAMAGED}*")
@@ -305,6 +346,27 @@ class DiskStore:
 
     def _open(self, key: str, raw: object) -> bytes | None:
         return open_envelope(key, raw, clock=self._clock, drop=self.delete)
+
+
+def _value_files(directory: Path) -> list[Path]:
+    """Every file under ``directory``'s value folders (diskcache's two-hex-digit ones)."""
+    if not directory.is_dir():
+        return []
+    folders = [c for c in directory.iterdir() if c.is_dir() and _VALUE_DIR.match(c.name)]
+    return [path for folder in folders for path in folder.rglob("*") if not path.is_dir()]
+
+
+def _remove_empty_value_dirs(directory: Path) -> None:
+    """Remove value folders (and their subfolders) left empty; others stay."""
+    if not directory.is_dir():
+        return
+    for folder in directory.iterdir():
+        if folder.is_dir() and _VALUE_DIR.match(folder.name):
+            for sub in sorted(folder.rglob("*"), reverse=True):  # NOTE: deepest first
+                with contextlib.suppress(OSError):
+                    sub.rmdir()
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def _close_quietly(cache: diskcache.Cache) -> None:

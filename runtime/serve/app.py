@@ -372,9 +372,10 @@ def create_app(
 
     Args:
         engine: the loaded engine (``runtime.Engine`` or anything with its serving methods).
-        api_key: one key or several; when set, every ``/v1`` call, ``/tokenize`` and
-            ``/detokenize`` need ``Bearer <key>`` (else 401). Each key is its own prefix-cache
-            tenant. ``/metrics`` and the admin cache reset then need a key too (see ``KeyRing``).
+        api_key: one key or several; when set, every ``/v1`` call, ``/tokenize``,
+            ``/detokenize``, ``/tokenizer_info`` and ``/openapi.json`` need ``Bearer <key>``
+            (else 401). Each key is its own prefix-cache tenant. ``/metrics`` and the admin
+            cache reset then need a key too (see ``KeyRing``).
         metrics_key: a separate key that alone opens ``/metrics`` and the admin cache reset
             (an API key gets 403 there: the reset drops every tenant's prefixes).
         cors_origins: origins allowed by CORS (``"*"`` for any); empty: no CORS headers.
@@ -397,7 +398,10 @@ def create_app(
         metrics_key=metrics_key,
         max_request_bytes=max_request_bytes,
     )
-    app = FastAPI(title="agentcache runtime", version="1", docs_url=None, redoc_url=None)
+    # NOTE: FastAPI's own /openapi.json would be open to anyone; ours checks the key.
+    app = FastAPI(
+        title="agentcache runtime", version="1", docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.openapi = partial(_openapi, app)  # type: ignore[method-assign]
     app.state.server = server
     _add_error_handlers(app, server)
@@ -425,7 +429,10 @@ def _add_error_handlers(app: FastAPI, server: _Server) -> None:
         status = int(getattr(exc, "status_code", 500))
         detail = str(getattr(exc, "detail", "error"))
         kind = "not_found_error" if status == 404 else "invalid_request_error"
-        return JSONResponse(error_body(detail, type=kind), status_code=status)
+        # NOTE: Starlette's 405 carries the route's methods as ``Allow`` (RFC 9110 15.5.6: a
+        # 405 must send it); keep the headers the exception brings.
+        headers = getattr(exc, "headers", None)
+        return JSONResponse(error_body(detail, type=kind), status_code=status, headers=headers)
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(404, on_http_error)
@@ -492,6 +499,11 @@ def _add_utility_routes(app: FastAPI, server: _Server) -> None:
     # NOTE: vLLM's path for the same action, so its clients and scripts work unchanged.
     app.post("/v1/admin/cache/reset")(reset_cache)
     app.post("/reset_prefix_cache")(reset_cache)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> Response:
+        server.keys.check_api(request)
+        return JSONResponse(app.openapi())
 
     @app.get("/health")
     async def health() -> Response:

@@ -12,7 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from anyio.to_thread import run_sync
 from jinja2 import TemplateError
@@ -23,7 +23,7 @@ from runtime.grammar import Grammar
 from runtime.sampling import SamplingParams
 from runtime.serve.api_error import ApiError
 from runtime.serve.constraints import grammar_spec
-from runtime.serve.logprobs import TokenText
+from runtime.serve.logprobs import TokenTexts
 from runtime.serve.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.serve.tool_parser import ToolCallParser, detect_tool_parser
 
@@ -55,8 +55,8 @@ class RequestPlan:
     """Set when the request has tools, tool_choice is not "none" and the template has a format."""
     prompt_param: str
     """Request field blamed for an over-long prompt (``messages`` or ``prompt``)."""
-    token_text: TokenText | None = None
-    """Token id -> text, set when the request asked for logprobs."""
+    token_text: TokenTexts | None = None
+    """How the response writes token ids, set when the request asked for logprobs."""
     echo_texts: list[str | None] | None = None
     """Each prompt's text to return before its choices' completions (``echo``), else None."""
     is_output_dropped: bool = False
@@ -91,8 +91,18 @@ def _new_plan(
         include_usage=req.include_usage,
         parser=parser,
         prompt_param="messages" if kind == "chat" else "prompt",
-        token_text=None if params.logprobs is None else lambda t: str(tokenizer.decode([t])),
+        token_text=None if params.logprobs is None else _token_texts(tokenizer),
         chunk_reuse=_chunk_reuse(req, prompts),
+    )
+
+
+def _token_texts(tokenizer: Any) -> TokenTexts:
+    """Token texts as the response's text shows them: the echoed prompt keeps special tokens;
+    the completion's text is decoded without them (the engine's detokenizer), so is each
+    generated token (an end-of-text token is then ``""``)."""
+    return TokenTexts(
+        prompt=lambda t: str(tokenizer.decode([t])),
+        output=lambda t: str(tokenizer.decode([t], skip_special_tokens=True)),
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from runtime.outputs import Completion, TokenLogprob, Usage
 from runtime.serve.api_error import error_body
 from runtime.serve.engine_call import EngineCall
-from runtime.serve.logprobs import CompletionLogprobs, chat_logprobs
+from runtime.serve.logprobs import CompletionLogprobs, LoggedToken, chat_logprobs
 from runtime.serve.metrics import Outcome
 from runtime.serve.request_plan import RequestPlan
 from runtime.serve.tool_parser import ParsedToolCall
@@ -38,40 +38,47 @@ def _head(plan: RequestPlan, *, chunk: bool) -> dict[str, Any]:
     return {"id": plan.id, "object": kind, "created": plan.created, "model": plan.model}
 
 
-Pending = list[tuple[TokenLogprob | None, int]]
-"""``(logprob, token id)`` of tokens whose logprobs are still to be sent."""
+Pending = list[LoggedToken]
+"""Tokens whose logprobs are still to be sent."""
 
 
 def _logprobs(
     plan: RequestPlan, pending: Pending, offsets: CompletionLogprobs | None
 ) -> dict[str, Any] | None:
-    """The ``logprobs`` of a choice (or chunk) for ``(entry, token id)`` pairs; None when not
-    requested. An entry is None only for the first prompt token under ``echo``."""
+    """The ``logprobs`` of a choice (or chunk) for ``pending``; None when not requested."""
     if plan.token_text is None:
         return None
     if plan.kind == "chat":
-        return chat_logprobs([e for e, _ in pending if e is not None], plan.token_text)
-    offsets = offsets or CompletionLogprobs(plan.token_text)
-    return offsets.build([e for e, _ in pending], [t for _, t in pending])
+        return chat_logprobs(pending)
+    return (offsets or CompletionLogprobs()).build(pending)
+
+
+def _generated(
+    plan: RequestPlan, entries: list[TokenLogprob] | None, token_ids: list[int]
+) -> Pending:
+    """Logged tokens of generated ids (``entries`` None: logprobs were not asked for)."""
+    if plan.token_text is None or entries is None:
+        return []
+    write = plan.token_text.output
+    return [LoggedToken(e, t, write) for e, t in zip(entries, token_ids, strict=True)]
 
 
 def _output(plan: RequestPlan, completion: Completion) -> Pending:
-    """``(logprob, id)`` of the generated tokens the response shows."""
+    """The generated tokens the response shows."""
     if plan.is_output_dropped:
         return []
-    entries: list[TokenLogprob | None] = [None] * len(completion.token_ids)
-    if completion.logprobs is not None:
-        entries = list(completion.logprobs)
-    return list(zip(entries, completion.token_ids, strict=True))
+    return _generated(plan, completion.logprobs, completion.token_ids)
 
 
 def _echoed(
     plan: RequestPlan, index: int, prompt_logprobs: list[TokenLogprob | None] | None
 ) -> Pending:
-    """``(logprob, id)`` of choice ``index``'s echoed prompt (empty without prompt logprobs)."""
-    if prompt_logprobs is None:
+    """Choice ``index``'s echoed prompt tokens (empty without prompt logprobs)."""
+    if prompt_logprobs is None or plan.token_text is None:
         return []
-    return list(zip(prompt_logprobs, plan.prompts[index // plan.n], strict=True))
+    write = plan.token_text.prompt
+    ids = plan.prompts[index // plan.n]
+    return [LoggedToken(e, t, write) for e, t in zip(prompt_logprobs, ids, strict=True)]
 
 
 def _echo_text(plan: RequestPlan, index: int) -> str:
@@ -156,7 +163,7 @@ class _ChoiceText:
         """Logprobs of tokens not yet sent; the choice's next chunk of any kind carries them."""
         self.is_started = False
         """True once the choice's first delta arrived (and its echo, if any, went out)."""
-        self.offsets = None if plan.token_text is None else CompletionLogprobs(plan.token_text)
+        self.offsets = None if plan.token_text is None else CompletionLogprobs()
 
 
 class ChoiceStream:
@@ -259,7 +266,7 @@ class ChoiceStream:
                         state.logprobs = _echoed(self._plan, index, delta.prompt_logprobs)
                         yield self._chunk(index, text=_echo_text(self._plan, index), finish=None)
                 if not self._plan.is_output_dropped:
-                    state.logprobs.extend(zip(delta.logprobs, delta.token_ids, strict=False))
+                    state.logprobs += _generated(self._plan, delta.logprobs, delta.token_ids)
                 out = "" if self._plan.is_output_dropped else self._feed(index, delta.text)
                 if out:
                     yield self._chunk(index, text=out, finish=None)

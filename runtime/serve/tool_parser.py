@@ -3,7 +3,8 @@
 Turns generated text into plain content plus structured calls (name + JSON arguments string).
 It knows only text formats; it never sees token ids, the engine or HTTP. The behaviour is the
 SDK's (``agentcache.agent.parsing.parse_hermes``); one case table (``tests/tool_call_cases.py``)
-runs against both: ``"parameters"`` is read when ``"arguments"`` is absent, an unterminated last
+runs against both: ``"parameters"`` is read when ``"arguments"`` is absent, a block's JSON ends
+where parsing it says (so ``</tool_call>`` inside a string argument is text), an unterminated last
 block (cut at ``max_tokens``) is parsed if its JSON is whole, and a malformed block stays in the
 content, so a model mistake is shown rather than lost.
 """
@@ -11,7 +12,6 @@ content, so a model mistake is shown rather than lost.
 from __future__ import annotations
 
 import json
-import re
 from typing import NamedTuple
 
 from runtime.holdback import held_back_len
@@ -27,10 +27,8 @@ __all__ = [
 
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
-# NOTE: a block ends at its close tag or at the end of the text (generation cut at max_tokens).
-_HERMES_BLOCK = re.compile(
-    re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|\Z)", re.DOTALL
-)
+_JSON_WHITESPACE = " \t\n\r"  # RFC 8259 section 2
+_DECODER = json.JSONDecoder()
 
 
 class ParsedToolCall(NamedTuple):
@@ -70,13 +68,14 @@ class ToolCallParser:
         """
         calls: list[ParsedToolCall] = []
         kept: list[str] = []
-        pos = 0
-        for match in _HERMES_BLOCK.finditer(text):
-            call = _parse_call(match.group(1))
+        pos = search = 0
+        while (start := text.find(HERMES_OPEN, search)) >= 0:
+            body, search = _block(text, start + len(HERMES_OPEN))
+            call = _parse_call(body)
             if call is None:
                 continue
-            kept.append(text[pos : match.start()])
-            pos = match.end()
+            kept.append(text[pos:start])
+            pos = search
             calls.append(call)
         kept.append(text[pos:])
         content = "".join(kept)
@@ -93,6 +92,44 @@ class ToolCallParser:
         if found >= 0:
             return found
         return len(text) - held_back_len(text, (self.open_tag,))
+
+
+def _block(text: str, start: int) -> tuple[str, int]:
+    """The body of the ``<tool_call>`` block whose open tag ends at ``start``, and its end.
+
+    A body that starts with a whole JSON value followed only by whitespace and the close tag (or
+    by the end of the text, or a cut-off close tag: generation stopped at ``max_tokens``) ends
+    where ``json.JSONDecoder.raw_decode`` says the value ends, so a ``</tool_call>`` inside a
+    string argument stays part of it. Any other body (not JSON, or text after the JSON) ends at
+    the first close tag or the end of the text, and stays malformed.
+
+    Args:
+        text: the whole generated text.
+        start: the index just past the block's open tag.
+
+    Returns:
+        ``(body, end)``: the body text (JSON plus leading whitespace when well formed) and the
+        index just past the block (its close tag included).
+    """
+    value_start = start
+    while value_start < len(text) and text[value_start] in _JSON_WHITESPACE:
+        value_start += 1
+    try:
+        _, value_end = _DECODER.raw_decode(text, value_start)
+    except ValueError:
+        value_end = -1
+    if value_end >= 0:
+        after = value_end
+        while after < len(text) and text[after] in _JSON_WHITESPACE:
+            after += 1
+        if text.startswith(HERMES_CLOSE, after):
+            return text[start:value_end], after + len(HERMES_CLOSE)
+        if HERMES_CLOSE.startswith(text[after:]):
+            return text[start:value_end], len(text)
+    close = text.find(HERMES_CLOSE, start)
+    if close < 0:
+        return text[start:], len(text)
+    return text[start:close], close + len(HERMES_CLOSE)
 
 
 def _parse_call(body: str) -> ParsedToolCall | None:

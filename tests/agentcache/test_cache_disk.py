@@ -7,7 +7,9 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import sqlite3
 import time
+from contextlib import closing
 from multiprocessing.synchronize import Barrier as BarrierType
 from pathlib import Path
 
@@ -95,6 +97,89 @@ def test_at_most_three_damaged_copies_are_kept_the_newest(tmp_path: Path) -> Non
     assert len(copies) == MAX_QUARANTINED == 3
     kept = [c.read_bytes()[: len("damage number 2")] for c in copies]
     assert kept == [b"damage number 2", b"damage number 3", b"damage number 4"]
+
+
+_PAGE = 4096  # NOTE: SQLite's default page size, which diskcache keeps
+
+
+def _fill(folder: Path, now: list[float]) -> tuple[DiskStore, dict[str, bytes]]:
+    """A closed store of 60 small entries (about six per page), two value files and one that
+    expires at ``now[0] + 10`` (the store's clock), every row in ``cache.db`` (no WAL)."""
+    store = DiskStore(folder, clock=lambda: now[0])
+    values = {f"k{i:03d}": f"value-{i:04d}-".encode() * 50 for i in range(60)}
+    values["big"] = b"B" * 100_000  # above diskcache's 32 kB: a value file
+    for key, value in values.items():
+        store.set(key, value)
+    store.set("big-bad", b"C" * 100_000)
+    store.set("expiring", b"x", ttl_s=10)
+    store.close()
+    with closing(sqlite3.connect(folder / "cache.db")) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    (folder / "cache.db-wal").unlink(missing_ok=True)
+    return store, values
+
+
+def _damage_pages(db: Path, markers: list[bytes]) -> bytes:
+    """Overwrite each page that holds one of ``markers``; return the pages' old bytes."""
+    data = bytearray(db.read_bytes())
+    old = b""
+    for marker in markers:
+        start = data.index(marker) // _PAGE * _PAGE
+        old += bytes(data[start : start + _PAGE])
+        data[start : start + _PAGE] = b"\xff" * _PAGE  # NOTE: not a valid b-tree page type
+    db.write_bytes(bytes(data))
+    return old
+
+
+@pytest.mark.parametrize("damaged", [[30], [10, 40]], ids=["one page", "two pages"])
+def test_a_damaged_database_gives_what_reads_back_whole_to_the_new_one(
+    tmp_path: Path, damaged: list[int]
+) -> None:
+    # NOTE: issue 35: entries on intact pages were served until a read met a damaged page; the
+    # whole database was then moved aside and every entry lost with it.
+    folder = tmp_path / "c"
+    now = [1000.0]
+    store, values = _fill(folder, now)
+    lost_pages = _damage_pages(folder / "cache.db", [f"value-{i:04d}-".encode() for i in damaged])
+    (bad_file,) = (p for p in folder.rglob("*.val") if p.read_bytes()[-1:] == b"C")
+    bad_file.write_bytes(bad_file.read_bytes()[:-1] + b"D")  # fails its checksum
+    now[0] += 60  # "expiring" is past its TTL (store clock)
+    assert store.get("k000") == values["k000"]  # the damage is not seen yet
+    with pytest.warns(CacheRecoveryWarning, match="damaged") as record:
+        for i in damaged:
+            assert store.get(f"k{i:03d}") is None
+    served = {key: store.get(key) for key in values}
+    assert all(got == values[key] for key, got in served.items() if got is not None)
+    # every entry whose row was not on a damaged page (its bytes are not there) is kept
+    kept = {key for key, value in values.items() if value[:11] not in lost_pages}
+    assert kept <= {key for key, got in served.items() if got is not None}
+    assert {f"k{i:03d}" for i in range(55, 60)} | {"big"} <= kept  # rows past the damage too
+    assert store.get("big-bad") is None and store.get("expiring") is None
+    num_served = sum(got is not None for got in served.values())
+    message = str(record[0].message)
+    assert f"recreated it with the {num_served} entries that still read back whole" in message
+    (copy,) = (p for p in folder.glob("cache.db.damaged-*") if p.name[-4:] not in ("-wal", "-shm"))
+    assert str(copy) in message
+    assert not bad_file.exists()  # the damaged database's value files are gone
+    store.check_integrity()
+
+
+def test_a_database_unreadable_at_open_gives_its_readable_entries_too(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    _, values = _fill(folder, [0.0])
+    with closing(sqlite3.connect(folder / "cache.db")) as conn:
+        sql = "SELECT rootpage FROM sqlite_master WHERE name = 'Settings'"
+        ((settings_page,),) = conn.execute(sql).fetchall()
+    data = bytearray((folder / "cache.db").read_bytes())
+    at = (settings_page - 1) * _PAGE  # NOTE: SQLite numbers pages from 1
+    data[at : at + _PAGE] = b"\xff" * _PAGE  # diskcache reads its settings when it opens
+    (folder / "cache.db").write_bytes(bytes(data))
+    with pytest.warns(CacheRecoveryWarning, match="unreadable") as record:
+        store = DiskStore(folder)
+    assert "recreated it with the 62 entries" in str(record[0].message)
+    assert {key: store.get(key) for key in values} == values
+    assert store.get("big-bad") == b"C" * 100_000
+    assert store.get("expiring") is None  # its 10 s ran out at 10.0 on the old store's clock
 
 
 def test_damaged_value_file_is_dropped_not_returned(tmp_path: Path) -> None:

@@ -175,6 +175,42 @@ def test_every_accepted_extreme_value_samples_safely(kwargs: dict[str, object]) 
         assert isinstance(pick, Sampled) and 0 <= pick.token_id < VOCAB
 
 
+@pytest.mark.parametrize("penalty", [5e-324, 1e-300, 1e-39, 2e-38, 1e38, 1e39, 1e300])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_accepted_repetition_penalty_samples_safely(
+    penalty: float, temperature: float
+) -> None:
+    # NOTE: issue 35: a small penalty divided positive logits past float32's range (+inf); a
+    # large one took negative logits to -inf (all of them in row 2), or became inf itself in
+    # float32 (0 * inf = NaN): the row failed, a 500 over HTTP.
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(4)) * 1e4
+    logits[0, 5] = 0.0
+    logits[1, 2] = float("-inf")
+    logits[2] = -logits[2].abs() - 1.0  # every logit negative
+    seen = list(range(VOCAB))
+    params = SamplingParams(repetition_penalty=penalty, temperature=temperature)
+    rows = [Row(params, prompt_ids=seen) for _ in range(3)]
+    scores, errors = process_logits(logits, rows)
+    assert not errors and bool(torch.isfinite(scores[:, [0, 1, 3, 4]]).all())
+    for pick, row in zip(sample_batch(logits, rows), logits, strict=True):
+        assert isinstance(pick, Sampled) and 0 <= pick.token_id < VOCAB
+        if temperature == 0.0:  # the penalty keeps the order of a row's logits
+            assert pick.token_id == int(row.argmax())
+
+
+def test_repetition_penalty_is_exact_wherever_float32_holds_the_result() -> None:
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(5)) * 3
+    rows = [
+        Row(SamplingParams(repetition_penalty=1e-30), prompt_ids=[1, 2, 3, 4, 5, 6]),
+        Row(SamplingParams(repetition_penalty=1e30), prompt_ids=[1, 2, 3, 4, 5, 6]),
+    ]
+    scores, errors = process_logits(logits, rows)
+    assert not errors
+    for i, row in enumerate(rows):
+        want = reference_scores(logits[i].numpy(), row)
+        np.testing.assert_allclose(scores[i].numpy(), want, rtol=1e-6)
+
+
 def test_tiny_temperatures_sample_as_the_minimum_temperature() -> None:
     logits = torch.tensor([[0.0, 0.004, -1.0, -1.0]])
     tiny = sampling_probs(logits, [SamplingParams(temperature=1e-30)])

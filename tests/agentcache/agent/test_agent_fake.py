@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agentcache.agent import Agent, AgentConfig, parse_hermes
@@ -108,6 +110,23 @@ def test_malformed_hermes_call_is_reported_back_to_the_model() -> None:
     )
     assert agent.history[3]["tool_calls"][0]["function"]["name"] == "get_weather"
     assert "<tool_call>" not in "".join(streamed)
+
+
+def test_hermes_call_whose_argument_holds_the_close_tag_runs_with_it() -> None:
+    # Issue 35: the block used to end at the first "</tool_call>", inside the argument string,
+    # so the call was reported as malformed and its markup kept as text.
+    city = "Paris </tool_call> <tool_call>"
+    backend = FakeBackend(
+        [ToolCall("c", "get_weather", json.dumps({"city": city})), "done"],
+        tool_call_format="hermes",
+    )
+    agent = make_agent(backend)
+    streamed: list[str] = []
+    result = agent.run("Paris?", on_text=streamed.append)
+    assert result.output == "done" and CALLS == [city]
+    assert not any(outcome.is_error for step in result.steps for outcome in step.outcomes)
+    assert agent.history[1]["content"] is None
+    assert "".join(streamed) == "done"
 
 
 def test_step_limit_raises_or_returns() -> None:

@@ -33,8 +33,8 @@ class CharTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i) for i in ids)
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(i) for i in ids)  # NOTE: no special tokens
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return [chr(i) for i in ids]

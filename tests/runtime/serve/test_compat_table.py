@@ -360,6 +360,14 @@ def check_repetition_penalty(c: Ctx) -> None:
     base = text_of(c.chat(max_tokens=24))
     out = c.chat(max_tokens=24, extra_body={"repetition_penalty": 10.0})
     assert text_of(out) != base
+    # NOTE: issue 35: a value whose scaled logits left float32's range was a 500 (an error event
+    # mid-stream); every accepted value is served, an extreme one as its limit.
+    want = text_of(c.chat(max_tokens=12, extra_body={"repetition_penalty": 1e-20}))
+    for tiny in (1e-39, 5e-324):
+        assert text_of(c.chat(max_tokens=12, extra_body={"repetition_penalty": tiny})) == want
+        stream = c.complete(max_tokens=12, stream=True, extra_body={"repetition_penalty": tiny})
+        assert [chunk.choices[0].finish_reason for chunk in stream][-1] is not None
+    refused(lambda: c.chat(extra_body={"repetition_penalty": 10.5}), "repetition_penalty")
 
 
 def check_logit_bias(c: Ctx) -> None:

@@ -8,6 +8,7 @@ Raw httpx over a real loopback server where connections matter; the scripted eng
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -327,7 +328,7 @@ def test_model_card_by_id_and_unknown_model_404() -> None:
 
 def test_openapi_schema_lists_every_route_with_request_bodies() -> None:
     client = TestClient(create_app(ScriptedEngine(), api_key="k"))
-    schema = client.get("/openapi.json").json()
+    schema = client.get("/openapi.json", headers=bearer("k")).json()
     paths = schema["paths"]
     routes = ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"]
     routes += ["/v1/models", "/v1/models/{model_id}", "/v1/admin/cache/reset", "/metrics"]
@@ -336,6 +337,52 @@ def test_openapi_schema_lists_every_route_with_request_bodies() -> None:
     assert "messages" in body["schema"]["properties"]
     refs = {m.split("/")[-1] for m in _refs(schema)}
     assert refs and refs <= set(schema["components"]["schemas"])
+
+
+def test_openapi_schema_needs_a_key_when_keys_are_set() -> None:
+    # NOTE: issue 35: FastAPI's own /openapi.json answered anyone, keys or not.
+    with ServerThread(create_app(ScriptedEngine(), api_key=["key-a", "key-b"])) as url:
+        assert error_of(httpx.get(f"{url}/openapi.json"), 401)["code"] == "invalid_api_key"
+        error_of(httpx.get(f"{url}/openapi.json", headers=bearer("nope")), 401)
+        for key in ("key-a", "key-b"):
+            schema = httpx.get(f"{url}/openapi.json", headers=bearer(key)).json()
+            assert "/v1/chat/completions" in schema["paths"]
+            assert "/openapi.json" not in schema["paths"]
+    with ServerThread(create_app(ScriptedEngine())) as url:  # no keys: open, like /v1
+        assert "/v1/models" in httpx.get(f"{url}/openapi.json").json()["paths"]
+
+
+@pytest.fixture(scope="module")
+def open_server() -> Iterator[str]:
+    """The URL of a real loopback server over the scripted engine, without keys."""
+    with ServerThread(create_app(ScriptedEngine())) as url:
+        yield url
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("DELETE", "/v1/completions", "POST"),
+        ("POST", "/v1/models", "GET"),
+        ("PUT", "/v1/models/some-model", "GET"),
+        ("GET", "/reset_prefix_cache", "POST"),
+        ("GET", "/v1/admin/cache/reset", "POST"),
+        ("POST", "/health", "GET"),
+        ("POST", "/metrics", "GET"),
+        ("POST", "/openapi.json", "GET"),
+        ("GET", "/tokenize", "POST"),
+    ],
+)
+def test_a_405_names_the_allowed_methods(
+    open_server: str, method: str, path: str, allowed: str
+) -> None:
+    # NOTE: issue 35: RFC 9110 section 15.5.6: a 405 must carry Allow; ours had none.
+    resp = httpx.request(method, f"{open_server}{path}")
+    error_of(resp, 405)
+    assert resp.headers.get("allow") == allowed
+    answer = httpx.request(allowed, f"{open_server}{path}", json=chat_body())
+    assert answer.status_code != 405  # the method it names is served there
 
 
 def _refs(node: Any) -> list[str]:

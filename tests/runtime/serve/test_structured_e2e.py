@@ -272,3 +272,59 @@ def test_unenforceable_combinations_are_refused(tiny_served: Served) -> None:
     bad: Any = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": 5}}}
     with pytest.raises(BadRequestError):
         chat(tiny_served, response_format=bad)
+
+
+SAY: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "say",
+            "description": "Say one fixed line.",
+            "parameters": {
+                "type": "object",
+                "properties": {"text": {"type": "string", "enum": ["a </tool_call> b"]}},
+                "required": ["text"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+"""A tool whose only grammar-valid argument holds the Hermes close tag (issue 35)."""
+
+
+@pytest.mark.parametrize(
+    "choice",
+    ["required", {"type": "function", "function": {"name": "say"}}],
+    ids=["required", "named"],
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["final", "streamed"])
+def test_forced_call_whose_argument_holds_the_close_tag_is_a_call(
+    tiny_served: Served, choice: Any, stream: bool
+) -> None:
+    # NOTE: before, the parser cut the block at the "</tool_call>" inside the string: no
+    # tool_calls, and the raw markup came back as content.
+    engine, client = tiny_served
+    options: Any = {"tools": SAY, "tool_choice": choice, "parallel_tool_calls": False}
+    request: Any = {"model": engine.model_id, "messages": MESSAGES, "max_tokens": 60}
+    if not stream:
+        done = client.chat.completions.create(**request, **options, temperature=0)
+        message = done.choices[0].message
+        assert done.choices[0].finish_reason == "tool_calls"
+        assert message.content is None
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+    else:
+        chunks = list(
+            client.chat.completions.create(**request, **options, temperature=0, stream=True)
+        )
+        choices = [choice for chunk in chunks for choice in chunk.choices]
+        assert [c.finish_reason for c in choices if c.finish_reason] == ["tool_calls"]
+        assert "".join(c.delta.content or "" for c in choices) == ""
+        calls = [
+            (call.function.name, call.function.arguments)
+            for c in choices
+            for call in c.delta.tool_calls or []
+            if call.function is not None
+        ]
+    assert [(name, json.loads(args or "")) for name, args in calls] == [
+        ("say", {"text": "a </tool_call> b"})
+    ]
