@@ -11,7 +11,13 @@ import argparse
 import re
 from typing import NoReturn
 
-__all__ = ["OneLineErrorParser", "non_negative_int", "port_number", "positive_int"]
+__all__ = [
+    "OneLineErrorParser",
+    "non_negative_float",
+    "non_negative_int",
+    "port_number",
+    "positive_int",
+]
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -66,6 +72,21 @@ def non_negative_int(text: str) -> int:
     value = _whole(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """Parse a finite number >= 0 (durations in seconds).
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is not a number, is negative, or is not finite.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
 
 

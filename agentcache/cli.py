@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from agentcache._argtypes import (
     OneLineErrorParser,
+    non_negative_float,
     non_negative_int,
     port_number,
     positive_int,
@@ -163,14 +164,30 @@ def _add_serve(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     p.add_argument(
         "--kv-disk-dir",
         default=None,
-        help="disk tier below the KV pool: evicted blocks spill here and survive restarts "
-        "(default: no disk tier)",
+        help="disk tier below the KV pool: cached blocks are written here (see "
+        "--kv-disk-policy) and survive restarts (default: no disk tier)",
     )
     p.add_argument(
         "--kv-disk-bytes",
         type=non_negative_int,
         default=None,
         help="byte budget of --kv-disk-dir (default 8 GiB)",
+    )
+    p.add_argument(
+        "--kv-disk-policy",
+        choices=("write-through", "evict"),
+        default=None,
+        help="when blocks reach --kv-disk-dir: write-through queues each new cached block for "
+        "disk in the background (deduplicated; a full queue drops the write, never the request), "
+        "so a clean restart finds the cache warm; evict writes only blocks evicted from memory "
+        "(default: write-through)",
+    )
+    p.add_argument(
+        "--kv-disk-flush-seconds",
+        type=non_negative_float,
+        default=None,
+        help="on a graceful shutdown (SIGTERM, Ctrl-C), most seconds spent writing the blocks "
+        "still queued for --kv-disk-dir; the rest are dropped (default 5)",
     )
     p.add_argument(
         "--api-key",

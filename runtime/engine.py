@@ -15,8 +15,9 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from runtime.cache.disk_tier import DiskTier
+from runtime.cache.disk_tier import DISK_POLICIES, DiskPolicy, DiskTier
 from runtime.chunk_reuse import ChunkAssembler, ChunkReuse
+from runtime.exceptions import InvalidRequestError
 from runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
 from runtime.kv_stores import KVStores
 from runtime.model_runner import ForwardPath, ModelRunner, WeightsDtype, load_model
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULT_CHUNK_CACHE_BYTES",
     "DEFAULT_KV_CACHE_BYTES",
     "DEFAULT_KV_DISK_BYTES",
+    "DEFAULT_KV_DISK_FLUSH_S",
     "Engine",
     "Prompt",
 ]
@@ -46,6 +48,8 @@ DEFAULT_CHUNK_CACHE_BYTES = 256 << 20
 """Chunk store budget when none is given: 256 MiB (pages are touched only as chunks arrive)."""
 DEFAULT_KV_DISK_BYTES = 8 << 30
 """Disk tier budget when ``kv_disk_dir`` is given without ``kv_disk_bytes``: 8 GiB of files."""
+DEFAULT_KV_DISK_FLUSH_S = 5.0
+"""Most seconds ``close`` spends writing queued disk-tier blocks (a graceful shutdown)."""
 
 
 class Engine:
@@ -72,6 +76,8 @@ class Engine:
         kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
         chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
         weights: WeightsDtype = "float32",
+        kv_disk_policy: DiskPolicy = "write-through",
+        kv_disk_flush_s: float = DEFAULT_KV_DISK_FLUSH_S,
     ) -> None:
         """Wrap an already loaded model; prefer ``from_pretrained``.
 
@@ -83,7 +89,8 @@ class Engine:
         ``from_pretrained``).
 
         Raises:
-            ValueError: for a non-positive block_size, negative kv_cache_bytes or kv_disk_bytes,
+            ValueError: for a non-positive block_size, negative kv_cache_bytes, kv_disk_bytes
+                or kv_disk_flush_s, an unknown kv_disk_policy,
                 ``forward="compact"`` on a model outside the compact family, or
                 ``weights`` other than ``"float32"`` on a model that is not float32.
             ModelLoadError: when the model exposes no usable per-layer KV cache.
@@ -94,6 +101,11 @@ class Engine:
                 f"need block_size >= 1 and kv_cache_bytes, kv_disk_bytes, chunk_cache_bytes "
                 f">= 0, got {block_size!r}, {kv_cache_bytes!r}, {kv_disk_bytes!r}, "
                 f"{chunk_cache_bytes!r}"
+            )
+        if kv_disk_policy not in DISK_POLICIES or not kv_disk_flush_s >= 0:
+            raise ValueError(
+                f"kv_disk_policy must be one of {DISK_POLICIES} and kv_disk_flush_s >= 0, got "
+                f"{kv_disk_policy!r}, {kv_disk_flush_s!r}"
             )
         self.runner = ModelRunner(model, forward=forward, weights=weights)
         logger.info("forward path for %r: %s (%s)", model_id, self.runner.path,
@@ -113,6 +125,7 @@ class Engine:
             kv_disk_dir=kv_disk_dir,
             kv_disk_bytes=kv_disk_bytes,
             chunk_cache_bytes=chunk_cache_bytes,
+            kv_disk_policy=kv_disk_policy,
         )
         self.prefix_cache = self.kv_stores.prefix_cache
         self.chunk_store = self.kv_stores.chunk_store
@@ -132,7 +145,9 @@ class Engine:
         )
         """Compiles ``GrammarSpec``s for constrained decoding (xgrammar loads on first use)."""
         # NOTE: holds the scheduler, not the engine, so an unreferenced engine is collected.
-        self._finalizer = weakref.finalize(self, _shutdown, self.scheduler, self.prefix_cache.disk)
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self.scheduler, self.prefix_cache.disk, kv_disk_flush_s
+        )
         # NOTE: loading ran parallel regions here; their OpenMP workers would stay and throttle
         # the scheduler thread's (runtime.openmp). A server's loading thread then holds none.
         release_thread_workers()
@@ -154,6 +169,8 @@ class Engine:
         kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
         chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
         weights: WeightsDtype = "float32",
+        kv_disk_policy: DiskPolicy = "write-through",
+        kv_disk_flush_s: float = DEFAULT_KV_DISK_FLUSH_S,
     ) -> Engine:
         """Load a model and its tokenizer (local path, bundled name, or hub id).
 
@@ -169,10 +186,16 @@ class Engine:
                 model's own), ``"compact"`` or ``"transformers"`` (the reference); see
                 ``forward_path``.
             kv_disk_dir: directory of the disk tier below the KV pool (None: no disk tier).
-                Evicted blocks spill there and survive restarts; files are named by model,
-                revision, dtype, tenant salt and a weights fingerprint, so another model or
-                dtype never reuses them.
+                Blocks written there survive restarts; files are named by model, revision,
+                dtype, tenant salt and a weights fingerprint, so another model or dtype never
+                reuses them.
             kv_disk_bytes: byte budget of ``kv_disk_dir`` (block files, headers included).
+            kv_disk_policy: ``"write-through"`` (each new whole block is queued for disk as it
+                is cached, deduplicated by block hash, in the background; a full queue drops the
+                write, never the request) or ``"evict"`` (blocks reach disk only when evicted,
+                so a clean restart finds only what memory pressure pushed out).
+            kv_disk_flush_s: most seconds ``close`` (a graceful shutdown: SIGTERM, Ctrl-C)
+                spends writing the blocks still queued; the rest are dropped.
             chunk_cache_bytes: byte budget of the chunk store (document chunks' KV, used only
                 by requests with ``chunk_reuse``).
             weights: ``"float32"`` (the reference) or ``"bfloat16"``: a float32 model's linear
@@ -208,6 +231,8 @@ class Engine:
             kv_disk_bytes=kv_disk_bytes,
             chunk_cache_bytes=chunk_cache_bytes,
             weights=weights,
+            kv_disk_policy=kv_disk_policy,
+            kv_disk_flush_s=kv_disk_flush_s,
         )
 
     @property
@@ -369,6 +394,21 @@ class Engine:
         with self._lock:
             return self.kv_stores.flush(include_disk=include_disk)
 
+    def flush_namespace(self, cache_salt: str | None) -> int:
+        """Drop the cached blocks and chunks of one namespace (the requests sent with
+        ``cache_salt``; None: the unsalted one), in memory and on the disk tier, queued writes
+        included; blocks pinned by a running request stay in memory. Other namespaces keep
+        theirs. Returns the prefix blocks freed from memory.
+
+        Raises:
+            InvalidRequestError: ``cache_salt`` is an empty string.
+        """
+        if cache_salt is not None and not cache_salt:
+            raise InvalidRequestError("cache_salt must be a non-empty str or None (no salt)")
+        namespace = self.request_builder.namespace(cache_salt)
+        with self._lock:
+            return self.kv_stores.flush_namespace(namespace)
+
     def drain_disk(self) -> None:
         """Wait until every queued disk-tier write is on disk (no-op without a disk tier)."""
         self.kv_stores.drain_disk()
@@ -443,16 +483,19 @@ class Engine:
     def close(self) -> None:
         """Stop the scheduler loop; queued and running requests fail with RuntimeEngineError.
 
-        Queued disk-tier writes are finished first. Idempotent; also runs at interpreter exit
-        and when the engine is garbage collected.
+        Queued disk-tier writes are finished first, for at most ``kv_disk_flush_s``.
+        Idempotent; also runs at interpreter exit and when the engine is garbage collected.
         """
         self._finalizer()
 
 
-def _shutdown(scheduler: Scheduler, disk: DiskTier | None) -> None:
+def _shutdown(scheduler: Scheduler, disk: DiskTier | None, flush_s: float) -> None:
     scheduler.close()
     if disk is not None:
-        disk.close()
+        dropped = disk.close(flush_s)
+        if dropped:
+            logger.warning("disk tier: %d queued block writes dropped after %.1f s", dropped,
+                           flush_s)  # fmt: skip
 
 
 def _last_completion(deltas: Iterator[StreamDelta]) -> Completion:

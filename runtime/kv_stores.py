@@ -12,9 +12,10 @@ import logging
 import os
 
 from runtime.cache.chunk_store import ChunkStore
-from runtime.cache.disk_tier import DiskTier
+from runtime.cache.disk_tier import DiskPolicy, DiskTier
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.prefix_cache import PrefixCache
+from runtime.cache.radix_cache import Namespace
 from runtime.model_runner import ModelRunner, reuse_blocker, weights_fingerprint
 from runtime.outputs import CacheStats
 
@@ -37,6 +38,7 @@ class KVStores:
         kv_disk_dir: str | os.PathLike[str] | None,
         kv_disk_bytes: int,
         chunk_cache_bytes: int,
+        kv_disk_policy: DiskPolicy = "write-through",
     ) -> None:
         """Allocate both pools (the budgets as ``Engine.from_pretrained`` documents them).
 
@@ -52,10 +54,12 @@ class KVStores:
         self.prefix_cache = self._make_prefix_cache(kv_cache_bytes, block_size, prefix_cache)
         if kv_disk_dir is not None and self.prefix_cache.is_enabled:
             self.prefix_cache.disk = self._make_disk_tier(kv_disk_dir, kv_disk_bytes)
+        self.prefix_cache.disk_policy = kv_disk_policy
         self.chunk_store = ChunkStore(self._make_pool(chunk_cache_bytes, block_size))
         """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunk_reuse``);
         it spills to the prefix cache's disk tier too (chunk blocks have their own keys)."""
         self.chunk_store.disk = self.prefix_cache.disk
+        self.chunk_store.write_through = kv_disk_policy == "write-through"
 
     def stats(self) -> CacheStats:
         """Prefix cache counters and occupancy, with the disk tier's and the chunk store's."""
@@ -85,6 +89,12 @@ class KVStores:
         """
         self.chunk_store.flush(spill=not include_disk)
         return self.prefix_cache.flush(include_disk=include_disk)
+
+    def flush_namespace(self, namespace: Namespace) -> int:
+        """Drop one namespace's unpinned blocks and chunks, in memory and on the disk tier
+        (``PrefixCache.flush_namespace``); returns the prefix blocks freed."""
+        self.chunk_store.flush_namespace(namespace)
+        return self.prefix_cache.flush_namespace(namespace)
 
     def drain_disk(self) -> None:
         """Wait until every queued disk-tier write is on disk (no-op without a disk tier)."""

@@ -16,6 +16,7 @@ import torch
 
 from runtime._detokenizer import Detokenizer
 from runtime.cache.prefix_cache import namespace_of
+from runtime.cache.radix_cache import Namespace
 from runtime.chunk_reuse import ChunkReuse, chunk_reuse_blocker
 from runtime.exceptions import ChunkReuseError, InvalidRequestError, PromptTooLongError
 from runtime.grammar import Grammar
@@ -91,6 +92,10 @@ class RequestBuilder:
         _check_unicode(text, "prompt text")
         return list(self.tokenizer.encode(text, add_special_tokens=True)) if text else []
 
+    def namespace(self, cache_salt: str | None) -> Namespace:
+        """The prefix-cache namespace of requests with ``cache_salt`` (model, revision, dtype)."""
+        return namespace_of(self.model_id, self.revision, self._dtype_name, cache_salt)
+
     def make_request(
         self,
         prompt: Prompt,
@@ -131,7 +136,7 @@ class RequestBuilder:
         self._check(ids, params)
         if chunk_reuse is not None:
             self._check_chunks(chunk_reuse, ids, params)
-        namespace = namespace_of(self.model_id, self.revision, self._dtype_name, cache_salt)
+        namespace = self.namespace(cache_salt)
         choices = [
             Request(
                 prompt_ids=ids,

@@ -110,6 +110,16 @@ class CliProcess:
         self.close()
         return status
 
+    def stop(self, sig: signal.Signals = signal.SIGTERM, *, timeout_s: float = 60) -> int:
+        """Send ``sig`` (SIGTERM: what a service manager sends), wait for the exit (kill after
+        ``timeout_s``); the exit status. Pipes stay open: ``text`` still reads the output."""
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.close()
+            raise
+
     def close(self) -> None:
         """Kill the process if it still runs; close its pipes once the readers are done."""
         if self.process.poll() is None:

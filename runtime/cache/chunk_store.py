@@ -18,6 +18,7 @@ import hashlib
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NewType
 
 import torch
@@ -86,6 +87,7 @@ class _Entry:
     key: ChunkKey
     num_tokens: int
     block_ids: list[int]
+    namespace: Namespace
     num_branches: int = 1
     """Requests that used this chunk (the ``"shared"`` eviction policy's sharing count)."""
     last_access: int = 0
@@ -124,6 +126,8 @@ class ChunkStore:
         """Lookups served by loading the chunk back from ``disk``."""
         self.disk: DiskTier | None = None
         """Evicted chunks spill here and memory misses look here (set by ``KVStores``)."""
+        self.write_through = False
+        """Spill each chunk to ``disk`` as soon as it is stored, not only when evicted."""
 
     @property
     def num_entries(self) -> int:
@@ -162,7 +166,7 @@ class ChunkStore:
                 return None
             self.num_hits += 1
             self.num_disk_hits += 1
-            self._store(key, kv)
+            self._store(namespace, key, kv)
             return kv
         self.num_hits += 1
         entry.num_branches += 1
@@ -185,9 +189,9 @@ class ChunkStore:
             True when stored (or already there); False when it cannot fit the whole budget.
         """
         assert kv.shape[3] == len(tokens) > 0, "one KV position per chunk token"
-        return self._store(chunk_key(namespace, tokens), kv)
+        return self._store(namespace, chunk_key(namespace, tokens), kv)
 
-    def _store(self, key: ChunkKey, kv: torch.Tensor) -> bool:
+    def _store(self, namespace: Namespace, key: ChunkKey, kv: torch.Tensor) -> bool:
         """``put`` by key: ``kv`` is ``[L, 2, H_kv, n, D]``."""
         if key in self._entries:
             return True
@@ -204,9 +208,11 @@ class ChunkStore:
             zeros = kv.new_zeros((*kv.shape[:3], pad, kv.shape[4]))
             kv = torch.cat((kv, zeros), dim=3)
         self.pool.write_from(block_ids, kv)
-        entry = _Entry(key, num_tokens, block_ids)
+        entry = _Entry(key, num_tokens, block_ids, namespace)
         self._entries[key] = entry
         self._touch(entry)
+        if self.write_through:
+            self._spill(entry)
         return True
 
     def flush(self, *, spill: bool = True) -> int:
@@ -221,6 +227,19 @@ class ChunkStore:
         self._entries.clear()
         self._heap.compact(0)
         return num
+
+    def flush_namespace(self, namespace: Namespace) -> int:
+        """Drop one namespace's entries and their blocks on the disk tier; returns entries
+        dropped (other namespaces keep theirs)."""
+        dropped = [e for e in self._entries.values() if e.namespace == namespace]
+        for entry in dropped:
+            del self._entries[entry.key]
+            self.pool.free(entry.block_ids)
+            entry.heap_seq = -1
+        self._heap.compact(len(self._entries))
+        if self.disk is not None:
+            self.disk.remove_group(self.disk.group_of(namespace))
+        return len(dropped)
 
     def check_integrity(self) -> None:
         """Assert free + stored blocks == total, blocks owned once, one live heap entry each."""
@@ -260,11 +279,11 @@ class ChunkStore:
         """Queue an entry's blocks for the disk tier (a copy each; a full queue drops them)."""
         if self.disk is None:
             return
+        group = self.disk.group_of(entry.namespace)
         for block_id, disk_key in zip(
             entry.block_ids, self._disk_keys(entry.key, entry.num_tokens), strict=True
         ):
-            if not self.disk.contains(disk_key):
-                self.disk.put(disk_key, self.pool.read_block(block_id))
+            self.disk.offer(disk_key, partial(self.pool.read_block, block_id), group=group)
 
     def _load_from_disk(self, key: ChunkKey, num_tokens: int) -> torch.Tensor | None:
         """``[L, 2, H_kv, num_tokens, D]`` KV of a spilled chunk, or None unless every one of its

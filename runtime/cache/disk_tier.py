@@ -6,8 +6,10 @@ block layout, so another model, dtype or tenant never finds these files. Each fi
 own key and a sha256 of its payload; a damaged, truncated or foreign file is a miss and is
 removed. Writes go through a bounded queue to one writer thread (a full queue drops the write,
 never blocks the caller) and land atomically (temp file + rename), so a process killed mid-write
-leaves at most a temp file, which the next start removes. Reads can be prefetched by a reader
-thread into a small staging area. It knows block keys and tensors, never tokens or the tree.
+leaves at most a temp file, which the next start removes. Each file also names its group (a tag
+of the namespace it belongs to), so one tenant's blocks can be removed alone. Reads can be
+prefetched by a reader thread into a small staging area. It knows block keys and tensors, never
+tokens or the tree.
 """
 
 from __future__ import annotations
@@ -19,20 +21,34 @@ import struct
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 
 from runtime.cache.radix_cache import BlockHash
 
-__all__ = ["DISK_HEADER_BYTES", "DiskStats", "DiskTier", "DiskTierStats"]
+__all__ = [
+    "DISK_HEADER_BYTES",
+    "DISK_POLICIES",
+    "DiskPolicy",
+    "DiskStats",
+    "DiskTier",
+    "DiskTierStats",
+]
 
 _MAGIC = b"ACKVBLK1"
 _HEADER = struct.Struct("<8s32sQ32s")  # magic, key, payload bytes, sha256(payload)
 _SUFFIX = ".kvb"
 DISK_HEADER_BYTES = _HEADER.size
 """Bytes each block file adds to its payload (size a budget as blocks * (block_bytes + this))."""
+
+DiskPolicy = Literal["write-through", "evict"]
+"""When a block reaches the disk tier: ``"write-through"`` as soon as it is cached (queued in the
+background, so a clean restart finds it), or ``"evict"`` only when the pool evicts it."""
+DISK_POLICIES: tuple[str, ...] = get_args(DiskPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +71,8 @@ class DiskTierStats:
     """Seconds spent reading and verifying blocks on the request path (prefetched ones free)."""
     num_corrupt: int
     """Damaged, truncated or foreign files found, treated as misses and removed."""
+    bytes_written: int = 0
+    """Bytes of block files written since start (headers included)."""
 
     @property
     def mean_load_ms(self) -> float:
@@ -65,11 +83,16 @@ class DiskTierStats:
 class DiskStats:
     """Counters of one ``DiskTier`` (read under its lock)."""
 
-    __slots__ = ("bytes_used", "load_s", "num_corrupt", "num_dropped", "num_loads", "num_writes")
+    __slots__ = (
+        "bytes_used", "bytes_written", "load_s", "num_corrupt", "num_dropped", "num_loads",
+        "num_writes",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.bytes_used = 0
         """Bytes of block files now in the directory (headers included)."""
+        self.bytes_written = 0
+        """Bytes of block files written since start (headers included)."""
         self.num_writes = 0
         """Block files written since start."""
         self.num_dropped = 0
@@ -85,11 +108,12 @@ class DiskStats:
 class DiskTier:
     """Byte-budgeted, checksummed block files with a background writer and prefetching reader.
 
-    Thread-safe. ``put`` never blocks for IO; ``load`` reads synchronously unless the block was
-    prefetched. Files are evicted least recently used (by write or load) to stay in budget.
-    One process per directory: the start-up scan deletes temp files and the byte accounting is
-    per process, so two live engines must not share a directory (sequential restarts may).
-    Memory: at most ``max_pending + max_staged`` block copies are held besides the pool.
+    Thread-safe. ``put``/``offer`` never block for IO; ``load`` reads synchronously unless the
+    block was prefetched. Files are evicted least recently used (by write or load) to stay in
+    budget. One process per directory: the start-up scan deletes temp files and the byte
+    accounting is per process, so two live engines must not share a directory (sequential
+    restarts may). Memory: at most ``max_pending + max_staged`` block copies are held besides
+    the pool.
 
     Args:
         path: directory (created if missing); leftover temp files are removed on start.
@@ -130,14 +154,15 @@ class DiskTier:
         self._salt = hashlib.sha256(f"agentcache-disk-v1\0{fingerprint}".encode()).digest()
         self.stats = DiskStats()
         self._lock = threading.Lock()
-        self._index: OrderedDict[str, int] = OrderedDict()  # key -> file bytes, LRU first
-        self._pending: dict[str, torch.Tensor] = {}
+        self._index: OrderedDict[str, tuple[int, str]] = OrderedDict()  # key -> (bytes, group)
+        self._pending: dict[str, tuple[torch.Tensor, str]] = {}
         self._staged: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._max_staged = max_staged
         self._max_pending = max_pending
         self._writes: queue.Queue[str | None] = queue.Queue()
         self._reads: queue.Queue[str | None] = queue.Queue(maxsize=max(1, max_staged))
         self._threads: list[threading.Thread] = []
+        self._write_deadline: float | None = None
         self._scan()
 
     # --- keys and lookups ------------------------------------------------------------------
@@ -146,16 +171,36 @@ class DiskTier:
         """File key (hex) of a block: sha256(fingerprint salt || chained block hash)."""
         return hashlib.sha256(self._salt + block_hash).hexdigest()
 
+    def group_of(self, tag: str) -> str:
+        """The group (16 hex digits) of blocks tagged ``tag`` (a namespace): part of file names,
+        so ``remove_group`` finds them after a restart; salted like keys."""
+        return hashlib.sha256(self._salt + b"group\0" + tag.encode()).hexdigest()[:16]
+
+    def file_of(self, key: str) -> Path | None:
+        """The file holding ``key`` now (None when it is not on disk)."""
+        with self._lock:
+            entry = self._index.get(key)
+        return None if entry is None else self._file(key, entry[1])
+
     def contains(self, key: str) -> bool:
         """Whether the block is on disk, queued for writing or staged (no IO)."""
         with self._lock:
             return key in self._index or key in self._pending or key in self._staged
 
-    def put(self, key: str, block: torch.Tensor) -> bool:
+    def put(self, key: str, block: torch.Tensor, *, group: str = "") -> bool:
         """Queue ``block`` (``block_shape``, owned by the tier from now on) for writing.
 
         Returns:
             False when the write was dropped (queue full); True when queued or already kept.
+        """
+        return self.offer(key, lambda: block, group=group)
+
+    def offer(self, key: str, read: Callable[[], torch.Tensor], *, group: str = "") -> bool:
+        """``put`` a block that ``read`` copies out only when it will be queued (not on disk or
+        queued already, and room in the queue), so a deduplicated or dropped write costs no copy.
+
+        Returns:
+            False when the write was dropped (queue full, counted); True when queued or kept.
         """
         with self._lock:
             if key in self._index or key in self._pending:
@@ -165,7 +210,9 @@ class DiskTier:
             if len(self._pending) >= self._max_pending:
                 self.stats.num_dropped += 1
                 return False
-            self._pending[key] = block
+        block = read()
+        with self._lock:
+            self._pending[key] = (block, group)
             self._writes.put_nowait(key)
         self._start_threads()
         return True
@@ -177,9 +224,8 @@ class DiskTier:
         """
         start = time.perf_counter()
         with self._lock:
-            block = self._pending.get(key)
-            if block is None:
-                block = self._staged.pop(key, None)
+            pending = self._pending.get(key)
+            block = pending[0] if pending is not None else self._staged.pop(key, None)
             if key in self._index:
                 self._index.move_to_end(key)
         if block is None:
@@ -212,23 +258,51 @@ class DiskTier:
         self._reads.join()
 
     def clear(self) -> int:
-        """Remove every block file (queued writes still land); returns files removed."""
+        """Remove every block file and queued write; returns files removed."""
         with self._lock:
             keys = list(self._index)
             for key in keys:
                 self._remove_locked(key)
             self._staged.clear()
+            self._pending.clear()
         return len(keys)
 
-    def close(self) -> None:
-        """Finish queued writes and stop the threads (idempotent)."""
+    def remove_group(self, group: str) -> int:
+        """Remove the files and queued writes of one group (``group_of``); returns files removed.
+
+        A write of that group already in progress is discarded when it ends.
+        """
+        with self._lock:
+            keys = [k for k, (_, g) in self._index.items() if g == group]
+            for key in keys:
+                self._remove_locked(key)
+            for key in [k for k, (_, g) in self._pending.items() if g == group]:
+                del self._pending[key]
+        return len(keys)
+
+    def close(self, timeout_s: float | None = None) -> int:
+        """Finish queued writes and stop the threads (idempotent).
+
+        Args:
+            timeout_s: most seconds to spend writing what is queued (None: all of it); writes
+                still queued then are dropped (counted in ``num_dropped``; a file being written
+                is finished or left as a temp file that the next start removes).
+
+        Returns:
+            Writes dropped by the deadline.
+        """
         with self._lock:
             threads, self._threads = self._threads, []
+            if timeout_s is not None:
+                self._write_deadline = time.monotonic() + timeout_s
+            before = self.stats.num_dropped
         for q in (self._writes, self._reads):
             if threads:
                 q.put(None)
         for thread in threads:
-            thread.join()
+            thread.join(None if timeout_s is None else timeout_s + 1.0)
+        with self._lock:
+            return self.stats.num_dropped - before
 
     def snapshot(self) -> DiskTierStats:
         """The tier's counters now, as the engine reports them."""
@@ -238,7 +312,7 @@ class DiskTier:
                 bytes_used=st.bytes_used, bytes_total=self.budget_bytes,
                 num_blocks=len(self._index), num_writes=st.num_writes,
                 num_dropped_writes=st.num_dropped, num_loads=st.num_loads,
-                load_s=st.load_s, num_corrupt=st.num_corrupt,
+                load_s=st.load_s, num_corrupt=st.num_corrupt, bytes_written=st.bytes_written,
             )  # fmt: skip
 
     @property
@@ -247,35 +321,54 @@ class DiskTier:
         with self._lock:
             return len(self._index)
 
+    @property
+    def num_pending(self) -> int:
+        """Writes queued and not yet on disk."""
+        with self._lock:
+            return len(self._pending)
+
     def check_integrity(self) -> None:
         """Assert the index matches the files on disk and the byte budget holds."""
         with self._lock:
-            assert self.stats.bytes_used == sum(self._index.values()), "byte count drifted"
+            assert self.stats.bytes_used == sum(s for s, _ in self._index.values()), "bytes drift"
             assert self.stats.bytes_used <= self.budget_bytes, "over the disk budget"
-            on_disk = {p.name[: -len(_SUFFIX)]: p.stat().st_size for p in self._files()}
+            on_disk = {key: (p.stat().st_size, group) for p, key, group in self._files()}
             assert on_disk == dict(self._index), "index and directory disagree"
             assert len(self._staged) <= self._max_staged, "staging area over its bound"
             assert len(self._pending) <= self._max_pending, "pending writes over bound"
 
     # --- internals -------------------------------------------------------------------------
 
-    def _files(self) -> list[Path]:
-        return [p for p in self.path.iterdir() if p.suffix == _SUFFIX and len(p.stem) == 64]
+    def _file(self, key: str, group: str) -> Path:
+        return self.path / (f"{group}-{key}{_SUFFIX}" if group else f"{key}{_SUFFIX}")
+
+    def _files(self) -> list[tuple[Path, str, str]]:
+        """``(path, key, group)`` of every block file (``<key>.kvb`` or ``<group>-<key>.kvb``)."""
+        out = []
+        for p in self.path.iterdir():
+            group, _, key = p.stem.rpartition("-")
+            if p.suffix == _SUFFIX and len(key) == 64 and len(group) in (0, 16):
+                out.append((p, key, group))
+        return out
 
     def _scan(self) -> None:
         """Index existing block files (oldest first); delete temp files of interrupted writes."""
         for tmp in self.path.glob("*.tmp"):
             tmp.unlink(missing_ok=True)
-        found = sorted((p.stat().st_mtime_ns, p.stem, p.stat().st_size) for p in self._files())
+        found = sorted(
+            (p.stat().st_mtime_ns, key, group, p.stat().st_size) for p, key, group in self._files()
+        )
         with self._lock:
-            for _, key, size in found:
-                self._index[key] = size
+            for _, key, group, size in found:
+                if key in self._index:  # NOTE: one key under two groups: keep one file
+                    self._remove_locked(key)
+                self._index[key] = (size, group)
                 self.stats.bytes_used += size
             self._enforce_budget_locked()
 
     def _start_threads(self) -> None:
         with self._lock:
-            if self._threads:
+            if self._threads or self._write_deadline is not None:
                 return
             self._threads = [
                 threading.Thread(target=self._write_loop, name="kv-disk-writer", daemon=True),
@@ -290,20 +383,25 @@ class DiskTier:
             try:
                 if key is None:
                     return
+                if self._write_deadline is not None and time.monotonic() > self._write_deadline:
+                    with self._lock:
+                        if self._pending.pop(key, None) is not None:
+                            self.stats.num_dropped += 1
+                    continue
                 self._write(key)
             finally:
                 self._writes.task_done()
 
     def _write(self, key: str) -> None:
         with self._lock:
-            block = self._pending.get(key)
-        if block is None:
+            pending = self._pending.get(key)
+        if pending is None:
             return
+        block, group = pending
         payload = block.contiguous().view(torch.uint8).numpy().tobytes()
         header = _HEADER.pack(
             _MAGIC, bytes.fromhex(key), len(payload), hashlib.sha256(payload).digest()
         )
-        final = self.path / f"{key}{_SUFFIX}"
         tmp = self.path / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
             with open(tmp, "wb") as f:
@@ -311,13 +409,16 @@ class DiskTier:
                 f.write(payload)
             size = tmp.stat().st_size
             with self._lock:
+                if self._pending.pop(key, None) is None:  # NOTE: its group was removed meanwhile
+                    tmp.unlink(missing_ok=True)
+                    return
                 # NOTE: rename under the lock, so the index and the directory always agree.
-                os.replace(tmp, final)
+                os.replace(tmp, self._file(key, group))
                 if key not in self._index:
                     self.stats.bytes_used += size
-                self._index[key] = size
-                self._pending.pop(key, None)
+                self._index[key] = (size, group)
                 self.stats.num_writes += 1
+                self.stats.bytes_written += size
                 self._enforce_budget_locked()
         except OSError:
             tmp.unlink(missing_ok=True)
@@ -342,8 +443,12 @@ class DiskTier:
 
     def _read_verified(self, key: str) -> torch.Tensor | None:
         """Read and check one file; a bad one is removed and counted (never returned)."""
+        with self._lock:
+            entry = self._index.get(key)
         try:
-            data = (self.path / f"{key}{_SUFFIX}").read_bytes()
+            if entry is None:
+                raise FileNotFoundError(key)
+            data = self._file(key, entry[1]).read_bytes()
         except OSError:
             with self._lock:
                 self._forget_locked(key)
@@ -376,13 +481,15 @@ class DiskTier:
             self._remove_locked(next(iter(self._index)))
 
     def _remove_locked(self, key: str) -> None:
-        (self.path / f"{key}{_SUFFIX}").unlink(missing_ok=True)
+        entry = self._index.get(key)
+        if entry is not None:
+            self._file(key, entry[1]).unlink(missing_ok=True)
         self._forget_locked(key)
 
     def _forget_locked(self, key: str) -> None:
-        size = self._index.pop(key, None)
-        if size is not None:
-            self.stats.bytes_used -= size
+        entry = self._index.pop(key, None)
+        if entry is not None:
+            self.stats.bytes_used -= entry[0]
         self._staged.pop(key, None)
 
 

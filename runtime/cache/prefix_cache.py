@@ -1,19 +1,21 @@
 """Prefix cache: the one place that talks to both the radix tree (tokens) and the KV pool (tensors).
 
 ``match`` copies the longest cached prefix into a request's buffer; ``insert`` stores the
-request's whole blocks. With a disk tier, evicted blocks spill to disk and a match continues
-past the tree into it, loading blocks back into the pool. It knows nothing about the model,
+request's whole blocks. With a disk tier, new blocks are queued for disk as they are cached
+(``"write-through"``) or when evicted (``"evict"``), and a match continues past the tree into
+it, loading blocks back into the pool. It knows nothing about the model,
 sampling or threads (the engine holds its lock around every call).
 """
 
 from __future__ import annotations
 
 import hashlib
+from functools import partial
 from typing import NamedTuple, Protocol
 
 import torch
 
-from runtime.cache.disk_tier import DiskTier
+from runtime.cache.disk_tier import DiskPolicy, DiskTier
 from runtime.cache.eviction import EvictionPolicy
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.radix_cache import (
@@ -82,6 +84,7 @@ class PrefixCache:
         disabled_reason: str | None,
         policy: EvictionPolicy = "shared",
         disk: DiskTier | None = None,
+        disk_policy: DiskPolicy = "write-through",
     ) -> None:
         self.pool = pool
         self.radix = RadixCache(pool.block_size, policy=policy)
@@ -90,6 +93,8 @@ class PrefixCache:
         if is_enabled and pool.num_blocks == 0:
             self.disabled_reason = "kv_cache_bytes is smaller than one block"
         self.disk = disk if self.is_enabled else None
+        self.disk_policy: DiskPolicy = disk_policy
+        """When blocks reach ``disk``: as cached (``"write-through"``) or when evicted."""
         self.queried_tokens = 0
         self.hit_tokens = 0
         """Prompt tokens served from either tier."""
@@ -169,6 +174,10 @@ class PrefixCache:
         node, _ = self.radix.insert(namespace, tokens[:end], found.block_ids + new_ids)
         self.radix.lock(node)
         self.radix.unlock(held)
+        if self.disk is not None and self.disk_policy == "write-through":
+            # NOTE: the new node holds exactly the new blocks (found.node was pinned meanwhile).
+            assert node.block_ids[-len(new_ids) :] == new_ids, "new blocks end the node"
+            self._write(namespace, new_ids, node.hashes[-len(new_ids) :])
         return node
 
     def acquire(self, node: TreeNode | None) -> TreeNode | None:
@@ -201,6 +210,15 @@ class PrefixCache:
             self.disk.clear()
         return len(evicted)
 
+    def flush_namespace(self, namespace: Namespace) -> int:
+        """Drop one namespace's unpinned blocks, and all its blocks on the disk tier (queued
+        writes included); other namespaces keep theirs. Returns the pool blocks freed."""
+        evicted = self.radix.evict_namespace(namespace)
+        self.pool.free([e.block_id for e in evicted])
+        if self.disk is not None:
+            self.disk.remove_group(self.disk.group_of(namespace))
+        return len(evicted)
+
     def check_integrity(self) -> None:
         """Assert free + evictable + in-use == total blocks, and every part's own invariants.
 
@@ -230,12 +248,19 @@ class PrefixCache:
         return self.pool.allocate(min(num_blocks, self.pool.num_free)) or []
 
     def _spill(self, evicted: list[EvictedBlock]) -> None:
-        """Queue evicted blocks for the disk tier (a copy each; a full queue drops them)."""
+        """Queue evicted blocks for the disk tier (a copy each unless on disk or queued already;
+        a full queue drops them). Under write-through most are there already."""
         assert self.disk is not None
         for e in evicted:
-            key = self.disk.key(e.block_hash)
-            if not self.disk.contains(key):
-                self.disk.put(key, self.pool.read_block(e.block_id))
+            self._write(e.namespace, [e.block_id], [e.block_hash])
+
+    def _write(self, namespace: Namespace, block_ids: list[int], hashes: list[BlockHash]) -> None:
+        """Offer pool blocks to the disk tier, deduplicated by hash (never blocks on IO)."""
+        disk = self.disk
+        assert disk is not None
+        group = disk.group_of(namespace)
+        for bid, h in zip(block_ids, hashes, strict=True):
+            disk.offer(disk.key(h), partial(self.pool.read_block, bid), group=group)
 
     def _disk_run(self, last: BlockHash, tokens: list[int], pos: int) -> list[str]:
         """Keys of the consecutive blocks of ``tokens[pos:]`` present on the disk tier."""

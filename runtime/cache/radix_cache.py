@@ -264,6 +264,45 @@ class RadixCache:
         self._heap.compact(self._num_nodes)
         return freed
 
+    def evict_namespace(self, namespace: Namespace) -> list[EvictedBlock]:
+        """Free every unpinned block of one namespace (a tenant's cache reset); others untouched.
+
+        A node nobody pins has no pinned descendant (a pin locks every ancestor), so each
+        unpinned subtree goes whole. Side effect: the root goes when nothing stays pinned.
+
+        Returns:
+            The freed blocks (in no particular order).
+        """
+        root = self._roots.get(namespace)
+        freed: list[EvictedBlock] = []
+        stack = [root] if root is not None else []
+        while stack:
+            node = stack.pop()
+            for child in list(node.children.values()):
+                if child.ref_count > 0:
+                    stack.append(child)
+                    continue
+                self._drop_subtree(child, freed)
+                del node.children[child.key[: self.block_size]]
+                self._heap.update(node)
+        if root is not None and not root.children:
+            del self._roots[namespace]
+        self._heap.compact(self._num_nodes)
+        return freed
+
+    def _drop_subtree(self, top: TreeNode, freed: list[EvictedBlock]) -> None:
+        """Forget ``top`` and its descendants (all unpinned), listing their blocks in ``freed``."""
+        stack = [top]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            freed.extend(EvictedBlock(b, h, node.namespace)
+                         for b, h in zip(node.block_ids, node.hashes, strict=True))  # fmt: skip
+            self.num_blocks -= len(node.block_ids)
+            self._num_nodes -= 1
+            node.heap_seq = -1
+        top.parent = None
+
     def check_integrity(self) -> None:
         """Assert keys match blocks, hashes chain, refcounts and counters add up."""
         seen: set[int] = set()

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +114,14 @@ def api_keys(args: argparse.Namespace) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+class _Terminated(Exception):
+    """SIGTERM arrived (a service manager stopping the server): unwind, closing the engine."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def run_cli(args: argparse.Namespace) -> int:
     """``agentcache serve``: bind the port, load the engine and serve until interrupted.
 
@@ -122,13 +132,26 @@ def run_cli(args: argparse.Namespace) -> int:
         with the bundled models listed), the model cannot be loaded or an API key option is
         bad (unreadable or empty key file), 3 when the address cannot be bound (port in use, or
         a host that is not local), 130 after Ctrl-C (SIGINT) at any point: the engine and the
-        socket are released and no traceback is printed.
+        socket are released and no traceback is printed. SIGTERM stops it the same way
+        (uvicorn's graceful shutdown, then the engine closes, writing the disk tier's queued
+        blocks for at most ``--kv-disk-flush-seconds``) and returns 0.
     """
+    # NOTE: uvicorn shuts down gracefully on SIGTERM, then re-raises it under the handler it
+    # found; with the default one the process would die before ``engine.close`` ran.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return _serve(args)
     except KeyboardInterrupt:
         print("agentcache serve: stopped (Ctrl-C)", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("agentcache serve: stopped (SIGTERM)", file=sys.stderr)
+        return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _error(message: str) -> None:
@@ -193,10 +216,16 @@ def _serve(args: argparse.Namespace) -> int:
         _error(f"--weights {weights} needs --dtype float32, not {args.dtype}")
         return 2
     disk_dir = getattr(args, "kv_disk_dir", None)
-    disk_bytes = getattr(args, "kv_disk_bytes", None)
-    if disk_bytes is not None and disk_dir is None:
-        _error("--kv-disk-bytes needs --kv-disk-dir")
-        return 2
+    disk_options = {
+        "kv_disk_bytes": getattr(args, "kv_disk_bytes", None),
+        "kv_disk_policy": getattr(args, "kv_disk_policy", None),
+        "kv_disk_flush_s": getattr(args, "kv_disk_flush_seconds", None),
+    }
+    for name, value in disk_options.items():
+        if value is not None and disk_dir is None:
+            flag = "--" + name.replace("_", "-").replace("flush-s", "flush-seconds")
+            _error(f"{flag} needs --kv-disk-dir")
+            return 2
     if disk_dir is not None and (problem := _unusable_dir(disk_dir)) is not None:
         _error(f"--kv-disk-dir: {problem}")
         return 2
@@ -222,8 +251,7 @@ def _serve(args: argparse.Namespace) -> int:
             kwargs["chunk_cache_bytes"] = args.chunk_cache_bytes
         if disk_dir is not None:
             kwargs["kv_disk_dir"] = disk_dir
-            if disk_bytes is not None:
-                kwargs["kv_disk_bytes"] = disk_bytes
+            kwargs.update({k: v for k, v in disk_options.items() if v is not None})
         from runtime.engine import Engine  # NOTE: imports torch (seconds).
 
         try:

@@ -61,6 +61,11 @@ class _CacheCollector(Collector):
         yield tiers
         if stats.disk is not None:
             yield from _disk_metrics(stats.disk)
+            per_token = (
+                stats.disk.bytes_written / stats.queried_tokens if stats.queried_tokens else 0.0
+            )
+            yield _gauge("kv_disk_bytes_written_per_prompt_token", "Disk tier bytes written / "
+                         "prompt tokens looked up (write-through cost)", per_token)  # fmt: skip
         if stats.chunk_store is not None:
             yield from _chunk_store_metrics(stats.chunk_store)
 
@@ -105,9 +110,10 @@ def _disk_metrics(disk: DiskTierStats) -> Iterator[Metric]:
     yield _gauge("kv_disk_bytes_used", "Bytes of KV block files on disk", disk.bytes_used)
     yield _gauge("kv_disk_bytes_total", "Disk tier byte budget", disk.bytes_total)
     yield _gauge("kv_disk_blocks", "KV block files on disk", disk.num_blocks)
-    yield _counter("kv_disk_writes", "KV blocks spilled to disk", disk.num_writes)
-    yield _counter("kv_disk_dropped_writes", "Spills dropped (write queue full)",
-                   disk.num_dropped_writes)  # fmt: skip
+    yield _counter("kv_disk_writes", "KV blocks written to disk", disk.num_writes)
+    yield _counter("kv_disk_written_bytes", "Bytes of KV block files written", disk.bytes_written)
+    yield _counter("kv_disk_dropped_writes", "Block writes dropped (write queue full, or left "
+                   "at shutdown)", disk.num_dropped_writes)  # fmt: skip
     yield _counter("kv_disk_loads", "KV blocks loaded back from disk", disk.num_loads)
     yield _counter("kv_disk_load_seconds", "Time spent loading blocks on the request path",
                    disk.load_s)  # fmt: skip

@@ -45,7 +45,9 @@ def block_file(engine: Engine, ids: list[int], index: int) -> Path:
     h = root_hash(engine.make_request(ids).namespace)
     for i in range(index + 1):
         h = block_hash(h, ids[i * BS : (i + 1) * BS])
-    return disk.path / f"{disk.key(h)}.kvb"
+    path = disk.file_of(disk.key(h))
+    assert path is not None, f"block {index} is not on disk"
+    return path
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
@@ -80,13 +82,15 @@ def test_warm_restart_hits_from_disk_and_other_weights_or_dtype_never_do(tmp_pat
     assert got[2] == 28 and restarted.cache_stats().disk_hit_tokens == 28
     assert_same_answer(ref[:2], got[:2])
     restarted.close()
+    # NOTE: one live engine per directory (write-through writes at once), so one after the other
     other_weights = disk_engine(save_tiny_model("llama", tmp_path / "m1", seed=1), tmp_path / "kv")
     assert run(other_weights, ids, 2, use_cache=True)[2] == 0
+    other_weights.check_integrity()
+    other_weights.close()
     other_dtype = disk_engine(model_dir, tmp_path / "kv", dtype="bfloat16")
     assert run(other_dtype, ids, 2, use_cache=True)[2] == 0
-    for eng in (other_weights, other_dtype):
-        eng.check_integrity()
-        eng.close()
+    other_dtype.check_integrity()
+    other_dtype.close()
 
 
 def test_corrupted_and_truncated_block_files_are_misses_never_wrong(tmp_path: Path) -> None:
@@ -103,7 +107,8 @@ def test_corrupted_and_truncated_block_files_are_misses_never_wrong(tmp_path: Pa
     data[len(data) // 2] ^= 0x55
     damaged.write_bytes(bytes(data))
     truncated = block_file(engine, b, 2)
-    truncated.write_bytes(truncated.read_bytes()[:-7])
+    bad = {damaged: bytes(data), truncated: truncated.read_bytes()[:-7]}
+    truncated.write_bytes(bad[truncated])
     got_a, got_b = run(engine, a, 5, use_cache=True), run(engine, b, 5, use_cache=True)
     assert got_a[2] == 0  # its first block is bad: nothing after it is trusted
     assert got_b[2] == 8  # two good blocks, then the truncated one stops the match
@@ -111,7 +116,10 @@ def test_corrupted_and_truncated_block_files_are_misses_never_wrong(tmp_path: Pa
     assert_same_answer(refs[1][:2], got_b[:2])
     stats = engine.cache_stats().disk
     assert stats is not None and stats.num_corrupt == 2
-    assert not damaged.exists() and not truncated.exists()
+    engine.drain_disk()  # NOTE: write-through rewrote both blocks from the recomputed KV
+    assert all(not p.exists() or p.read_bytes() != data for p, data in bad.items())
+    engine.flush_cache()
+    assert run(engine, a, 5, use_cache=True)[2] == 20 and run(engine, b, 5, use_cache=True)[2] == 20
     engine.check_integrity()
     engine.close()
 

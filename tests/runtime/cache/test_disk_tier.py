@@ -163,3 +163,84 @@ def test_prefetch_stages_verified_blocks_for_the_next_load(tmp_path: Path) -> No
     assert torch.equal(tier.load(keys[2]), block(2.0))  # type: ignore[arg-type]
     assert not tier._staged  # a staged block is handed over once
     tier.check_integrity()
+
+
+# --- write-through support: offers, groups, a bounded flush -------------------------------------
+
+
+def test_an_offer_copies_only_what_it_queues(tmp_path: Path) -> None:
+    """A block on disk or queued already costs no copy (``read`` is not called)."""
+    tier = make_tier(tmp_path, max_pending=1)
+    reads: list[int] = []
+
+    def read(i: int) -> torch.Tensor:
+        reads.append(i)
+        return block(float(i))
+
+    key = tier.key(chain(1)[0])
+    assert tier.offer(key, lambda: read(0))
+    tier.drain()
+    assert tier.offer(key, lambda: read(1))  # on disk: deduplicated by key
+    assert reads == [0] and tier.stats.num_writes == 1
+    tier.check_integrity()
+    tier.close()
+
+
+def test_remove_group_drops_one_groups_files_only_also_after_a_restart(tmp_path: Path) -> None:
+    tier = make_tier(tmp_path)
+    mine, theirs = tier.group_of("tenant-a"), tier.group_of("tenant-b")
+    keys = [tier.key(h) for h in chain(4)]
+    for i, key in enumerate(keys):
+        assert tier.put(key, block(float(i)), group=mine if i < 2 else theirs)
+    tier.close()
+    again = make_tier(tmp_path)  # the groups are in the file names: a restart still knows them
+    assert again.remove_group(mine) == 2
+    assert [again.contains(k) for k in keys] == [False, False, True, True]
+    loaded = again.load(keys[3])
+    assert loaded is not None and torch.equal(loaded, block(3.0))
+    again.check_integrity()
+    again.close()
+
+
+def test_close_flushes_within_its_deadline_and_drops_the_rest(tmp_path: Path) -> None:
+    """``close(0)`` writes at most the block in progress; the others are dropped and counted,
+    and the directory a later start finds is consistent."""
+    tier = make_tier(tmp_path, blocks=64, max_pending=64)
+    keys = [tier.key(h) for h in chain(40)]
+    for i, key in enumerate(keys):
+        assert tier.put(key, block(float(i)))
+    dropped = tier.close(0.0)
+    assert dropped == 40 - tier.stats.num_writes and tier.num_pending == 0
+    assert tier.close(5.0) == 0  # idempotent
+    again = make_tier(tmp_path, blocks=64)
+    assert again.num_blocks == tier.stats.num_writes
+    again.check_integrity()
+    full = make_tier(tmp_path / "full", blocks=64, max_pending=64)
+    for i, key in enumerate(keys):
+        assert full.put(key, block(float(i)))
+    assert full.close(60.0) == 0 and full.num_blocks == 40  # a generous deadline writes all
+
+
+def test_write_through_puts_each_new_block_on_disk_without_eviction(tmp_path: Path) -> None:
+    """Under "write-through" blocks reach disk as they are cached; under "evict" only when
+    evicted. A namespace flush drops that namespace alone, in memory and on disk."""
+    other = namespace_of("m", None, "float32", "tenant-b")
+    tokens = list(range(10, 23))  # 3 whole blocks
+    for policy, on_disk in (("write-through", 3), ("evict", 0)):
+        tier = make_tier(tmp_path / policy)
+        pc = PrefixCache(make_pool(8), is_enabled=True, disabled_reason=None, disk=tier,
+                         disk_policy=policy)  # type: ignore[arg-type]  # fmt: skip
+        for ns in (NS, other):
+            first = pc.match(ns, tokens, make_kv([]), use_cache=True)
+            pc.release(pc.insert(ns, tokens, make_kv(tokens), first.node))
+        tier.drain()
+        assert tier.num_blocks == 2 * on_disk and pc.radix.num_blocks == 6
+        assert pc.flush_namespace(NS) == 3 and pc.radix.num_blocks == 3
+        tier.drain()
+        assert tier.num_blocks == on_disk  # NS's files went, tenant-b's stay
+        assert pc.match(NS, tokens, make_kv([]), use_cache=True).cached_len == 0
+        hit = pc.match(other, tokens, make_kv([]), use_cache=True)
+        assert hit.cached_len == 12
+        pc.release(hit.node)
+        pc.check_integrity()
+        tier.close()

@@ -110,9 +110,11 @@ def test_kv_disk_and_budget_flags_reach_the_engine(
         port = str(probe.getsockname()[1])
     argv = ["serve", "--port", port, "--kv-disk-dir", str(tmp_path), "--kv-disk-bytes", "4096",
             "--kv-cache-bytes", "1234567", "--chunk-cache-bytes", "7654321",
-            "--dtype", "bfloat16"]  # fmt: skip
+            "--dtype", "bfloat16", "--kv-disk-policy", "evict",
+            "--kv-disk-flush-seconds", "2.5"]  # fmt: skip
     assert server.run_cli(build_parser().parse_args(argv)) == 2
     assert seen["kv_disk_dir"] == str(tmp_path) and seen["kv_disk_bytes"] == 4096
+    assert seen["kv_disk_policy"] == "evict" and seen["kv_disk_flush_s"] == 2.5
     assert (seen["kv_cache_bytes"], seen["chunk_cache_bytes"]) == (1234567, 7654321)
     assert seen["dtype"] == "bfloat16"
     seen.clear()
@@ -121,6 +123,9 @@ def test_kv_disk_and_budget_flags_reach_the_engine(
     lone = build_parser().parse_args(["serve", "--port", port, "--kv-disk-bytes", "4096"])
     assert server.run_cli(lone) == 2
     assert "--kv-disk-bytes needs --kv-disk-dir" in capsys.readouterr().err
+    lone = build_parser().parse_args(["serve", "--port", port, "--kv-disk-policy", "evict"])
+    assert server.run_cli(lone) == 2
+    assert "--kv-disk-policy needs --kv-disk-dir" in capsys.readouterr().err
     for weights in ("bfloat16", "float32-packed"):
         assert server.run_cli(build_parser().parse_args(["serve", "--port", port, "--weights",
                                                          weights])) == 2  # fmt: skip
