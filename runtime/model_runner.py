@@ -17,6 +17,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias, get_args
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from runtime import env
 from runtime.batch_kv import BatchKV
 from runtime.batch_mask import MaskPlan, mask_plan
 from runtime.compact_llama import CompactLlama, Segment, compact_blocker, prefill_mask
@@ -24,7 +25,7 @@ from runtime.exceptions import ModelLoadError, one_line
 from runtime.fp32_products import ProductChoice, choose_products
 from runtime.kernels import native_kernels
 from runtime.kv_cache import RequestKVCache
-from runtime.model_names import is_local_path, no_such_folder
+from runtime.model_names import HUB_ID, is_local_path, no_such_folder
 
 __all__ = [
     "ForwardPath",
@@ -120,17 +121,23 @@ def _resolve(model: str) -> str:
 
 
 def load_model(model: str, *, dtype: str, device: str, revision: str | None) -> tuple[Any, Any]:
-    """Load model + tokenizer from a local path, bundled name or hub id.
+    """Load model + tokenizer from a local folder or ``.gguf`` file, bundled or named model
+    (pulled on first use, see ``runtime.models``), or hub id.
 
     Raises:
         ModelLoadError: when either cannot be loaded, or (without touching the hub) when
             ``model`` is a filesystem path (see ``is_local_path``) that does not exist.
     """
     path = _resolve(model)
-    if path == model and is_local_path(model):
+    if path == model and (is_local_path(model) or model.endswith(".gguf")):
         path = os.path.expanduser(model)
         if not Path(path).exists():
             raise ModelLoadError(no_such_folder(model))
+    if Path(path).is_file() and path.endswith(".gguf"):
+        from runtime.models.convert import load_gguf
+
+        gguf_lm, gguf_tokenizer = load_gguf(Path(path), dtype=torch_dtype(dtype))
+        return _placed(gguf_lm, device), gguf_tokenizer
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
         lm: Any = AutoModelForCausalLM.from_pretrained(
@@ -139,10 +146,21 @@ def load_model(model: str, *, dtype: str, device: str, revision: str | None) -> 
     except Exception as exc:  # noqa: BLE001 - NOTE: loaders raise their own types (safetensors'
         # SafetensorError for a damaged file, RuntimeError for mismatched shapes, ...)
         where = "" if path == model else f" (resolved to {path!r})"
+        if path == model and HUB_ID.match(model) and env.hub_offline():
+            raise ModelLoadError(
+                f"cannot load hub id {model!r}: HF_HUB_OFFLINE is set and it is not in the "
+                "Hugging Face cache; unset HF_HUB_OFFLINE where the hub is reachable, or give a "
+                "local folder, a .gguf file or a named model (`agentcache models list`)"
+            ) from exc
         raise ModelLoadError(f"cannot load model {model!r}{where}: {one_line(exc)}") from exc
+    return _placed(lm, device), tokenizer
+
+
+def _placed(lm: Any, device: str) -> Any:
+    """``lm`` on ``device``, in eval mode."""
     lm.to(torch.device(device))
     lm.eval()
-    return lm, tokenizer
+    return lm
 
 
 _FINGERPRINT_SAMPLES = 4096

@@ -164,7 +164,8 @@ def test_a_model_name_typo_is_one_line_and_exit_2_without_torch(
     assert done.stdout == ""
     assert done.stderr.splitlines() == [
         f"agentcache {command}: unknown model 'tinyy': did you mean 'tiny'? bundled models: tiny; "
-        "or give a local folder or a hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'"
+        "named models (pulled on first use): smollm2-135m; or give a local folder, a .gguf file "
+        "or a hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'"
     ]
 
 

@@ -71,8 +71,12 @@ def test_missing_model_directory_is_exit_2_and_frees_the_port(
 @pytest.mark.parametrize(
     ("model", "says"),
     [
-        ("tinyy", "unknown model 'tinyy': did you mean 'tiny'? bundled models: tiny; or give"),
-        ("llama", "unknown model 'llama': bundled models: tiny; or give a local folder or a hub"),
+        ("tinyy", "unknown model 'tinyy': did you mean 'tiny'? bundled models: tiny; named"),
+        (
+            "llama",
+            "unknown model 'llama': bundled models: tiny; named models (pulled on first "
+            "use): smollm2-135m; or give a local folder, a .gguf file or a hub",
+        ),
     ],
 )
 def test_a_model_name_typo_is_one_line_before_torch_or_the_port(
