@@ -46,6 +46,7 @@ _BENCHES: dict[str, tuple[str, str]] = {
     "proxy": ("agentcache.proxy.bench:main", "a careless app's hit rate direct vs via the proxy"),
     "choices": ("runtime.bench.choices:main", "n=4 from one prefill vs 4 requests; grammar cost"),
     "rag": ("runtime.bench.rag:main", "documents reused in any order: chunk reuse TTFT, quality"),
+    "qa": ("agentcache.rag.bench:main", "grounded QA: accuracy, recall, TTFT per cache mode"),
 }
 
 

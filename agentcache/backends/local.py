@@ -450,6 +450,12 @@ class LocalBackend(BaseBackend):
         )
 
     @property
+    def last_completion_ids(self) -> list[int]:
+        """Generated token ids of the last call (empty before the first call or after ``reset``);
+        what a greedy cache-on vs cache-off comparison compares, token for token."""
+        return list(self._prev_generated)
+
+    @property
     def last_prompt_ids(self) -> list[int]:
         """Prompt token ids of the last call (empty before the first call or after ``reset``)."""
         return self._prev_ids[: len(self._prev_ids) - len(self._prev_generated)]

@@ -24,6 +24,7 @@ __all__ = [
     "NullTokenizer",
     "add_common_options",
     "bench_engine",
+    "bench_model",
     "products_record",
     "report",
     "restores_torch_threads",
@@ -56,6 +57,28 @@ def w1_model(args: argparse.Namespace) -> Any:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()  # type: ignore[no-untyped-call]
     if getattr(args, "weights", "float32") == "bfloat16":  # NOTE: the peers see the same weights
+        round_weights_bf16(model)
+    return model
+
+
+def bench_model(args: argparse.Namespace) -> Any:
+    """``--model``'s weights (a model folder or bundled name, ``resolve_model``) in ``--dtype``,
+    linear weights rounded as ``w1_model`` rounds them for ``--weights bfloat16``; W1's random
+    weights (``w1_model``) when ``--model`` is not given. The benches feed token ids, so only
+    the weights are loaded, never the tokenizer.
+
+    Raises:
+        OSError: the folder holds no loadable model.
+    """
+    name = getattr(args, "model", None)
+    if name is None:
+        return w1_model(args)
+    from runtime.models import resolve_model
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=dtype)
+    model.eval()  # type: ignore[no-untyped-call]
+    if getattr(args, "weights", "float32") == "bfloat16":
         round_weights_bf16(model)
     return model
 

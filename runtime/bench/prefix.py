@@ -25,13 +25,13 @@ from runtime.bench._argtypes import positive_int
 from runtime.bench._common import (
     add_common_options,
     bench_engine,
+    bench_model,
     kernels_record,
     products_record,
     report,
     restores_torch_threads,
     timed,
     ttft,
-    w1_model,
 )
 from runtime.bench._figures import Spread, noise_warnings, print_tables, spread_table
 from runtime.bench.floors import W1Shape, measure_hardware
@@ -69,7 +69,7 @@ def _measure_prefix(
     args: argparse.Namespace, peer_dir: Path | None = None
 ) -> tuple[dict[str, float], dict[str, list[float]], tuple[str | None, dict[str, str] | None]]:
     """The figures (medians), their per-run values, and ``products_record`` of the engine."""
-    model = w1_model(args)
+    model = bench_model(args)
     rng = random.Random(0)
 
     def toks(n: int) -> list[int]:
@@ -294,6 +294,23 @@ def _rename(raw: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def _model_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--model`` cannot run this bench (None when it can); sets ``args.layers`` to its
+    layer count. The prompts are random ids below 49000, so the vocabulary must hold them."""
+    from transformers import AutoConfig
+
+    from runtime.models import resolve_model
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model(args.model))
+    except (OSError, ValueError) as exc:
+        return f"--model {args.model!r}: cannot read its config ({exc})"
+    if config.vocab_size < 49000:
+        return f"--model {args.model!r}: vocabulary of {config.vocab_size} < 49000 random ids"
+    args.layers = config.num_hidden_layers
+    return None
+
+
 def _measure_restart(args: argparse.Namespace) -> dict[str, float]:
     """Warm restart: the first request on a known prefix in a fresh engine, served from disk.
 
@@ -302,7 +319,7 @@ def _measure_restart(args: argparse.Namespace) -> dict[str, float]:
     starts a fresh engine on the same directory and times its first request (known prefix + new
     suffix) against a cold miss of the same length on that engine.
     """
-    model = w1_model(args)
+    model = bench_model(args)
     rng = random.Random(0)
 
     def toks(n: int) -> list[int]:
@@ -383,7 +400,18 @@ def prefix_main(argv: list[str]) -> int:
         "keeps a packed fp32 copy for decode steps (the peers see the same f32 weights); "
         "default float32",
     )
-    p.add_argument("--gguf", default=None, help="use this GGUF of the W1 weights instead")
+    p.add_argument(
+        "--gguf",
+        default=None,
+        help="give llama.cpp this GGUF instead of converting the weights (of the same model: "
+        "another quantization of --model's weights is fine, its figures then compare other work)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a model folder or bundled name instead of W1's random weights (its own shape; "
+        "--layers is then ignored; token ids stay random, so answers are not meaningful)",
+    )
     args = p.parse_args(argv)
     if args.weights != "float32" and args.dtype != "float32":
         p.error(f"--weights {args.weights} needs --dtype float32, not {args.dtype}")
@@ -391,10 +419,15 @@ def prefix_main(argv: list[str]) -> int:
         problem = _peer_problem(args)
         if problem is not None:
             p.error(problem)
+    if args.model is not None:
+        problem = _model_problem(args)
+        if problem is not None:
+            p.error(problem)
     if args.threads:
         torch.set_num_threads(args.threads)
     kernels_line, kernels = kernels_record()
-    header = {"workload": "W1", "layers": args.layers, "prefix_len": args.prefix_len,
+    workload = "W1" if args.model is None else f"model {args.model}"
+    header = {"workload": workload, "layers": args.layers, "prefix_len": args.prefix_len,
               "dtype": args.dtype, "weights": args.weights,
               "kernel_isa": kernels["isa"] or "off"}  # fmt: skip
     if args.warm_restart:
@@ -411,7 +444,7 @@ def prefix_main(argv: list[str]) -> int:
     floors = [(timings[1], timings[2])]
     warnings = noise_warnings(timings, ratios, floors)
     title = (
-        f"bench prefix: W1, {args.layers} layers, {args.prefix_len}-token prefix + "
+        f"bench prefix: {workload}, {args.layers} layers, {args.prefix_len}-token prefix + "
         f"{args.suffix_len}-token suffix, {args.dtype}, {kernels['isa'] or 'no'} native kernels"
         + {
             "bfloat16": ", bf16 weights",

@@ -177,3 +177,32 @@ def test_stall_chunk_reuse_needs_room_for_the_documents(capsys: pytest.CaptureFi
         stall.main(["--chunk-reuse", "exact", "--long-tokens", "12"])
     assert exc.value.code == 2
     assert "--chunk-reuse needs --long-tokens >= 16" in capsys.readouterr().err
+
+
+def test_prefix_refuses_a_model_whose_vocabulary_cannot_hold_its_random_ids(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        prefix.prefix_main(["--model", "tiny"])
+    assert exit_info.value.code == 2
+    assert "--model 'tiny': vocabulary of 4096 < 49000 random ids" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_prefix_runs_a_model_folder_in_its_own_shape(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=49152, max_position_embeddings=512,
+    )  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)  # type: ignore[no-untyped-call]
+    argv = ["--model", str(tmp_path), "--prefix-len", "64", "--suffix-len", "4", "--repeats", "2"]
+    assert prefix.prefix_main([*argv, "--decode-tokens", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["workload"] == f"model {tmp_path}" and report["layers"] == 2
+    assert report["spread"]["hit (prefix cached)"]["n"] == 2
