@@ -207,10 +207,16 @@ def _add_serve(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
         "(default: none)",
     )
     p.add_argument(
+        "--admin-key",
+        default=None,
+        help="bearer token for /metrics and the global cache reset (every tenant's cache, memory "
+        "and disk). With --api-key set and no admin key, /metrics and the global reset are "
+        "refused (403), and each API key's reset drops only its own namespace (default: none)",
+    )
+    p.add_argument(
         "--metrics-key",
         default=None,
-        help="a separate bearer token for /metrics and the cache reset (default: any API key "
-        "when keys are set)",
+        help="older name of --admin-key, with the same rights (default: none)",
     )
     p.add_argument(
         "--cors-origin",

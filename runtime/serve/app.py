@@ -42,6 +42,7 @@ from runtime.serve.engine_protocol import ServingEngine
 from runtime.serve.failsafe import ErrorShield
 from runtime.serve.metrics import CONTENT_TYPE, Outcome, ServerMetrics
 from runtime.serve.protocol import (
+    CacheResetRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -108,7 +109,7 @@ class _Server:
         engine: ServingEngine,
         *,
         api_keys: Sequence[str],
-        metrics_key: str | None,
+        admin_keys: Sequence[str],
         max_request_bytes: int,
     ) -> None:
         if max_request_bytes < 1:
@@ -117,7 +118,7 @@ class _Server:
         self.max_request_bytes = max_request_bytes
         self.metrics = ServerMetrics(engine.cache_stats, engine.scheduler_stats)
         self.keys = KeyRing(
-            api_keys, metrics_key=metrics_key, on_refused=lambda: self.metrics.count("unauthorized")
+            api_keys, admin_keys=admin_keys, on_refused=lambda: self.metrics.count("unauthorized")
         )
 
     def queue_counts(self) -> tuple[int, int]:
@@ -147,7 +148,10 @@ class _Server:
             ApiError: 413 on a body over the size limit, 400 on malformed JSON or invalid
                 fields, 404 on an unknown model.
         """
-        raw = await self.read_body(request)
+        return self.validate(await self.read_body(request), model)
+
+    def validate(self, raw: bytes, model: type[BaseModel]) -> Any:
+        """``parse`` of a body already read (same errors but the 413)."""
         try:
             body = json.loads(raw)
         except RecursionError as exc:
@@ -363,6 +367,7 @@ def create_app(
     engine: ServingEngine,
     *,
     api_key: str | Sequence[str] | None = None,
+    admin_key: str | None = None,
     metrics_key: str | None = None,
     cors_origins: Sequence[str] = (),
     default_max_tokens: int = 256,
@@ -374,10 +379,12 @@ def create_app(
         engine: the loaded engine (``runtime.Engine`` or anything with its serving methods).
         api_key: one key or several; when set, every ``/v1`` call, ``/tokenize``,
             ``/detokenize``, ``/tokenizer_info`` and ``/openapi.json`` need ``Bearer <key>``
-            (else 401). Each key is its own prefix-cache tenant. ``/metrics`` and the admin
-            cache reset then need a key too (see ``KeyRing``).
-        metrics_key: a separate key that alone opens ``/metrics`` and the admin cache reset
-            (an API key gets 403 there: the reset drops every tenant's prefixes).
+            (else 401). Each key is its own prefix-cache tenant and may reset its own
+            namespace; ``/metrics`` and the global cache reset then need ``admin_key`` (403
+            naming ``--admin-key`` without one; see ``KeyRing``).
+        admin_key: the key that alone opens ``/metrics`` and the global cache reset (every
+            tenant's prefixes, in memory and on the disk tier).
+        metrics_key: the older name of ``admin_key`` (same rights; both may be given).
         cors_origins: origins allowed by CORS (``"*"`` for any); empty: no CORS headers.
         default_max_tokens: ``max_tokens`` when a request gives none (capped by the context).
         max_request_bytes: largest body read; larger ones get 413 before any parsing or
@@ -395,7 +402,7 @@ def create_app(
     server = _Server(
         engine,
         api_keys=keys,
-        metrics_key=metrics_key,
+        admin_keys=[k for k in (admin_key, metrics_key) if k is not None],
         max_request_bytes=max_request_bytes,
     )
     # NOTE: FastAPI's own /openapi.json would be open to anyone; ours checks the key.
@@ -492,9 +499,20 @@ def _add_utility_routes(app: FastAPI, server: _Server) -> None:
         return JSONResponse(tokenizer_info_body(engine))
 
     async def reset_cache(request: Request) -> Response:
-        server.keys.check_admin(request)
-        freed = await run_sync(engine.flush_cache)
-        return JSONResponse({"status": "ok", "num_blocks_freed": freed})
+        scope, key = server.keys.check_reset(request)
+        salt, raw = None, await server.read_body(request)
+        if raw.strip():  # NOTE: vLLM's clients send no body; ours may name a cache_salt
+            body = server.validate(raw, CacheResetRequest)
+            if body.cache_salt is not None and scope == "all":
+                raise ApiError(400, "cache_salt names a tenant's namespace; the admin reset "
+                               "drops every namespace (send it with an API key)",
+                               param="cache_salt", code="invalid_value")  # fmt: skip
+            salt = body.cache_salt
+        if scope == "all":
+            freed = await run_sync(partial(engine.flush_cache, include_disk=True))
+        else:
+            freed = await run_sync(engine.flush_namespace, tenant_salt(key, salt))
+        return JSONResponse({"status": "ok", "scope": scope, "num_blocks_freed": freed})
 
     # NOTE: vLLM's path for the same action, so its clients and scripts work unchanged.
     app.post("/v1/admin/cache/reset")(reset_cache)

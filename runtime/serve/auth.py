@@ -1,4 +1,4 @@
-"""Bearer keys of the server: API keys (each its own tenant), the metrics key, the admin rule.
+"""Bearer keys of the server: API keys (each its own tenant), the admin key, who may call what.
 
 Keys are compared in constant time and never appear in error messages or logs (only their
 position in the list or file). It knows request headers and the OpenAI error shape; how a key
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from starlette.requests import Request
 
 from runtime.serve.api_error import ApiError
 
-__all__ = ["KeyRing"]
+__all__ = ["KeyRing", "ResetScope"]
 
 
 def _bearer(request: Request) -> str | None:
@@ -32,19 +33,24 @@ def _is_one_of(key: str | None, keys: Sequence[bytes]) -> bool:
     return sum(hmac.compare_digest(raw, k) for k in keys) > 0
 
 
+ResetScope = Literal["all", "tenant"]
+"""What a cache reset drops: every namespace (``"all"``) or the caller's own (``"tenant"``)."""
+
+
 class KeyRing:
     """Who may call what, from the ``Authorization: Bearer <key>`` header.
 
     - ``/v1`` routes and ``/tokenize``: open without API keys; with keys, one of them.
-    - ``/metrics``: the metrics key when one is set (API keys are then not enough, since the
-      metrics show every tenant's counts); else any API key when keys are set; else open.
-    - admin routes (cache reset, which drops every tenant's cached prefixes): the metrics key
-      when one is set (an API key is then refused with 403: a tenant may not empty the others'
-      cache); else any API key when keys are set; else open.
+    - ``/metrics`` (every tenant's traffic) and the global cache reset (every tenant's prefixes):
+      the admin key alone when one is set (an API key gets 403); with API keys but no admin key
+      nobody (403 naming ``--admin-key``: a tenant must not see or flush the others); with no
+      key at all, open (a loopback server has no caller to tell apart).
+    - A tenant's cache reset: with API keys, each key may reset its own namespace.
 
     Args:
         api_keys: the tenants' keys (may be empty).
-        metrics_key: a separate key for ``/metrics`` and the admin routes, or None.
+        admin_keys: keys that open ``/metrics`` and the global reset (``--admin-key``, and
+            ``--metrics-key``, its older name with the same rights); may be empty.
         on_refused: called once per refused request (the server counts them).
 
     Raises:
@@ -55,14 +61,14 @@ class KeyRing:
         self,
         api_keys: Sequence[str],
         *,
-        metrics_key: str | None = None,
+        admin_keys: Sequence[str] = (),
         on_refused: Callable[[], None] = lambda: None,
     ) -> None:
-        for i, key in enumerate([*api_keys, *([metrics_key] if metrics_key is not None else [])]):
+        for i, key in enumerate([*api_keys, *admin_keys]):
             if not key or any(c.isspace() for c in key):
                 raise ValueError(f"key #{i + 1} is empty or contains whitespace")
         self._api = [key.encode() for key in api_keys]
-        self._metrics = [metrics_key.encode()] if metrics_key is not None else []
+        self._admin = [key.encode() for key in admin_keys]
         self._on_refused = on_refused
 
     @property
@@ -82,49 +88,51 @@ class KeyRing:
         return key
 
     def check_metrics(self, request: Request) -> None:
-        """Allow ``/metrics`` to the metrics key, else as ``/v1`` routes.
+        """Allow ``/metrics`` to the admin key; open only when no key is configured at all.
 
         Raises:
-            ApiError: 403 when a metrics key is set and the caller sent an API key instead
-                (a valid key, just not this one: 401 would say it is wrong); 401 when the
-                bearer token is no key the rule accepts.
+            ApiError: 403 when the caller sent an API key (a valid key, just not one for
+                this: 401 would say it is wrong), saying why and naming ``--admin-key``; 401
+                when the bearer token is no key at all.
         """
-        key = _bearer(request)
-        allowed = self._metrics or self._api
-        if not allowed or _is_one_of(key, allowed):
+        if self._is_admin(request):
             return
-        if self._metrics and _is_one_of(key, self._api):
-            self._forbid("an API key may not read /metrics (it shows every tenant's counts)")
-        self._refuse()
+        self._refuse_global("read /metrics (it shows every tenant's traffic)", request)
 
-    def check_admin(self, request: Request) -> None:
-        """Allow the admin routes (cache reset) to the metrics key, else as ``/v1`` routes.
+    def check_reset(self, request: Request) -> tuple[ResetScope, str | None]:
+        """Who resets what: ``("all", None)`` for the admin key (or a server with no key at
+        all), ``("tenant", api_key)`` for an API key (its own namespace only).
 
         Raises:
-            ApiError: 403 when a metrics key is set and the caller sent an API key instead;
-                401 when the bearer token is no key the rule accepts.
+            ApiError: 401 for a bearer token that is no key; 403 for a caller without the admin
+                key on a server that has one but no API keys (there is no tenant to reset).
         """
+        if self._is_admin(request):
+            return "all", None
         key = _bearer(request)
-        if not self._metrics:
-            if self._api and not _is_one_of(key, self._api):
-                self._refuse()
-            return
-        if _is_one_of(key, self._metrics):
-            return
-        if _is_one_of(key, self._api):
-            self._forbid(
-                "an API key may not reset the server's cache (it holds every tenant's prefixes)"
-            )
-        self._refuse()
+        if self._api and _is_one_of(key, self._api):
+            return "tenant", key
+        self._refuse_global("reset every tenant's cache", request)
+        raise AssertionError("unreachable")
 
-    def _forbid(self, what: str) -> None:
-        self._on_refused()
-        raise ApiError(
-            403,
-            f"{what}; use the metrics key (--metrics-key)",
-            type="permission_error",
-            code="insufficient_permissions",
+    def _is_admin(self, request: Request) -> bool:
+        if not self._api and not self._admin:
+            return True
+        return _is_one_of(_bearer(request), self._admin)
+
+    def _refuse_global(self, what: str, request: Request) -> None:
+        if not _is_one_of(_bearer(request), [*self._api, *self._admin]):
+            self._refuse()
+        if self._admin:
+            self._forbid(f"only the admin key may {what}; use the key given to --admin-key")
+        self._forbid(
+            f"with API keys (tenants) set, only an admin key may {what}, and this server has "
+            "none: start `agentcache serve` with --admin-key KEY"
         )
+
+    def _forbid(self, message: str) -> None:
+        self._on_refused()
+        raise ApiError(403, message, type="permission_error", code="insufficient_permissions")
 
     def _refuse(self) -> None:
         self._on_refused()

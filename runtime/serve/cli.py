@@ -108,9 +108,10 @@ def api_keys(args: argparse.Namespace) -> list[str]:
         keys.append(key)
     for path in getattr(args, "api_key_file", None) or []:
         keys.extend(read_key_file(path))
-    metrics_key = getattr(args, "metrics_key", None)
-    if metrics_key is not None and (not metrics_key or any(c.isspace() for c in metrics_key)):
-        raise ValueError("--metrics-key is empty or contains whitespace")
+    for flag in ("admin_key", "metrics_key"):
+        value = getattr(args, flag, None)
+        if value is not None and (not value or any(c.isspace() for c in value)):
+            raise ValueError(f"--{flag.replace('_', '-')} is empty or contains whitespace")
     return list(dict.fromkeys(keys))
 
 
@@ -285,6 +286,7 @@ def make_server(args: argparse.Namespace, engine: ServingEngine, keys: list[str]
     app = create_app(
         engine,
         api_key=keys,
+        admin_key=getattr(args, "admin_key", None),
         metrics_key=getattr(args, "metrics_key", None),
         cors_origins=getattr(args, "cors_origin", None) or (),
         max_request_bytes=max_bytes,

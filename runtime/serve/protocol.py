@@ -26,6 +26,7 @@ from runtime.serve import api_error
 from runtime.serve.api_error import ApiError
 
 __all__ = [
+    "CacheResetRequest",
     "ChatCompletionRequest",
     "ChunkReuseSpec",
     "MAX_SPANS",
@@ -501,6 +502,13 @@ class _Strict(BaseModel):
     # NOTE: unlike the completion bodies (which clients fill with fields for other servers),
     # these are only sent by callers that know vLLM's shape: an unknown field is a 400.
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class CacheResetRequest(_Strict):
+    """Optional body of a tenant's cache reset (``POST /v1/admin/cache/reset``)."""
+
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """Reset the namespace of the caller's key with this ``cache_salt`` (None: without one)."""
 
 
 class TokenizeRequest(_Strict):

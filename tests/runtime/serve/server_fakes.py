@@ -196,9 +196,15 @@ class ScriptedEngine:
     def scheduler_stats(self) -> SchedulerStats:
         return SchedulerStats(self.num_open, 0, 0, 0, 1, self._computed, self._generated)
 
-    def flush_cache(self) -> int:
+    def flush_cache(self, *, include_disk: bool = False) -> int:
         with self._lock:
             num_freed, self.seen = len(self.seen), []
+        return num_freed
+
+    def flush_namespace(self, cache_salt: str | None) -> int:
+        with self._lock:
+            kept = [(salt, ids) for salt, ids in self.seen if salt != cache_salt]
+            num_freed, self.seen = len(self.seen) - len(kept), kept
         return num_freed
 
     def cache_stats(self) -> CacheStats:

@@ -618,14 +618,15 @@ def test_unknown_route_and_method_use_the_error_shape() -> None:
 
 
 def test_api_key_is_required_when_configured() -> None:
-    client = make_client(api_key="secret")
+    client = make_client(api_key="secret", admin_key="ops")
     assert assert_openai_error(client.get("/v1/models"), 401)["code"] == "invalid_api_key"
     bad = {"Authorization": "Bearer nope"}
     assert_openai_error(client.post("/v1/chat/completions", json=chat_body(), headers=bad), 401)
     good = {"Authorization": "Bearer secret"}
     assert client.post("/v1/chat/completions", json=chat_body(), headers=good).status_code == 200
     assert client.get("/health").status_code == 200
-    assert 'outcome="unauthorized"} 2.0' in client.get("/metrics", headers=good).text
+    admin = {"Authorization": "Bearer ops"}
+    assert 'outcome="unauthorized"} 2.0' in client.get("/metrics", headers=admin).text
 
 
 def test_engine_failure_is_a_500_with_the_error_shape_and_the_server_keeps_serving() -> None:

@@ -161,7 +161,7 @@ def test_unexpected_error_is_a_500_that_keeps_the_keep_alive_connection() -> Non
 # --- keys, metrics, admin ---------------------------------------------------------------------
 
 
-def test_each_of_several_keys_is_a_tenant_and_metrics_need_a_key() -> None:
+def test_each_of_several_keys_is_a_tenant_and_metrics_need_the_admin_key() -> None:
     engine = ScriptedEngine()
     client = TestClient(create_app(engine, api_key=["key-a", "key-b"]))
     body = chat_body(messages=[{"role": "user", "content": "x" * 40}])
@@ -174,19 +174,24 @@ def test_each_of_several_keys_is_a_tenant_and_metrics_need_a_key() -> None:
     assert cached("key-b") > 0
     assert error_of(client.get("/metrics"), 401)["code"] == "invalid_api_key"
     assert error_of(client.get("/metrics", headers=bearer("nope")), 401)
-    assert client.get("/metrics", headers=bearer("key-b")).status_code == 200
+    # NOTE: /metrics shows every tenant's traffic: with tenants and no admin key, nobody reads it
+    refused = error_of(client.get("/metrics", headers=bearer("key-b")), 403)
+    assert refused["type"] == "permission_error" and "--admin-key" in refused["message"]
+    assert "key-b" not in refused["message"]
     assert client.get("/health").status_code == 200  # liveness stays open
 
 
-def test_a_metrics_key_alone_opens_metrics() -> None:
-    client = TestClient(create_app(ScriptedEngine(), api_key="tenant", metrics_key="ops"))
+@pytest.mark.parametrize("flag", ["admin_key", "metrics_key"])
+def test_the_admin_key_alone_opens_metrics(flag: str) -> None:
+    """``metrics_key`` (``--metrics-key``) is the admin key's older name, with its rights."""
+    client = TestClient(create_app(ScriptedEngine(), api_key="tenant", **{flag: "ops"}))
     refused = error_of(client.get("/metrics", headers=bearer("tenant")), 403)
     assert refused["type"] == "permission_error"  # a valid key, not the metrics key: not a 401
     error_of(client.get("/metrics", headers=bearer("wrong")), 401)
     text = client.get("/metrics", headers=bearer("ops")).text
     assert 'outcome="unauthorized"} 2.0' in text
     error_of(client.post("/v1/chat/completions", json=chat_body(), headers=bearer("ops")), 401)
-    open_api = TestClient(create_app(ScriptedEngine(), metrics_key="ops"))
+    open_api = TestClient(create_app(ScriptedEngine(), **{flag: "ops"}))
     assert open_api.post("/v1/chat/completions", json=chat_body()).status_code == 200
     error_of(open_api.get("/metrics"), 401)
 
@@ -205,41 +210,53 @@ def test_cache_reset_needs_a_key_and_drops_the_cached_prefixes(path: str) -> Non
     error_of(client.post(path), 401)
     assert cached() > 0  # the refused reset changed nothing
     reset = client.post(path, headers=bearer("k"))
-    assert reset.status_code == 200 and reset.json() == {"status": "ok", "num_blocks_freed": 3}
+    assert reset.status_code == 200
+    assert reset.json() == {"status": "ok", "scope": "tenant", "num_blocks_freed": 3}
     assert cached() == 0
     assert client.get(path).status_code == 405  # POST only
 
 
 @pytest.mark.parametrize("path", ["/v1/admin/cache/reset", "/reset_prefix_cache"])
-def test_with_a_metrics_key_only_it_resets_the_cache_and_a_tenant_key_gets_403(path: str) -> None:
-    client = TestClient(create_app(ScriptedEngine(), api_key=["key-a", "key-b"], metrics_key="ops"))
+def test_a_tenant_reset_drops_its_own_namespace_and_only_the_admin_key_drops_all(
+    path: str,
+) -> None:
+    engine = ScriptedEngine()
+    client = TestClient(create_app(engine, api_key=["key-a", "key-b"], admin_key="ops"))
     body = chat_body(messages=[{"role": "user", "content": "z" * 30}])
 
-    def cached() -> int:
-        resp = client.post("/v1/chat/completions", json=body, headers=bearer("key-a"))
+    def cached(key: str, salt: str | None = None) -> int:
+        extra = {} if salt is None else {"cache_salt": salt}
+        resp = client.post("/v1/chat/completions", json={**body, **extra}, headers=bearer(key))
         return int(resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
 
-    assert cached() == 0 and cached() > 0
-    refused = error_of(client.post(path, headers=bearer("key-b")), 403)
-    assert refused["type"] == "permission_error" and "--metrics-key" in refused["message"]
-    assert "key-b" not in refused["message"]
+    for key, salt in (("key-a", None), ("key-b", None), ("key-a", "s1")):
+        assert cached(key, salt) == 0 and cached(key, salt) > 0
+    reset = client.post(path, headers=bearer("key-b"))  # B's reset: B's namespace alone
+    assert reset.json() == {"status": "ok", "scope": "tenant", "num_blocks_freed": 2}
+    assert cached("key-a") > 0 and cached("key-a", "s1") > 0 and cached("key-b") == 0
+    salted = client.post(path, json={"cache_salt": "s1"}, headers=bearer("key-a"))
+    assert salted.json()["scope"] == "tenant" and cached("key-a", "s1") == 0
+    assert cached("key-a") > 0  # A's unsalted namespace was not named
+    bad = error_of(client.post(path, json={"cache_salt": ""}, headers=bearer("key-a")), 400)
+    assert bad["param"] == "cache_salt"
+    error_of(client.post(path, json={"cache_salt": "s1"}, headers=bearer("ops")), 400)
     error_of(client.post(path, headers=bearer("nope")), 401)
     error_of(client.post(path), 401)
-    assert cached() > 0  # the refused resets changed nothing
+    assert cached("key-a") > 0  # the refused resets changed nothing
     reset = client.post(path, headers=bearer("ops"))
-    assert reset.status_code == 200 and reset.json()["status"] == "ok"
-    assert cached() == 0
+    assert reset.status_code == 200 and reset.json()["scope"] == "all"
+    assert cached("key-a") == 0 and cached("key-b") == 0
     metrics = client.get("/metrics", headers=bearer("ops")).text
-    assert 'outcome="unauthorized"} 3.0' in metrics
+    assert 'outcome="unauthorized"} 2.0' in metrics
 
 
 def test_without_keys_the_cache_reset_stays_open() -> None:
     # NOTE: as before: a server without keys (loopback by default) has no caller to tell apart.
     client = TestClient(create_app(ScriptedEngine()))
     assert client.post("/v1/admin/cache/reset").json()["status"] == "ok"
-    only_metrics = TestClient(create_app(ScriptedEngine(), metrics_key="ops"))
-    error_of(only_metrics.post("/reset_prefix_cache"), 401)
-    assert only_metrics.post("/reset_prefix_cache", headers=bearer("ops")).status_code == 200
+    only_admin = TestClient(create_app(ScriptedEngine(), admin_key="ops"))
+    error_of(only_admin.post("/reset_prefix_cache"), 401)
+    assert only_admin.post("/reset_prefix_cache", headers=bearer("ops")).status_code == 200
 
 
 def test_prefill_counter_excludes_cached_tokens() -> None:
