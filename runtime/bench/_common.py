@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from runtime.bench._argtypes import positive_int
 from runtime.engine import Engine
-from runtime.model_runner import ForwardPath, WeightsDtype, round_weights_bf16
+from runtime.model_runner import ForwardPath, WeightsDtype, load_model, round_weights_bf16
 from runtime.sampling import SamplingParams
 
 __all__ = [
@@ -44,9 +44,17 @@ class NullTokenizer:
         return ""
 
 
-def w1_model(args: argparse.Namespace) -> Any:
+def w1_model(args: argparse.Namespace, *, model: str | None = None) -> Any:
     """SmolLM2-135M-shaped Llama (W1) with random weights; ``--layers`` scales it down and
-    ``--weights bfloat16`` rounds its linear weights (``round_weights_bf16``)."""
+    ``--weights bfloat16`` rounds its linear weights (``round_weights_bf16``). With ``model``
+    (``bench prefix --model``) that model instead, through the one loader (``load_model``: a
+    named model such as ``smollm2-135m`` is pulled on first use); ``--layers`` then does not
+    apply."""
+    if model:
+        real, _ = load_model(model, dtype=args.dtype, device="cpu", revision=None)
+        if getattr(args, "weights", "float32") == "bfloat16":
+            round_weights_bf16(real)
+        return real
     torch.manual_seed(0)
     config = LlamaConfig(
         hidden_size=576, num_hidden_layers=args.layers, num_attention_heads=9,

@@ -69,11 +69,11 @@ def _measure_prefix(
     args: argparse.Namespace, peer_dir: Path | None = None
 ) -> tuple[dict[str, float], dict[str, list[float]], tuple[str | None, dict[str, str] | None]]:
     """The figures (medians), their per-run values, and ``products_record`` of the engine."""
-    model = w1_model(args)
+    model = w1_model(args, model=args.model)
     rng = random.Random(0)
 
     def toks(n: int) -> list[int]:
-        return [rng.randrange(100, 49000) for _ in range(n)]
+        return [rng.randrange(100, min(49000, model.config.vocab_size)) for _ in range(n)]
 
     prefix, reps = toks(args.prefix_len), args.repeats
     suffixes = [toks(args.suffix_len) for _ in range(reps + 1)]
@@ -142,7 +142,8 @@ def _measure_peers(
         runners["llama.cpp"] = peer.run
         ids = {p: run(prefix + suffixes[0], args.decode_tokens)[2] for p, run in runners.items()}
         for s in suffixes[: args.repeats]:
-            fresh = [rng.randrange(100, 49000) for _ in range(args.prefix_len + args.suffix_len)]
+            top = min(49000, model.config.vocab_size)
+            fresh = [rng.randrange(100, top) for _ in range(args.prefix_len + args.suffix_len)]
             for path, run in runners.items():
                 _append(out, f"{path}_miss_s", run(fresh, 1)[0])
                 run(prefix + suffixes[-1], 1)  # NOTE: the prefix is in the cache again
@@ -301,11 +302,11 @@ def _measure_restart(args: argparse.Namespace) -> dict[str, float]:
     starts a fresh engine on the same directory and times its first request (known prefix + new
     suffix) against a cold miss of the same length on that engine.
     """
-    model = w1_model(args)
+    model = w1_model(args, model=args.model)
     rng = random.Random(0)
 
     def toks(n: int) -> list[int]:
-        return [rng.randrange(100, 49000) for _ in range(n)]
+        return [rng.randrange(100, min(49000, model.config.vocab_size)) for _ in range(n)]
 
     prefix, warm, cold, cached = toks(args.prefix_len), [], [], []
     with tempfile.TemporaryDirectory(prefix="agentcache-bench-restart-") as disk_dir:
@@ -384,6 +385,13 @@ def prefix_main(argv: list[str]) -> int:
         "default float32",
     )
     p.add_argument("--gguf", default=None, help="use this GGUF of the W1 weights instead")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a real model instead of W1's random weights: bundled or named (smollm2-135m, "
+        "pulled on first use), folder, .gguf file or hub id; --layers does not apply "
+        "(default: W1, random weights)",
+    )
     args = p.parse_args(argv)
     if args.weights != "float32" and args.dtype != "float32":
         p.error(f"--weights {args.weights} needs --dtype float32, not {args.dtype}")
@@ -394,7 +402,9 @@ def prefix_main(argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     kernels_line, kernels = kernels_record()
-    header = {"workload": "W1", "layers": args.layers, "prefix_len": args.prefix_len,
+    layers = "the model's" if args.model else args.layers
+    header = {"workload": "W1", "model": args.model or "W1 random", "layers": layers,
+              "prefix_len": args.prefix_len,
               "dtype": args.dtype, "weights": args.weights,
               "kernel_isa": kernels["isa"] or "off"}  # fmt: skip
     if args.warm_restart:
@@ -411,7 +421,8 @@ def prefix_main(argv: list[str]) -> int:
     floors = [(timings[1], timings[2])]
     warnings = noise_warnings(timings, ratios, floors)
     title = (
-        f"bench prefix: W1, {args.layers} layers, {args.prefix_len}-token prefix + "
+        f"bench prefix: W1, {args.model or 'random weights'}, {layers} layers, "
+        f"{args.prefix_len}-token prefix + "
         f"{args.suffix_len}-token suffix, {args.dtype}, {kernels['isa'] or 'no'} native kernels"
         + {
             "bfloat16": ", bf16 weights",
