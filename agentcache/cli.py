@@ -84,7 +84,8 @@ def _add_demo(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     p.add_argument(
         "--model",
         default=None,
-        help="local: bundled name, path or HF hub id (default: tiny); with --base-url: the "
+        help="local: bundled or named model, folder, .gguf file or HF hub id (default: "
+        "smollm2-135m, pulled on first use; tiny: the offline toy); with --base-url: the "
         "endpoint's model (default: AGENTCACHE_MODEL, else the first one /models lists)",
     )
     p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint instead of local")
@@ -118,8 +119,9 @@ def _add_serve(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     # runtime's own constants are not imported here, so that --help never imports torch.
     p.add_argument(
         "--model",
-        default="tiny",
-        help="bundled model name, local path or HF hub id (default: %(default)s)",
+        default="smollm2-135m",
+        help="bundled or named model (pulled on first use), folder, .gguf file or HF hub id "
+        "(default: %(default)s; tiny: the offline toy)",
     )
     p.add_argument(
         "--host", default="127.0.0.1", help="bind address (default: %(default)s, loopback only)"

@@ -36,7 +36,11 @@ from agentcache.rag.chunking import chunk_sources
 from agentcache.rag.loader import DEFAULT_SUFFIXES
 from agentcache.rag.stdlib import stdlib_sources
 
-__all__ = ["QUESTIONS", "DemoSession", "DocTools", "plan", "run"]
+__all__ = ["DEFAULT_MODEL", "QUESTIONS", "DemoSession", "DocTools", "plan", "run"]
+
+DEFAULT_MODEL = "smollm2-135m"
+"""The local engine's model without ``--model``: SmolLM2-135M-Instruct, pulled on first use
+(``agentcache models pull``); ``tiny`` stays the test suite's model."""
 
 QUESTIONS: tuple[str, ...] = (
     "What does functools.lru_cache do?",
@@ -88,6 +92,8 @@ class DocTools:
     index: DocumentIndex
     sources: dict[str, str]
     retrieved: list[Chunk] = field(default_factory=list)
+    read: list[str] = field(default_factory=list)
+    """Sources ``read_doc`` returned in the current turn."""
 
     def search_docs(self, query: str) -> str:
         """Search the documentation and return the most relevant passages.
@@ -109,10 +115,15 @@ class DocTools:
         parts = name.split(".")
         for cut in range(len(parts), 0, -1):
             module, qualname = ".".join(parts[:cut]), ".".join(parts[cut:])
-            text = self.sources.get(f"{module}:{qualname}" if qualname else module)
+            key = f"{module}:{qualname}" if qualname else module
+            text = self.sources.get(key)
             if text is not None:
+                self.read.append(key)
                 return text
-        return self.sources.get(name) or f"no docstring for {name!r}"
+        if name in self.sources:
+            self.read.append(name)
+            return self.sources[name]
+        return f"no docstring for {name!r}"
 
 
 def plan(question: str) -> list[PlannedCall]:
@@ -178,6 +189,9 @@ def build_session(
         planner=plan if needs_planner(backend) else None,
         config=AgentConfig(
             max_steps=3,
+            # NOTE: a model that plans its own calls must search first (the local engine holds
+            # the call to the tools' schemas), then answer from what it found.
+            tool_choices=() if needs_planner(backend) else ("required", "none"),
             # NOTE: LocalBackend adds these itself; a server running the toy may not.
             generation=GenerationOptions(
                 max_tokens=args.max_tokens, stop=CHATML_STOPS if needs_planner(backend) else ()
@@ -240,6 +254,7 @@ def ask(session: DemoSession, question: str, write: Callable[[str], None]) -> Tu
     """Run one turn and collect its figures."""
     before = session.retrieval_cache.stats()
     session.tools.retrieved.clear()
+    session.tools.read.clear()
     started = time.perf_counter()
     result = session.agent.run(question, on_text=write)
     wall_s = time.perf_counter() - started
@@ -252,7 +267,7 @@ def ask(session: DemoSession, question: str, write: Callable[[str], None]) -> Tu
         question=question,
         usage=result.usages[-1],
         wall_s=wall_s,
-        sources=sorted({c.source for c in session.tools.retrieved}),
+        sources=sorted({c.source for c in session.tools.retrieved} | set(session.tools.read)),
         retrieval_hits=retrieval.hits,
         retrieval_misses=retrieval.misses,
         tool_hits=tools.hits if tools else 0,
@@ -264,14 +279,16 @@ def ask(session: DemoSession, question: str, write: Callable[[str], None]) -> Tu
 def make_backend(args: argparse.Namespace) -> BaseBackend:
     """Local engine by default; an OpenAI-compatible endpoint with ``--base-url``.
 
-    Without ``--model`` the local engine runs the bundled ``tiny`` model and an endpoint gets
-    ``AGENTCACHE_MODEL`` or else the first model its ``/models`` lists.
+    Without ``--model`` the local engine runs ``DEFAULT_MODEL`` (pulled on first use) and an
+    endpoint gets ``AGENTCACHE_MODEL`` or else the first model its ``/models`` lists.
     """
     base_url = base_url_of(args)
     if base_url:
         return create_backend(base_url, model=args.model or env.default_model())
     # NOTE: chunk_reuse=None (the default) is the exact prefix cache alone.
-    return create_backend("local", model=args.model or "tiny", chunk_reuse=chunk_reuse_of(args))
+    return create_backend(
+        "local", model=args.model or DEFAULT_MODEL, chunk_reuse=chunk_reuse_of(args)
+    )
 
 
 def is_toy(backend: BaseBackend) -> bool:

@@ -7,13 +7,20 @@ it. Knows nothing about a backend's transport or a model's tokenizer.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from agentcache.agent.parsing import MarkupFilter, parse_hermes
 from agentcache.agent.tools import ToolOutcome, ToolRegistry
-from agentcache.backends.base import BaseBackend, GenerationOptions, ModelResponse, ToolCall
+from agentcache.backends.base import (
+    BaseBackend,
+    GenerationOptions,
+    ModelResponse,
+    ToolCall,
+    ToolChoice,
+)
 from agentcache.canonical import canonical_json
 from agentcache.exceptions import AgentError, ConfigError
 from agentcache.prompt import Document, Prompt, PromptBuilder
@@ -51,10 +58,18 @@ class AgentConfig:
     """Prompt namespace (tenant/app), part of every prompt fingerprint."""
     raise_on_step_limit: bool = True
     """``True``: hitting ``max_steps`` raises ``AgentError``; ``False``: returns what there is."""
+    tool_choices: tuple[ToolChoice, ...] = ()
+    """``tool_choice`` of the model calls of each ``run``, in order (later calls use
+    ``generation.tool_choice``). ``("required", "none")``: call a tool first (the local backend
+    constrains the call's JSON to the tools' schemas), then answer in text: every turn
+    retrieves, however weak the model."""
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps!r}")
+        bad = [c for c in self.tool_choices if c not in ("auto", "required", "none")]
+        if bad:
+            raise ValueError(f"tool_choices must be 'auto', 'required' or 'none', got {bad[0]!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +217,8 @@ class Agent:
             if planned:
                 steps.append(self._run_calls(None, "", planned))
         output, finish = "", "max_steps"
-        for _ in range(self.config.max_steps):
-            response = self._call_model(on_text)
+        for index in range(self.config.max_steps):
+            response = self._call_model(on_text, self._options(index))
             step, output = self._handle(response)
             steps.append(step)
             if not step.tool_calls and step.outcomes == ():
@@ -217,12 +232,21 @@ class Agent:
             )
         return AgentResult(output, tuple(steps), finish, stats)  # type: ignore[arg-type]
 
-    def _call_model(self, on_text: Callable[[str], None] | None) -> ModelResponse:
+    def _options(self, index: int) -> GenerationOptions:
+        """The generation options of the run's ``index``-th model call (its ``tool_choice``)."""
+        choices = self.config.tool_choices
+        if index >= len(choices):
+            return self.config.generation
+        return dataclasses.replace(self.config.generation, tool_choice=choices[index])
+
+    def _call_model(
+        self, on_text: Callable[[str], None] | None, options: GenerationOptions
+    ) -> ModelResponse:
         prompt = self.build_prompt()
         # NOTE: native backends too: a server without a tool parser sends Hermes markup as text.
         markup = MarkupFilter()
         final: ModelResponse | None = None
-        for event in self.backend.stream(prompt, self.config.generation):
+        for event in self.backend.stream(prompt, options):
             visible = markup.feed(event.text)
             if on_text is not None and visible:
                 on_text(visible)

@@ -80,7 +80,11 @@ class AnthropicBackend(RemoteBackend):
         }
         if options.stop:
             params["stop_sequences"] = list(options.stop)
-        return as_prompt(prompt).to_anthropic(model=self._model, **params)
+        prompt = as_prompt(prompt)
+        if options.tool_choice != "auto" and prompt.tool_schemas():
+            kind = "any" if options.tool_choice == "required" else "none"
+            params["tool_choice"] = {"type": kind}
+        return prompt.to_anthropic(model=self._model, **params)
 
     def stream(
         self, prompt: PromptInput, options: GenerationOptions | None = None

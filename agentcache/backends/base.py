@@ -27,8 +27,12 @@ __all__ = [
     "StreamEvent",
     "ToolCall",
     "ToolCallFormat",
+    "ToolChoice",
     "as_prompt",
 ]
+
+ToolChoice = Literal["auto", "required", "none"]
+"""Whether a model call may (``auto``), must (``required``) or must not (``none``) call tools."""
 
 ToolCallFormat = Literal["native", "hermes"]
 """How tool calls come back: ``native`` (structured ``tool_calls`` in the API response) or
@@ -138,10 +142,19 @@ class GenerationOptions:
     """0 means greedy (deterministic on the local engine)."""
     stop: tuple[str, ...] = ()
     """Extra stop strings."""
+    tool_choice: ToolChoice = "auto"
+    """With tools in the prompt: ``"auto"`` (text or calls), ``"required"`` (one or more tool
+    calls, no text) or ``"none"`` (text only). Sent as OpenAI's ``tool_choice`` / Anthropic's
+    ``{"type": "any"|"none"}``; the local backend enforces it with a grammar (tool-call JSON
+    that follows the tools' schemas). Ignored when the prompt has no tools."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+        if self.tool_choice not in ("auto", "required", "none"):
+            raise ValueError(
+                f"tool_choice must be 'auto', 'required' or 'none', got {self.tool_choice!r}"
+            )
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
 

@@ -15,12 +15,14 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from agentcache.backends._hermes import knows_tools, with_hermes_markup
 from agentcache.backends.base import (
     BaseBackend,
     Capabilities,
     GenerationOptions,
     ModelResponse,
     PromptInput,
+    PromptLike,
     StreamEvent,
     as_prompt,
 )
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHATML_STOPS",
+    "MARKUP_STOPS",
     "Carry",
     "ColdRun",
     "LocalBackend",
@@ -48,6 +51,10 @@ CHATML_STOPS: tuple[str, ...] = ("<|im_start|>", "<tool_response>", "</tool_resp
 """End-of-answer markers for ChatML templates: a model that starts a new turn (``<|im_start|>``)
 or writes a tool result itself (the Hermes ``<tool_response>`` block) has finished its answer;
 what follows would be invented conversation, not answer text."""
+MARKUP_STOPS: tuple[str, ...] = ("</document>", "<document ", "</documents>", "<documents>")
+"""The prompt's own document markup (``templates/documents.jinja``): a model that writes it has
+stopped answering and started copying the prompt (SmolLM2-135M closed answers with
+``</document>``); the engine holds a possible marker back, so none of it reaches the answer."""
 
 
 class ColdRun(NamedTuple):
@@ -314,13 +321,18 @@ class LocalBackend(BaseBackend):
             BackendError: The model has no chat template or the template rejects the messages.
         """
         tokenizer = self.engine.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
+        template = getattr(tokenizer, "chat_template", None)
+        if not template:
             raise BackendError(f"model {self._model!r} has no chat template")
         prompt = as_prompt(prompt)
         tools = prompt.tool_schemas() or None
+        messages: list[dict[str, Any]] = prompt.to_messages()
+        if not knows_tools(str(template)):
+            # NOTE: a template without tools (SmolLM2's) would drop them and fail on tool turns.
+            messages, tools = with_hermes_markup(messages, tools or []), None
         try:
             text = tokenizer.apply_chat_template(
-                prompt.to_messages(), tools=tools, add_generation_prompt=True, tokenize=False
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
             )
         except Exception as exc:  # noqa: BLE001 - jinja errors have no stable type
             raise BackendError(f"chat template of {self._model!r} failed: {exc}") from exc
@@ -384,7 +396,9 @@ class LocalBackend(BaseBackend):
         prompt = as_prompt(prompt)
         text = self.render(prompt)
         ids = self.prompt_ids(text)
-        stop = list(dict.fromkeys([*options.stop, *self._stop_strings]))
+        calls_only = options.tool_choice == "required" and bool(prompt.tool_schemas())
+        markup = () if calls_only else MARKUP_STOPS
+        stop = list(dict.fromkeys([*options.stop, *self._stop_strings, *markup]))
         params = self._sampling_params(
             max_tokens=options.max_tokens,
             temperature=options.temperature,
@@ -394,9 +408,14 @@ class LocalBackend(BaseBackend):
         first_s: float | None = None
         completion: Completion | None = None
         try:
-            plan = self._plan(prompt, ids)
-            stream = self.engine.stream(ids, params, cache_salt=self.cache_salt, chunk_reuse=plan)
-            for delta in stream:
+            request = self.engine.make_request(
+                ids,
+                params,
+                cache_salt=self.cache_salt,
+                grammar=self._grammar(prompt, options),
+                chunk_reuse=self._plan(prompt, ids),
+            )
+            for delta in self.engine.run(request):
                 if first_s is None:
                     first_s = time.perf_counter()
                 if delta.text:
@@ -408,6 +427,24 @@ class LocalBackend(BaseBackend):
         self._remember(text, ids, list(completion.token_ids))
         ttft = (first_s or time.perf_counter()) - start
         yield StreamEvent("", self._response(completion, ttft))
+
+    def _grammar(self, prompt: PromptLike, options: GenerationOptions) -> Any:
+        """The engine grammar enforcing ``options.tool_choice``, or None (``auto``, no tools).
+
+        ``required``: exactly one Hermes ``<tool_call>`` whose JSON names a declared tool and
+        whose arguments follow its schema (``runtime.tool_grammar``, xgrammar), then the end of
+        the turn; ``none``: text without ``<tool_call>``. Compiled grammars are cached by the
+        engine, so every later call with the same tools reuses one.
+        """
+        tools = prompt.tool_schemas()
+        if options.tool_choice == "auto" or not tools:
+            return None
+        tool_grammar: Any = importlib.import_module("runtime.tool_grammar")
+        if options.tool_choice == "required":
+            spec = tool_grammar.tool_call_spec(tools, "required", parallel=False)
+        else:
+            spec = tool_grammar.no_tool_call_spec()
+        return self.engine.compile_grammar(spec)
 
     def _plan(self, prompt: Any, ids: list[int]) -> Any:
         """The engine's ``ChunkReuse`` for the prompt's documents, or None (off, or none found).

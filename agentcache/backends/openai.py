@@ -140,7 +140,10 @@ class OpenAIBackend(RemoteBackend):
         }
         if options.stop:
             params["stop"] = list(options.stop)
-        body = as_prompt(prompt).to_openai(model=self._model, **params)
+        prompt = as_prompt(prompt)
+        if options.tool_choice != "auto" and prompt.tool_schemas():
+            params["tool_choice"] = options.tool_choice
+        body = prompt.to_openai(model=self._model, **params)
         body.update(self.engine_hints.body_fields())
         body.update(self._extra)
         return order_openai_body(body)  # NOTE: the merged fields go before tools and messages

@@ -17,14 +17,13 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from runtime.bench._argtypes import positive_int
 from runtime.engine import Engine
-from runtime.model_runner import ForwardPath, WeightsDtype, round_weights_bf16
+from runtime.model_runner import ForwardPath, WeightsDtype, load_model, round_weights_bf16
 from runtime.sampling import SamplingParams
 
 __all__ = [
     "NullTokenizer",
     "add_common_options",
     "bench_engine",
-    "bench_model",
     "products_record",
     "report",
     "restores_torch_threads",
@@ -45,9 +44,17 @@ class NullTokenizer:
         return ""
 
 
-def w1_model(args: argparse.Namespace) -> Any:
+def w1_model(args: argparse.Namespace, *, model: str | None = None) -> Any:
     """SmolLM2-135M-shaped Llama (W1) with random weights; ``--layers`` scales it down and
-    ``--weights bfloat16`` rounds its linear weights (``round_weights_bf16``)."""
+    ``--weights bfloat16`` rounds its linear weights (``round_weights_bf16``). With ``model``
+    (``bench prefix --model``) that model instead, through the one loader (``load_model``: a
+    named model such as ``smollm2-135m`` is pulled on first use); ``--layers`` then does not
+    apply."""
+    if model:
+        real, _ = load_model(model, dtype=args.dtype, device="cpu", revision=None)
+        if getattr(args, "weights", "float32") == "bfloat16":
+            round_weights_bf16(real)
+        return real
     torch.manual_seed(0)
     config = LlamaConfig(
         hidden_size=576, num_hidden_layers=args.layers, num_attention_heads=9,
@@ -57,28 +64,6 @@ def w1_model(args: argparse.Namespace) -> Any:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()  # type: ignore[no-untyped-call]
     if getattr(args, "weights", "float32") == "bfloat16":  # NOTE: the peers see the same weights
-        round_weights_bf16(model)
-    return model
-
-
-def bench_model(args: argparse.Namespace) -> Any:
-    """``--model``'s weights (a model folder or bundled name, ``resolve_model``) in ``--dtype``,
-    linear weights rounded as ``w1_model`` rounds them for ``--weights bfloat16``; W1's random
-    weights (``w1_model``) when ``--model`` is not given. The benches feed token ids, so only
-    the weights are loaded, never the tokenizer.
-
-    Raises:
-        OSError: the folder holds no loadable model.
-    """
-    name = getattr(args, "model", None)
-    if name is None:
-        return w1_model(args)
-    from runtime.models import resolve_model
-
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=dtype)
-    model.eval()  # type: ignore[no-untyped-call]
-    if getattr(args, "weights", "float32") == "bfloat16":
         round_weights_bf16(model)
     return model
 

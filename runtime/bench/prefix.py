@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import random
 import statistics
 import sys
@@ -25,13 +26,13 @@ from runtime.bench._argtypes import positive_int
 from runtime.bench._common import (
     add_common_options,
     bench_engine,
-    bench_model,
     kernels_record,
     products_record,
     report,
     restores_torch_threads,
     timed,
     ttft,
+    w1_model,
 )
 from runtime.bench._figures import Spread, noise_warnings, print_tables, spread_table
 from runtime.bench.floors import W1Shape, measure_hardware
@@ -69,11 +70,11 @@ def _measure_prefix(
     args: argparse.Namespace, peer_dir: Path | None = None
 ) -> tuple[dict[str, float], dict[str, list[float]], tuple[str | None, dict[str, str] | None]]:
     """The figures (medians), their per-run values, and ``products_record`` of the engine."""
-    model = bench_model(args)
+    model = w1_model(args, model=args.model)
     rng = random.Random(0)
 
     def toks(n: int) -> list[int]:
-        return [rng.randrange(100, 49000) for _ in range(n)]
+        return [rng.randrange(100, min(49000, model.config.vocab_size)) for _ in range(n)]
 
     prefix, reps = toks(args.prefix_len), args.repeats
     suffixes = [toks(args.suffix_len) for _ in range(reps + 1)]
@@ -142,7 +143,8 @@ def _measure_peers(
         runners["llama.cpp"] = peer.run
         ids = {p: run(prefix + suffixes[0], args.decode_tokens)[2] for p, run in runners.items()}
         for s in suffixes[: args.repeats]:
-            fresh = [rng.randrange(100, 49000) for _ in range(args.prefix_len + args.suffix_len)]
+            top = min(49000, model.config.vocab_size)
+            fresh = [rng.randrange(100, top) for _ in range(args.prefix_len + args.suffix_len)]
             for path, run in runners.items():
                 _append(out, f"{path}_miss_s", run(fresh, 1)[0])
                 run(prefix + suffixes[-1], 1)  # NOTE: the prefix is in the cache again
@@ -301,8 +303,12 @@ def _model_problem(args: argparse.Namespace) -> str | None:
 
     from runtime.models import resolve_model
 
+    path = resolve_model(args.model)
     try:
-        config = AutoConfig.from_pretrained(resolve_model(args.model))
+        if path.endswith(".gguf"):  # NOTE: transformers reads a GGUF's config from its folder
+            config = AutoConfig.from_pretrained(os.path.dirname(path) or ".", gguf_file=path)
+        else:
+            config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
         return f"--model {args.model!r}: cannot read its config ({exc})"
     if config.vocab_size < 49000:
@@ -319,11 +325,11 @@ def _measure_restart(args: argparse.Namespace) -> dict[str, float]:
     starts a fresh engine on the same directory and times its first request (known prefix + new
     suffix) against a cold miss of the same length on that engine.
     """
-    model = bench_model(args)
+    model = w1_model(args, model=args.model)
     rng = random.Random(0)
 
     def toks(n: int) -> list[int]:
-        return [rng.randrange(100, 49000) for _ in range(n)]
+        return [rng.randrange(100, min(49000, model.config.vocab_size)) for _ in range(n)]
 
     prefix, warm, cold, cached = toks(args.prefix_len), [], [], []
     with tempfile.TemporaryDirectory(prefix="agentcache-bench-restart-") as disk_dir:
@@ -409,8 +415,9 @@ def prefix_main(argv: list[str]) -> int:
     p.add_argument(
         "--model",
         default=None,
-        help="a model folder or bundled name instead of W1's random weights (its own shape; "
-        "--layers is then ignored; token ids stay random, so answers are not meaningful)",
+        help="a real model instead of W1's random weights: bundled or named (smollm2-135m, "
+        "pulled on first use), folder, .gguf file or hub id; its own shape (--layers is then "
+        "ignored); token ids stay random, so answers are not meaningful",
     )
     args = p.parse_args(argv)
     if args.weights != "float32" and args.dtype != "float32":

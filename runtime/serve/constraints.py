@@ -2,11 +2,10 @@
 
 ``json_object`` / ``json_schema`` become a JSON-schema grammar. Tools with a Hermes template
 become an xgrammar structural tag over ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``
-(Qwen's layout, newlines inside the tags) whose arguments follow each declared tool's schema
-(``auto``: text or calls, ``required``: one or more calls and no text, named: that one call,
-``parallel_tool_calls=false``: at most one); ``tool_choice="none"`` excludes the ``<tool_call>``
-tag from the text. It builds specs only; the engine compiles them and the scheduler masks
-logits. It knows no HTTP and no engine internals.
+(``runtime.tool_grammar``: ``auto`` text or calls, ``required`` calls only, named: that one
+call, ``parallel_tool_calls=false``: at most one); ``tool_choice="none"`` excludes the
+``<tool_call>`` tag from the text. It builds specs only; the engine compiles them and the
+scheduler masks logits. It knows no HTTP and no engine internals.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Any
 from runtime.grammar import GrammarSpec, JsonSchemaSpec, StructuralTagSpec
 from runtime.serve.api_error import ApiError
 from runtime.serve.protocol import ChatCompletionRequest
-from runtime.serve.tool_parser import HERMES_OPEN
+from runtime.tool_grammar import no_tool_call_spec, tool_call_spec
 
 __all__ = ["grammar_spec"]
 
@@ -56,7 +55,7 @@ def grammar_spec(req: ChatCompletionRequest, *, has_tool_format: bool) -> Gramma
                 param="tool_choice",
                 code="unsupported_value",
             )
-        return StructuralTagSpec(_tool_call_tag(req))
+        return _tool_call_tag(req)
     if fmt is not None and fmt.type == "json_object":
         return JsonSchemaSpec(None)
     if fmt is not None and fmt.json_schema is not None:
@@ -64,8 +63,7 @@ def grammar_spec(req: ChatCompletionRequest, *, has_tool_format: bool) -> Gramma
         return JsonSchemaSpec(schema, strict=fmt.json_schema.strict is not False)
     if req.tools and has_tool_format:
         # tool_choice="none": tools stay in the prompt (cacheable), calls are impossible.
-        tag = {"type": "structural_tag", "format": {"type": "any_text", "excludes": [HERMES_OPEN]}}
-        return StructuralTagSpec(json.dumps(tag, sort_keys=True))
+        return no_tool_call_spec()
     return None
 
 
@@ -74,10 +72,8 @@ def _choice_name(req: ChatCompletionRequest) -> str:
     return f"function {named}" if named is not None else str(req.tool_choice or "auto")
 
 
-def _tool_call_tag(req: ChatCompletionRequest) -> str:
-    """The Hermes/Qwen tool-call structural tag for ``req``'s tools and choice (JSON text)."""
-    import xgrammar as xgr
-
+def _tool_call_tag(req: ChatCompletionRequest) -> StructuralTagSpec:
+    """The Hermes/Qwen tool-call structural tag for ``req``'s tools and choice."""
     tools: list[Any] = [
         tool.model_dump(exclude_none=True, by_alias=True) for tool in req.tools or []
     ]
@@ -85,38 +81,4 @@ def _tool_call_tag(req: ChatCompletionRequest) -> str:
     choice: Any = req.tool_choice or "auto"
     if named is not None:
         choice = {"type": "function", "function": {"name": named}}
-    tag = xgr.get_model_structural_tag(
-        "qwen_3",
-        tools=tools,
-        tool_choice=choice,
-        reasoning="disabled",
-        parallel_tool_calls=req.parallel_tool_calls is not False,
-        max_whitespace_cnt=_MAX_WHITESPACE,
-    )
-    body: dict[str, Any] = tag.model_dump(mode="json")
-    if choice == "required":
-        body["format"] = _calls_only(body["format"])
-    return json.dumps(body, sort_keys=True)
-
-
-def _calls_only(triggered: dict[str, Any]) -> dict[str, Any]:
-    """``required``: xgrammar's triggered tags, with no text before, between or after the calls.
-
-    NOTE: xgrammar's ``qwen_3`` tag for ``required`` is ``triggered_tags`` with ``at_least_one``,
-    which still allows free text around the calls (a weak model wrote text after its call,
-    returned as ``content`` next to ``tool_calls``). OpenAI's ``required`` answers with tool
-    calls only, so the same tags become ``tags_with_separator``: one call, or several (when
-    parallel calls are allowed) separated by the newline Qwen's chat template puts between them.
-    """
-    assert triggered["type"] == "triggered_tags", f"unexpected xgrammar tag {triggered['type']!r}"
-    return {
-        "type": "tags_with_separator",
-        "tags": triggered["tags"],
-        "separator": "\n",
-        "at_least_one": True,
-        "stop_after_first": triggered["stop_after_first"],
-    }
-
-
-_MAX_WHITESPACE = 2
-"""Longest whitespace run inside tool arguments (bounds a weak model's newline loops)."""
+    return tool_call_spec(tools, choice, parallel=req.parallel_tool_calls is not False)

@@ -278,7 +278,7 @@ def test_serve_help_defaults_match_the_runtime() -> None:
 
     args = build_parser().parse_args(["serve"])  # the defaults that run
     assert (args.model, args.port, args.kv_cache_bytes, args.max_request_bytes) == (
-        "tiny", 8000, None, None  # None: the runtime's constants below
+        "smollm2-135m", 8000, None, None  # None: the runtime's constants below
     )  # fmt: skip
     [sub] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     helps = sub.choices["serve"].format_help().replace("\n", " ")

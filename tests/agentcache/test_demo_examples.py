@@ -91,9 +91,11 @@ def turn_report(
 
 def demo_args(tmp_path: Path, **overrides: Any) -> Any:
     values: dict[str, Any] = {
-        "model": None, "base_url": None, "docs": None, "interactive": False, "max_tokens": 4,
+        "model": "tiny", "base_url": None, "docs": None, "interactive": False, "max_tokens": 4,
         "cache_dir": str(tmp_path / "cache"), "question": None,
     }  # fmt: skip
+    if overrides.get("base_url"):
+        values["model"] = None  # NOTE: an endpoint's model comes from AGENTCACHE_MODEL or /models
     values.update(overrides)
     return argparse.Namespace(**values)
 

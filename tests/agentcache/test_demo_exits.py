@@ -164,7 +164,8 @@ def test_ctrl_c_in_a_turn_exits_130_and_closes_the_backend(
 
 def start_demo(tmp_path: Path, *options: str) -> CliProcess:
     cache = str(tmp_path / "cache")
-    argv = ["demo", "--docs", docs_folder(tmp_path), "--cache-dir", cache, *options]
+    argv = ["demo", "--model", "tiny", "--docs", docs_folder(tmp_path), "--cache-dir", cache,
+            *options]  # fmt: skip
     return CliProcess(*argv, cwd=tmp_path)
 
 

@@ -157,20 +157,20 @@ def test_requests_the_engine_refuses_are_backend_errors(model_dir: Path) -> None
 
 
 def test_chatml_models_stop_at_a_new_turn_or_tool_response(model_dir: Path) -> None:
-    from agentcache.backends.local import CHATML_STOPS
+    from agentcache.backends.local import CHATML_STOPS, MARKUP_STOPS
 
     backend = LocalBackend(str(model_dir))
     seen: list[Any] = []
-    real_stream = backend.engine.stream
+    real_make_request = backend.engine.make_request
 
-    def recording_stream(ids: list[int], params: Any, **kw: Any) -> Any:
+    def recording_make_request(ids: list[int], params: Any, **kw: Any) -> Any:
         seen.append(params)
-        return real_stream(ids, params, **kw)
+        return real_make_request(ids, params, **kw)
 
-    backend.engine.stream = recording_stream
+    backend.engine.make_request = recording_make_request  # type: ignore[method-assign]
     backend.complete("hi", GenerationOptions(max_tokens=2, stop=("END",)))
     (params,) = seen
-    assert params.stop == ["END", *CHATML_STOPS]
+    assert params.stop == ["END", *CHATML_STOPS, *MARKUP_STOPS]
     im_start = backend.engine.tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert params.stop_token_ids == [im_start]
 
