@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from runtime.cache.disk_tier import DISK_POLICIES, DiskPolicy, DiskTier
+from runtime.cache.disk_tier import DISK_POLICIES, DiskPolicy
+from runtime.cache.prefix_cache import PrefixCache
 from runtime.chunk_reuse import ChunkAssembler, ChunkReuse
 from runtime.exceptions import InvalidRequestError
 from runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
@@ -146,7 +148,7 @@ class Engine:
         """Compiles ``GrammarSpec``s for constrained decoding (xgrammar loads on first use)."""
         # NOTE: holds the scheduler, not the engine, so an unreferenced engine is collected.
         self._finalizer = weakref.finalize(
-            self, _shutdown, self.scheduler, self.prefix_cache.disk, kv_disk_flush_s
+            self, _shutdown, self.scheduler, self.prefix_cache, self._lock, kv_disk_flush_s
         )
         # NOTE: loading ran parallel regions here; their OpenMP workers would stay and throttle
         # the scheduler thread's (runtime.openmp). A server's loading thread then holds none.
@@ -489,10 +491,20 @@ class Engine:
         self._finalizer()
 
 
-def _shutdown(scheduler: Scheduler, disk: DiskTier | None, flush_s: float) -> None:
+def _shutdown(
+    scheduler: Scheduler, prefix_cache: PrefixCache, lock: threading.Lock, flush_s: float
+) -> None:
+    """Stop the loop, then write what is queued for the disk tier and (write-through) every
+    block memory holds that it lacks, within ``flush_s`` seconds in all, so a clean restart
+    finds the cache as it was."""
     scheduler.close()
+    disk = prefix_cache.disk
     if disk is not None:
-        dropped = disk.close(flush_s)
+        deadline = time.monotonic() + flush_s
+        if prefix_cache.disk_policy == "write-through":
+            with lock:
+                prefix_cache.persist(flush_s)
+        dropped = disk.close(max(0.0, deadline - time.monotonic()))
         if dropped:
             logger.warning("disk tier: %d queued block writes dropped after %.1f s", dropped,
                            flush_s)  # fmt: skip

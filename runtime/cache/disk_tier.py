@@ -154,6 +154,8 @@ class DiskTier:
         self._salt = hashlib.sha256(f"agentcache-disk-v1\0{fingerprint}".encode()).digest()
         self.stats = DiskStats()
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        """Notified whenever a queued write leaves ``_pending`` (``offer`` with ``wait_s``)."""
         self._index: OrderedDict[str, tuple[int, str]] = OrderedDict()  # key -> (bytes, group)
         self._pending: dict[str, tuple[torch.Tensor, str]] = {}
         self._staged: OrderedDict[str, torch.Tensor] = OrderedDict()
@@ -195,9 +197,16 @@ class DiskTier:
         """
         return self.offer(key, lambda: block, group=group)
 
-    def offer(self, key: str, read: Callable[[], torch.Tensor], *, group: str = "") -> bool:
+    def offer(
+        self, key: str, read: Callable[[], torch.Tensor], *, group: str = "", wait_s: float = 0.0
+    ) -> bool:
         """``put`` a block that ``read`` copies out only when it will be queued (not on disk or
         queued already, and room in the queue), so a deduplicated or dropped write costs no copy.
+        A block already on disk becomes its most recently used file.
+
+        Args:
+            wait_s: seconds to wait for room in a full queue (0: drop at once; a shutdown's
+                flush waits, the request path never does).
 
         Returns:
             False when the write was dropped (queue full, counted); True when queued or kept.
@@ -207,6 +216,8 @@ class DiskTier:
                 if key in self._index:
                     self._index.move_to_end(key)
                 return True
+            if wait_s > 0 and self._threads:
+                self._room.wait_for(lambda: len(self._pending) < self._max_pending, wait_s)
             if len(self._pending) >= self._max_pending:
                 self.stats.num_dropped += 1
                 return False
@@ -420,11 +431,13 @@ class DiskTier:
                 self.stats.num_writes += 1
                 self.stats.bytes_written += size
                 self._enforce_budget_locked()
+                self._room.notify_all()
         except OSError:
             tmp.unlink(missing_ok=True)
             with self._lock:
                 self._pending.pop(key, None)
                 self.stats.num_dropped += 1
+                self._room.notify_all()
 
     def _read_loop(self) -> None:
         while True:

@@ -10,6 +10,7 @@ sampling or threads (the engine holds its lock around every call).
 from __future__ import annotations
 
 import hashlib
+import time
 from functools import partial
 from typing import NamedTuple, Protocol
 
@@ -218,6 +219,28 @@ class PrefixCache:
         if self.disk is not None:
             self.disk.remove_group(self.disk.group_of(namespace))
         return len(evicted)
+
+    def persist(self, timeout_s: float) -> int:
+        """Offer every block in memory to the disk tier (a graceful shutdown), shallow blocks
+        first so each chain is kept from its start; those already on disk become its most
+        recently used files. Waits for queue room until ``timeout_s`` has passed, then stops.
+
+        Returns:
+            Blocks newly queued or bumped (0 without a disk tier).
+        """
+        if self.disk is None:
+            return 0
+        deadline = time.monotonic() + timeout_s
+        num = 0
+        for node in self.radix.nodes_by_depth():
+            group = self.disk.group_of(node.namespace)
+            for bid, h in zip(node.block_ids, node.hashes, strict=True):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return num
+                read = partial(self.pool.read_block, bid)
+                num += self.disk.offer(self.disk.key(h), read, group=group, wait_s=left)
+        return num
 
     def check_integrity(self) -> None:
         """Assert free + evictable + in-use == total blocks, and every part's own invariants.

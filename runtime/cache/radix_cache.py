@@ -264,6 +264,15 @@ class RadixCache:
         self._heap.compact(self._num_nodes)
         return freed
 
+    def nodes_by_depth(self) -> list[TreeNode]:
+        """Every node but the roots, breadth first (a parent before its children)."""
+        out: list[TreeNode] = []
+        level = [c for root in self._roots.values() for c in root.children.values()]
+        while level:
+            out.extend(level)
+            level = [c for node in level for c in node.children.values()]
+        return out
+
     def evict_namespace(self, namespace: Namespace) -> list[EvictedBlock]:
         """Free every unpinned block of one namespace (a tenant's cache reset); others untouched.
 
