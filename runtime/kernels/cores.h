@@ -46,12 +46,6 @@ void linear_packed_bf16(const float* x, int64_t m, int64_t K, const uint16_t* pa
 void linear_rows(const float* x, int64_t m, int64_t K, const float* wt, int64_t N,
                  const float* bias, float* out);
 
-// One block of kPackedCols columns (fp32, pack_weight's layout [K, 32]) for rows [0, m) of x (fp32
-// [m, K] contiguous) into out (row stride ldo), ncols (<= 32) columns stored; bias [ncols] or
-// nullptr. Serial: the caller splits the blocks among threads (products.cpp).
-void linear_packed_block_f32(const float* x, int64_t m, int64_t K, const float* block,
-                             float* out, int64_t ldo, int64_t ncols, const float* bias);
-
 // GGUF's quantized blocks (quantized.cpp): weights [N, K] as N rows of K / kQuantBlock blocks,
 // K a multiple of 32. Q8_0: fp16 scale, 32 int8 (34 bytes); Q4_1: fp16 scale, fp16 minimum, 16
 // bytes of nibbles, weight j low and 16 + j high in byte j (20 bytes).

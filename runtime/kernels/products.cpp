@@ -229,11 +229,6 @@ void linear_packed_bf16(const float* x, int64_t m, int64_t K, const uint16_t* pa
   packed_columns<uint16_t>(x, m, K, packed, blocks, out, n, bias);
 }
 
-void linear_packed_block_f32(const float* x, int64_t m, int64_t K, const float* block,
-                             float* out, int64_t ldo, int64_t ncols, const float* bias) {
-  packed_block<float>(x, m, K, block, out, ldo, ncols, bias);
-}
-
 void linear_rows(const float* x, int64_t m, int64_t K, const float* wt, int64_t N,
                  const float* bias, float* out) {
   std::fill(out, out + m * N, 0.f);

@@ -11,14 +11,15 @@
 // x over each block computed once per call. The result equals fp32 arithmetic on the
 // dequantized weights within float32 rounding.
 //
-// Few rows (a decode step's): register tiles of kQuantRows rows of x by 2 outputs read each
-// weight block once per tile, straight from the packed bytes; threads take chunks of 16 outputs.
-// More rows (prefill, a batch): each thread dequantizes 32 outputs' blocks into an fp32 scratch
-// block laid out as pack_weight's fp32 one ([K, 32]) and runs the fp32 packed micro-kernel
-// (products.cpp) over it, so the integer widening is paid once per 32 outputs, not per tile.
+// Few rows (a decode step's): register tiles of up to kQuantRows rows of x by 2-4 outputs read
+// each weight block once per tile, straight from the packed bytes (prefetched ahead along each
+// row); threads take chunks of 16 outputs.
+// More rows (a batch, a prefill): each thread dequantizes 4 outputs' rows at a time into an fp32
+// scratch and runs every row of x against them in register tiles, so the integer widening is paid
+// once per output, not once per tile of rows.
 #include <vector>
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -70,8 +71,12 @@ inline float half_to_float(const uint8_t* p) {
 #if AGENTCACHE_VEC_FLOATS > 1
 typedef int8_t vi8 __attribute__((vector_size(AGENTCACHE_VEC_FLOATS)));
 typedef uint8_t vu8 __attribute__((vector_size(AGENTCACHE_VEC_FLOATS)));
-inline vf widen(vi8 v) { return __builtin_convertvector(v, vf); }
-inline vf widen(vu8 v) { return __builtin_convertvector(v, vf); }
+typedef int32_t vi32 __attribute__((vector_size(4 * AGENTCACHE_VEC_FLOATS)));
+// NOTE: through int32: GCC converts bytes straight to floats one lane at a time (an unsigned
+// scalar conversion per lane), while byte -> int32 -> float is two vector instructions
+// (vpmovzxbd / vpmovsxbd, vcvtdq2ps on x86).
+inline vf widen(vi8 v) { return __builtin_convertvector(__builtin_convertvector(v, vi32), vf); }
+inline vf widen(vu8 v) { return __builtin_convertvector(__builtin_convertvector(v, vi32), vf); }
 #else
 using vi8 = int8_t;
 using vu8 = uint8_t;
@@ -86,6 +91,26 @@ inline V load_bytes(const uint8_t* p) {
   return v;
 }
 
+// kW signed bytes at p as floats. NOTE: on x86 with intrinsics: GCC loads an unaligned byte
+// vector through general registers and sign-extends lane by lane (measured 5x slower for Q8_0).
+inline vf load_s8(const uint8_t* p) {
+#if defined(__AVX512F__) && AGENTCACHE_VEC_FLOATS == 16
+  const __m512 f = _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  vf v;
+  std::memcpy(&v, &f, sizeof v);
+  return v;
+#elif defined(__AVX2__) && AGENTCACHE_VEC_FLOATS == 8
+  const __m256 f = _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  vf v;
+  std::memcpy(&v, &f, sizeof v);
+  return v;
+#else
+  return widen(load_bytes<vi8>(p));
+#endif
+}
+
 // A block format: its bytes, whether it has a minimum, and a block read as scale, minimum and
 // kBlockVecs fp32 vectors of its integers in input order.
 struct Q8_0 {
@@ -94,7 +119,7 @@ struct Q8_0 {
   static inline void load(const uint8_t* b, vf* q, float& d, float& m) {
     d = half_to_float(b);
     m = 0.f;
-    for (int64_t v = 0; v < kBlockVecs; ++v) q[v] = widen(load_bytes<vi8>(b + 2 + v * kW));
+    for (int64_t v = 0; v < kBlockVecs; ++v) q[v] = load_s8(b + 2 + v * kW);
   }
 };
 
@@ -124,31 +149,44 @@ inline float hsum(vf v) {
 #endif
 }
 
-// Rows [0, MR) of x (row stride K) against outputs o0 and o0 + 1 (or o0 alone, when `two` is
-// false: the second reads o0's blocks again and is not stored). xsum: [MR, nb] sums of x over
-// each block (Q4_1), out row stride ldo.
-template <class F, int MR>
+// Outputs per direct tile: 4 for 1-2 rows (more independent streams and sums in flight), 2 for
+// more rows (accumulators rows x outputs within the register file).
+template <int MR>
+constexpr int direct_outs() {
+  return MR <= 2 ? 4 : 2;
+}
+constexpr int64_t kAheadBytes = 1024;  // software prefetch distance along each weight row
+
+// Rows [0, MR) of x (row stride K) against outputs [o0, o0 + nout) (nout <= NO; a tile's missing
+// outputs read the last one's blocks again and are not stored). w: the weight's first row,
+// row_bytes apart; xsum: [MR, nb] sums of x over each block (Q4_1); out row stride ldo.
+template <class F, int MR, int NO>
 inline void direct_tile(const float* __restrict x, int64_t K, const float* __restrict xsum,
-                        const uint8_t* __restrict w0, const uint8_t* __restrict w1, bool two,
-                        float* __restrict out, int64_t ldo, const float* bias, int64_t o0) {
+                        const uint8_t* __restrict w, int64_t row_bytes, int64_t o0, int64_t nout,
+                        float* __restrict out, int64_t ldo, const float* bias) {
   const int64_t nb = K / kQuantBlock;
-  vf acc[MR][2];
-  float macc[MR][2];
+  const uint8_t* rows[NO];
+  for (int o = 0; o < NO; ++o) rows[o] = w + (o0 + std::min<int64_t>(o, nout - 1)) * row_bytes;
+  vf acc[MR][NO];
+  float macc[MR][NO];
   for (int r = 0; r < MR; ++r)
-    for (int o = 0; o < 2; ++o) {
+    for (int o = 0; o < NO; ++o) {
       acc[r][o] = vzero();
       macc[r][o] = 0.f;
     }
   for (int64_t b = 0; b < nb; ++b) {
-    vf q[2][kBlockVecs];
-    float d[2], m[2];
-    F::load(w0 + b * F::kBytes, q[0], d[0], m[0]);
-    F::load(w1 + b * F::kBytes, q[1], d[1], m[1]);
+    vf q[NO][kBlockVecs];
+    float d[NO], m[NO];
+    for (int o = 0; o < NO; ++o) {
+      // NOTE: past a row's end this prefetches the next row (or nothing useful); never faults
+      __builtin_prefetch(rows[o] + b * F::kBytes + kAheadBytes);
+      F::load(rows[o] + b * F::kBytes, q[o], d[o], m[o]);
+    }
     for (int r = 0; r < MR; ++r) {
       const float* xb = x + r * K + b * kQuantBlock;
       vf xv[kBlockVecs];
       for (int64_t v = 0; v < kBlockVecs; ++v) xv[v] = vload(xb + v * kW);
-      for (int o = 0; o < 2; ++o) {
+      for (int o = 0; o < NO; ++o) {
         vf t = xv[0] * q[o][0];
         for (int64_t v = 1; v < kBlockVecs; ++v) t += xv[v] * q[o][v];
         acc[r][o] += t * d[o];
@@ -157,7 +195,7 @@ inline void direct_tile(const float* __restrict x, int64_t K, const float* __res
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int o = 0; o < (two ? 2 : 1); ++o)
+    for (int o = 0; o < nout; ++o)
       out[r * ldo + o0 + o] =
           hsum(acc[r][o]) + macc[r][o] + (bias != nullptr ? bias[o0 + o] : 0.f);
 }
@@ -165,12 +203,11 @@ inline void direct_tile(const float* __restrict x, int64_t K, const float* __res
 template <class F, int MR>
 void direct_rows(const float* x, int64_t K, const float* xsum, const uint8_t* w, int64_t o_begin,
                  int64_t o_end, float* out, int64_t ldo, const float* bias) {
+  constexpr int NO = direct_outs<MR>();
   const int64_t row_bytes = (K / kQuantBlock) * F::kBytes;
-  for (int64_t o = o_begin; o < o_end; o += 2) {
-    const bool two = o + 1 < o_end;
-    const uint8_t* w0 = w + o * row_bytes;
-    direct_tile<F, MR>(x, K, xsum, w0, two ? w0 + row_bytes : w0, two, out, ldo, bias, o);
-  }
+  for (int64_t o = o_begin; o < o_end; o += NO)
+    direct_tile<F, MR, NO>(x, K, xsum, w, row_bytes, o, std::min<int64_t>(NO, o_end - o), out,
+                           ldo, bias);
 }
 
 template <class F>
@@ -193,39 +230,59 @@ void direct(const float* x, int64_t m, int64_t K, const float* xsum, const uint8
   });
 }
 
-// Outputs [c0, c0 + ncols) dequantized into `block` ([K, 32], zero past ncols).
-template <class F>
-void dequantize_columns(const uint8_t* w, int64_t K, int64_t c0, int64_t ncols, float* block) {
-  const int64_t nb = K / kQuantBlock, row_bytes = nb * F::kBytes;
-  alignas(64) float vals[kQuantBlock];
-  for (int64_t c = 0; c < kPackedCols; ++c) {
-    if (c >= ncols) {
-      for (int64_t k = 0; k < K; ++k) block[k * kPackedCols + c] = 0.f;
-      continue;
+// The widened path: kWideOuts outputs' rows dequantized once into an fp32 scratch ([kWideOuts,
+// K] row-major, in L1 for K up to a few thousand), then every row of x against them in register
+// tiles of MR rows by kWideOuts outputs (dot products along K, one horizontal sum per output).
+constexpr int kWideOuts = 4;
+
+template <int MR>
+inline void dot_tile(const float* __restrict x, int64_t K, const float* __restrict w,
+                     float* __restrict out, int64_t ldo, int64_t ncols, const float* bias) {
+  vf acc[MR][kWideOuts];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < kWideOuts; ++c) acc[r][c] = vzero();
+  for (int64_t k = 0; k < K; k += kW) {
+    vf wv[kWideOuts];
+    for (int c = 0; c < kWideOuts; ++c) wv[c] = vload(w + c * K + k);
+    for (int r = 0; r < MR; ++r) {
+      const vf xv = vload(x + r * K + k);
+      for (int c = 0; c < kWideOuts; ++c) acc[r][c] += xv * wv[c];
     }
-    const uint8_t* row = w + (c0 + c) * row_bytes;
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int64_t c = 0; c < ncols; ++c)
+      out[r * ldo + c] = hsum(acc[r][c]) + (bias != nullptr ? bias[c] : 0.f);
+}
+
+template <class F>
+void dequantize_rows(const uint8_t* w, int64_t N, int64_t K, float* out) {
+  const int64_t nb = K / kQuantBlock;
+  for (int64_t n = 0; n < N; ++n)
     for (int64_t b = 0; b < nb; ++b) {
       vf q[kBlockVecs];
       float d, m;
-      F::load(row + b * F::kBytes, q, d, m);
-      for (int64_t v = 0; v < kBlockVecs; ++v) vstore(vals + v * kW, q[v] * d + m);
-      float* dst = block + b * kQuantBlock * kPackedCols + c;
-      for (int64_t i = 0; i < kQuantBlock; ++i) dst[i * kPackedCols] = vals[i];
+      F::load(w + (n * nb + b) * F::kBytes, q, d, m);
+      for (int64_t v = 0; v < kBlockVecs; ++v)
+        vstore(out + n * K + b * kQuantBlock + v * kW, q[v] * d + m);
     }
-  }
 }
 
 template <class F>
 void widened(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
              const float* bias, float* out) {
-  const int64_t blocks = (N + kPackedCols - 1) / kPackedCols;
-  parallel_for(blocks, [&](int64_t first, int64_t last) {
-    std::vector<float> scratch(K * kPackedCols);  // [K, 32], this task's fp32 block
-    for (int64_t blk = first; blk < last; ++blk) {
-      const int64_t c0 = blk * kPackedCols, ncols = std::min(kPackedCols, N - c0);
-      dequantize_columns<F>(w, K, c0, ncols, scratch.data());
-      linear_packed_block_f32(x, m, K, scratch.data(), out + c0, N, ncols,
-                              bias != nullptr ? bias + c0 : nullptr);
+  const int64_t row_bytes = (K / kQuantBlock) * F::kBytes;
+  const int64_t chunks = (N + kQuantChunk - 1) / kQuantChunk;
+  parallel_for(chunks, [&](int64_t first, int64_t last) {
+    std::vector<float> scratch(kWideOuts * K, 0.f);  // [kWideOuts, K]
+    const int64_t o_end = std::min(N, last * kQuantChunk);
+    for (int64_t o = first * kQuantChunk; o < o_end; o += kWideOuts) {
+      const int64_t nc = std::min<int64_t>(kWideOuts, o_end - o);
+      dequantize_rows<F>(w + o * row_bytes, nc, K, scratch.data());
+      const float* bo = bias != nullptr ? bias + o : nullptr;
+      int64_t r = 0;
+      for (; r + kQuantRows <= m; r += kQuantRows)
+        dot_tile<kQuantRows>(x + r * K, K, scratch.data(), out + r * N + o, N, nc, bo);
+      for (; r < m; ++r) dot_tile<1>(x + r * K, K, scratch.data(), out + r * N + o, N, nc, bo);
     }
   });
 }
@@ -249,19 +306,6 @@ void linear_quant(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_
         xsum[r * nb + b] = s;
       }
   direct<F>(x, m, K, xsum.data(), w, N, bias, out);
-}
-
-template <class F>
-void dequantize_rows(const uint8_t* w, int64_t N, int64_t K, float* out) {
-  const int64_t nb = K / kQuantBlock;
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t b = 0; b < nb; ++b) {
-      vf q[kBlockVecs];
-      float d, m;
-      F::load(w + (n * nb + b) * F::kBytes, q, d, m);
-      for (int64_t v = 0; v < kBlockVecs; ++v)
-        vstore(out + n * K + b * kQuantBlock + v * kW, q[v] * d + m);
-    }
 }
 
 }  // namespace
