@@ -158,13 +158,15 @@ def _add_serve(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     )
     p.add_argument(
         "--weights",
-        choices=("float32", "bfloat16", "float32-packed"),
+        choices=("float32", "bfloat16", "float32-packed", "q8_0", "q4_1"),
         default=None,
         help="float32 models only: bfloat16 rounds the linear weights to bfloat16 while "
         "activations, KV cache and arithmetic stay float32; decode steps then read half the "
         "weight bytes (compact forward, native kernels). float32-packed keeps the weights and "
         "adds a packed copy (as many bytes again) that decode steps stream faster, most at 8-16 "
-        "rows (default: float32, the reference)",
+        "rows. q8_0 / q4_1: a quantized model (labelled so): linear weights rounded to GGUF's "
+        "Q8_0 / Q4_1 blocks (a .gguf file's own blocks when it holds them) that decode steps "
+        "read directly, 8.5 / 5 bits a weight (default: float32, the reference)",
     )
     p.add_argument(
         "--kv-disk-dir",

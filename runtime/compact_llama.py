@@ -13,7 +13,7 @@ kept. It knows tensors and KV layers, never requests, sampling or the prefix cac
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -26,7 +26,14 @@ from runtime.fp32_products import (
     choose_prefix_attention,
     onednn_linear,
 )
-from runtime.kernels import NativeKernels, pack_weight
+from runtime.kernels import (
+    QUANT_FORMATS,
+    QUANT_HEAD_FORMAT,
+    NativeKernels,
+    pack_weight,
+    quant_format_of,
+    quantize_weight,
+)
 
 __all__ = [
     "PACKED_MAX_ROWS",
@@ -162,6 +169,47 @@ def _input_major_head(model: Any) -> torch.Tensor:
     return view
 
 
+_FUSED_PARTS = (
+    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
+    ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",),
+)  # fmt: skip
+"""The modules whose rows make up each fused weight of a layer: qkv, o, gate_up, down."""
+
+
+def _quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    out: torch.Tensor = quantize_weight(weight, fmt)
+    return out
+
+
+def _given(
+    blocks: Mapping[str, torch.Tensor],
+    names: tuple[str, ...],
+    weight: torch.Tensor,
+    fmt: str,
+    *,
+    fused: bool = False,
+) -> torch.Tensor:
+    """``weight`` in ``fmt``'s GGUF blocks: ``blocks[name]`` for each name (``fused``: all of
+    them, rows concatenated; else the first present) where given in ``fmt``, else quantized.
+
+    Raises:
+        ValueError: the given blocks do not match ``weight``'s shape.
+    """
+    found = [blocks[n] for n in names if n in blocks]
+    if not fused:
+        found = found[:1]
+    if not found or (fused and len(found) != len(names)):
+        return _quantize(weight, fmt)
+    if any(quant_format_of(b) != fmt for b in found):
+        return _quantize(weight, fmt)
+    out = torch.cat(found) if len(found) > 1 else found[0].contiguous()
+    n, k = weight.shape
+    if out.dtype != torch.uint8 or out.shape[:2] != (n, k // 32):
+        raise ValueError(f"GGUF blocks of {names[0]!r} are {tuple(out.shape)}, the weight "
+                         f"[{n}, {k}] needs [{n}, {k // 32}, bytes]")  # fmt: skip
+    return out
+
+
 class CompactLlama:
     """The compact forward of one loaded transformers model of the Llama family.
 
@@ -178,14 +226,23 @@ class CompactLlama:
             (``weights="float32-packed"``): as many bytes again as the weights, streamed near the
             read bandwidth by products of up to 64 rows (about 1.1x MKL's speed at one row, 1.6-1.8x
             at 8-16). The values are the same, so the answers equal the fp32 products' within
-            float32 rounding. None: no copy.
+            float32 rounding. ``"q8_0"`` / ``"q4_1"`` (``weights="q8_0"`` / ``"q4_1"``, whose
+            weights already hold the blocks' values: ``round_weights_quantized``): GGUF's
+            blocks (``quantize_weight``; the LM head in ``QUANT_HEAD_FORMAT``), 8.5 or 5 bits
+            a weight, read by ``linear_quantized``. None: no copy.
         products: The library of each class of fp32 product (``fp32_products.choose_products``)
             that no packed copy serves, the C++ layer loop's included; None: MKL (torch's
             ``F.linear``) for all. Either computes in float32: the same answers within float32
             rounding.
+        blocks: With ``packed`` a quantized format, GGUF blocks to use as they are (a
+            ``.gguf`` file's own tensors, ``runtime.gguf_blocks``), by module name
+            (``model.layers.0.self_attn.q_proj``, ``lm_head``; a tied head may come as
+            ``model.embed_tokens``); a weight whose blocks are absent or in another format is
+            quantized from its fp32 values.
 
     Raises:
-        ValueError: ``compact_blocker(model)`` names a reason, or ``packed`` is another dtype.
+        ValueError: ``compact_blocker(model)`` names a reason, ``packed`` is another dtype or
+            format, or a given block array does not match its weight's shape.
     """
 
     def __init__(
@@ -193,8 +250,9 @@ class CompactLlama:
         model: Any,
         *,
         native: NativeKernels | None = None,
-        packed: torch.dtype | None = None,
+        packed: torch.dtype | str | None = None,
         products: ProductChoice | None = None,
+        blocks: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         why = compact_blocker(model)
         if why is not None:
@@ -233,12 +291,19 @@ class CompactLlama:
         self._onednn_lo, self._onednn_hi = self.products.onednn_rows()
         self._rows_max = self.products.rows if self.native is not None else 0
         """Products of at most this many rows run in the native ``linear_rows`` (0: none)."""
-        if packed not in (None, torch.bfloat16, torch.float32):
-            raise ValueError(f"packed must be torch.bfloat16, torch.float32 or None, not {packed}")
+        if packed not in (None, torch.bfloat16, torch.float32, *QUANT_FORMATS):
+            raise ValueError(f"packed must be torch.bfloat16, torch.float32, one of "
+                             f"{QUANT_FORMATS} or None, not {packed}")  # fmt: skip
         copies: list[torch.Tensor] = []
         self._head_packed: torch.Tensor | None = None
         self._packed_max_rows = 0
-        if packed is not None and self.native is not None and self.native.is_vectorized:
+        vectorized = self.native is not None and self.native.is_vectorized
+        if vectorized and isinstance(packed, str):
+            copies = self._quantized(packed, blocks or {})
+            self._head_packed = _given(blocks or {}, ("lm_head", "model.embed_tokens"),
+                                       self.lm_head, QUANT_HEAD_FORMAT[packed])  # fmt: skip
+            self._packed_max_rows = PACKED_MAX_ROWS
+        elif vectorized and packed is not None:
             copies = [pack_weight(w, packed) for layer in self.layers
                       for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]  # fmt: skip
             self._head_packed = pack_weight(self.lm_head, packed)
@@ -268,6 +333,18 @@ class CompactLlama:
         """Bytes held by the packed copies (0 without them)."""
         copies = [*self._packed, *([] if self._head_packed is None else [self._head_packed])]
         return sum(c.numel() * c.element_size() for c in copies)
+
+    def _quantized(self, fmt: str, blocks: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Per layer the GGUF blocks of qkv, o, gate_up and down in ``fmt``: the given ones
+        (fused weights concatenate their parts' rows) where every part is given in ``fmt``, else
+        ``quantize_weight`` of the fp32 weight."""
+        copies = []
+        for i, layer in enumerate(self.layers):
+            fused = (layer.qkv, layer.o, layer.gate_up, layer.down)
+            for parts, weight in zip(_FUSED_PARTS, fused, strict=True):
+                names = tuple(f"model.layers.{i}.{part}" for part in parts)
+                copies.append(_given(blocks, names, weight, fmt, fused=True))
+        return copies
 
     @staticmethod
     def _layer(layer: Any) -> _Layer:

@@ -13,8 +13,9 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from runtime.cache.disk_tier import DISK_POLICIES, DiskPolicy
 from runtime.cache.prefix_cache import PrefixCache
@@ -32,6 +33,9 @@ from runtime.sampler import LogitsProcessor
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Scheduler
 from runtime.scheduler_config import SchedulerConfig, SchedulerStats
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DEFAULT_CHUNK_CACHE_BYTES",
@@ -80,6 +84,7 @@ class Engine:
         weights: WeightsDtype = "float32",
         kv_disk_policy: DiskPolicy = "write-through",
         kv_disk_flush_s: float = DEFAULT_KV_DISK_FLUSH_S,
+        weight_blocks: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         """Wrap an already loaded model; prefer ``from_pretrained``.
 
@@ -88,7 +93,9 @@ class Engine:
         weight). Its HF forward still gives the same logits, but ``model.save_pretrained``
         needs ``state_dict={k: v.contiguous() for k, v in model.state_dict().items()}``.
         ``weights="bfloat16"`` rounds the model's linear weights in place (see
-        ``from_pretrained``).
+        ``from_pretrained``), as do ``"q8_0"`` / ``"q4_1"`` to GGUF's blocks;
+        ``weight_blocks`` (module name -> uint8 blocks, ``runtime.gguf_blocks``) are a GGUF
+        file's own blocks for those, kept as they are.
 
         Raises:
             ValueError: for a non-positive block_size, negative kv_cache_bytes, kv_disk_bytes
@@ -109,7 +116,7 @@ class Engine:
                 f"kv_disk_policy must be one of {DISK_POLICIES} and kv_disk_flush_s >= 0, got "
                 f"{kv_disk_policy!r}, {kv_disk_flush_s!r}"
             )
-        self.runner = ModelRunner(model, forward=forward, weights=weights)
+        self.runner = ModelRunner(model, forward=forward, weights=weights, blocks=weight_blocks)
         logger.info("forward path for %r: %s (%s)", model_id, self.runner.path,
                     self.runner.path_reason or "supported")  # fmt: skip
         self.request_builder = RequestBuilder(
@@ -213,12 +220,23 @@ class Engine:
                 stream instead of MKL's (about 1.1x at one row, 1.6-1.8x at 8-16; see the
                 README's figures); the same answers as ``"float32"`` within float32 rounding.
                 With the scalar kernels (``AGENTCACHE_KERNEL_ISA=scalar``) no copy is kept.
+                ``"q8_0"`` / ``"q4_1"``: a quantized model (another model than the fp32 one,
+                labelled so): every linear weight rounded to GGUF's Q8_0 / Q4_1 blocks (LM head
+                and tied embedding Q8_0) and, on the compact forward with vectorized native
+                kernels, the blocks kept for decode steps (8.5 / 5 bits a weight read instead
+                of 32). From a ``.gguf`` file whose tensors are in that format the file's own
+                blocks are kept (``runtime.gguf_blocks``), not quantized again.
 
         Raises:
             ModelLoadError: the model or tokenizer cannot be loaded.
             ValueError, OSError: as ``Engine()``.
         """
         lm, tokenizer = load_model(str(model), dtype=dtype, device=device, revision=revision)
+        blocks = None
+        if weights in ("q8_0", "q4_1") and str(model).endswith(".gguf") and Path(model).is_file():
+            from runtime.gguf_blocks import gguf_blocks
+
+            blocks = gguf_blocks(model, weights)
         return cls(
             lm,
             tokenizer,
@@ -235,7 +253,13 @@ class Engine:
             weights=weights,
             kv_disk_policy=kv_disk_policy,
             kv_disk_flush_s=kv_disk_flush_s,
+            weight_blocks=blocks,
         )
+
+    @property
+    def weights(self) -> WeightsDtype:
+        """How the model holds its weights (``WeightsDtype``; ``"q4_1"``: a quantized model)."""
+        return self.runner.weights
 
     @property
     def forward_path(self) -> str:

@@ -10,7 +10,7 @@ import hashlib
 import importlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeAlias, get_args
 
@@ -23,7 +23,7 @@ from runtime.batch_mask import MaskPlan, mask_plan
 from runtime.compact_llama import CompactLlama, Segment, compact_blocker, prefill_mask
 from runtime.exceptions import ModelLoadError, one_line
 from runtime.fp32_products import ProductChoice, choose_products
-from runtime.kernels import native_kernels
+from runtime.kernels import QUANT_HEAD_FORMAT, dequantize_weight, native_kernels, quantize_weight
 from runtime.kv_cache import RequestKVCache
 from runtime.model_names import HUB_ID, is_local_path, no_such_folder
 
@@ -36,6 +36,7 @@ __all__ = [
     "load_model",
     "reuse_blocker",
     "round_weights_bf16",
+    "round_weights_quantized",
     "weights_fingerprint",
 ]
 
@@ -43,19 +44,27 @@ ForwardPath: TypeAlias = Literal["auto", "compact", "transformers"]
 """``compact``: ``runtime.compact_llama`` (Llama family); ``transformers``: the model's own
 forward (every architecture, the reference); ``auto``: compact where supported."""
 
-WeightsDtype: TypeAlias = Literal["float32", "bfloat16", "float32-packed"]
+WeightsDtype: TypeAlias = Literal["float32", "bfloat16", "float32-packed", "q8_0", "q4_1"]
 """How a float32 model holds its weights: ``float32`` as loaded (the reference);
 ``bfloat16``: every linear layer's weight (the LM head and a tied embedding included) rounded to
 bfloat16, nearest even, while activations, the KV cache and all arithmetic stay float32 (see
 ``round_weights_bf16``); ``float32-packed``: as loaded, plus a packed fp32 copy of every linear
 weight for the small products of decode steps (the compact forward with the native kernels:
-as many bytes again as those weights; the same answers within float32 rounding)."""
+as many bytes again as those weights; the same answers within float32 rounding); ``q8_0`` /
+``q4_1``: every linear weight rounded to GGUF's Q8_0 / Q4_1 blocks (the LM head and a tied
+embedding to ``QUANT_HEAD_FORMAT``'s, Q8_0; see ``round_weights_quantized``), and on the compact
+forward with vectorized native kernels the blocks themselves kept for decode-step products
+(``linear_quantized``: 8.5 / 5 bits a weight). A quantized model is another model: its answers
+are those of the rounded weights, labelled so (``/v1/models``, usage)."""
 _WEIGHTS: tuple[WeightsDtype, ...] = get_args(WeightsDtype)
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_PACKED = {"bfloat16": torch.bfloat16, "float32-packed": torch.float32}  # WeightsDtype -> copy
+_PACKED: dict[str, torch.dtype | str] = {
+    "bfloat16": torch.bfloat16, "float32-packed": torch.float32, "q8_0": "q8_0", "q4_1": "q4_1",
+}  # fmt: skip
+"""WeightsDtype -> the compact forward's ``packed`` copies."""
 # Layer kinds whose KV at position p depends only on tokens <= p, kept whole by RequestKVCache.
 _RESUMABLE_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 
@@ -96,6 +105,37 @@ def round_weights_bf16(model: Any) -> None:
                 raise ValueError(f"weights='bfloat16' needs float32 weights; {name} is "
                                  f"{weight.dtype}")  # fmt: skip
             weight.copy_(weight.to(torch.bfloat16))
+
+
+def round_weights_quantized(model: Any, fmt: Literal["q8_0", "q4_1"]) -> None:
+    """Round, in place, the weight of every ``torch.nn.Linear`` in ``model`` to the values of
+    its GGUF ``fmt`` blocks (``dequantize_weight(quantize_weight(w, fmt))``), the LM head (and a
+    tied input embedding) to ``QUANT_HEAD_FORMAT[fmt]``'s, kept as fp32.
+
+    Every forward of the model (transformers', the compact one's fp32 products, the native
+    kernels over the blocks) then computes with the same weights, so cached and uncached, kernel
+    and torch paths are one model. Weights that already hold such values (a model dequantized
+    from a GGUF file of that format) are unchanged: quantizing them again gives the same blocks.
+    Norm weights, biases and an untied embedding keep full precision.
+
+    Raises:
+        ValueError: a linear weight that is not float32, or whose input size is not a multiple
+            of 32 (names the module).
+    """
+    head = getattr(model, "lm_head", None)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if not isinstance(module, torch.nn.Linear):
+                continue
+            weight = module.weight
+            if weight.dtype != torch.float32:
+                raise ValueError(f"weights={fmt!r} needs float32 weights; {name} is "
+                                 f"{weight.dtype}")  # fmt: skip
+            kind = QUANT_HEAD_FORMAT[fmt] if module is head else fmt
+            try:
+                weight.copy_(dequantize_weight(quantize_weight(weight, kind)))
+            except ValueError as exc:
+                raise ValueError(f"weights={fmt!r}: cannot quantize {name}: {exc}") from exc
 
 
 def _bundled() -> tuple[Any, tuple[str, ...]]:
@@ -202,7 +242,12 @@ class ModelRunner:
     """Forward passes of one model: prefill on one request's KV row, decode on all rows."""
 
     def __init__(
-        self, model: Any, *, forward: ForwardPath = "auto", weights: WeightsDtype = "float32"
+        self,
+        model: Any,
+        *,
+        forward: ForwardPath = "auto",
+        weights: WeightsDtype = "float32",
+        blocks: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         """Wrap a loaded model.
 
@@ -216,6 +261,12 @@ class ModelRunner:
                 and, on the compact forward with vectorized native kernels (any ISA but scalar),
                 a packed fp32 copy that products of up to 64 rows read (``CompactLlama``'s
                 ``packed``); elsewhere it changes nothing (the start line says why).
+                ``"q8_0"`` / ``"q4_1"`` round the linear weights to GGUF's blocks
+                (``round_weights_quantized``) and, on the compact forward with vectorized
+                native kernels, keep the blocks for products of up to 64 rows.
+            blocks: With a quantized ``weights``, GGUF blocks by module name to keep as they
+                are (a ``.gguf`` file's own tensors: ``runtime.gguf_blocks``); see
+                ``CompactLlama``'s ``blocks``.
 
         Raises:
             ValueError: ``forward="compact"`` on a model ``compact_blocker`` refuses, an unknown
@@ -232,6 +283,8 @@ class ModelRunner:
                              f"not {self.dtype}")  # fmt: skip
         if weights == "bfloat16":
             round_weights_bf16(model)
+        elif weights in ("q8_0", "q4_1"):
+            round_weights_quantized(model, weights)
         self.weights: WeightsDtype = weights
         """How the weights are held (``WeightsDtype``)."""
         self.kv_shape = self._probe()
@@ -254,7 +307,13 @@ class ModelRunner:
             rows = native.linear_rows if native is not None and native.is_vectorized else None
             self.products = choose_products(_largest_linear(model), rows_kernel=rows)
         self.compact = (
-            CompactLlama(model, native=native, packed=_PACKED.get(weights), products=self.products)
+            CompactLlama(
+                model,
+                native=native,
+                packed=_PACKED.get(weights),
+                products=self.products,
+                blocks=blocks,
+            )  # fmt: skip
             if why is None
             else None
         )

@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 _HINT = "install the local runtime: pip install 'agentcache[local]'"
-_WEIGHTS = ("float32", "bfloat16", "float32-packed")
+_WEIGHTS = ("float32", "bfloat16", "float32-packed", "q8_0", "q4_1")
 """``runtime.model_runner.WeightsDtype``'s values, checked before torch is imported (a test keeps
 the two equal)."""
 CHATML_STOPS: tuple[str, ...] = ("<|im_start|>", "<tool_response>", "</tool_response>")
@@ -214,8 +214,9 @@ class LocalBackend(BaseBackend):
             dtype: ``float32``, ``float16`` or ``bfloat16``.
             weights: How a float32 model holds its weights (``serve --weights``): ``float32``
                 (the reference), ``bfloat16`` (linear weights rounded to bf16, arithmetic in
-                float32) or ``float32-packed`` (plus a packed copy for decode steps: the weight
-                memory again, the same answers within float32 rounding); see
+                float32), ``float32-packed`` (plus a packed copy for decode steps: the weight
+                memory again, the same answers within float32 rounding), ``q8_0`` or ``q4_1``
+                (a quantized model: GGUF's blocks, read directly by decode steps); see
                 ``runtime.model_runner.WeightsDtype``.
             device: torch device string.
             chunk_reuse: Opt-in reuse of each ``Document``'s KV in any order (the engine's chunk
@@ -225,7 +226,7 @@ class LocalBackend(BaseBackend):
             recompute_fraction: Blend only: the share of document tokens recomputed.
 
         Raises:
-            ConfigError: ``cache_salt`` is an empty string, ``weights`` is not one of the three
+            ConfigError: ``cache_salt`` is an empty string, ``weights`` is not one of the five
                 or not float32 ``dtype``'s, ``chunk_reuse`` /
                 ``recompute_fraction`` is out of range, or the model cannot reuse chunks in that
                 mode (no composable RoPE, sliding windows; blend: no compact forward).

@@ -287,7 +287,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=None, help="target a running server instead")
     p.add_argument(
         "--weights",
-        choices=["float32", "bfloat16", "float32-packed"],
+        choices=["float32", "bfloat16", "float32-packed", "q8_0", "q4_1"],
         default="float32",
         help="the in-process engine's weights (serve --weights; not with --url). With "
         "--llama-server, bfloat16 also converts W1 to a bf16 GGUF for the peer",

@@ -125,7 +125,7 @@ def _measure_peers(
     """Miss TTFT, hit TTFT and decode rate of both forward paths and llama.cpp, alternating
     request by request (same weights, same token ids, greedy), plus the hardware floors
     measured before and after (the best of both)."""
-    outtype = "bf16" if args.weights == "bfloat16" else "f32"
+    outtype = {"bfloat16": "bf16", "q8_0": "q8_0"}.get(args.weights, "f32")
     gguf = args.gguf or export_gguf(model, folder, Path(args.llama_cpp_convert), outtype=outtype)
     n_ctx = args.prefix_len + args.suffix_len + args.decode_tokens + 16
     threads = torch.get_num_threads()
@@ -404,7 +404,8 @@ def prefix_main(argv: list[str]) -> int:
         help="bfloat16: round W1's linear weights to bf16 for every engine and peer (ours then "
         "decodes from packed bf16 copies; llama.cpp gets a bf16 GGUF); float32-packed: ours "
         "keeps a packed fp32 copy for decode steps (the peers see the same f32 weights); "
-        "default float32",
+        "q8_0 / q4_1: W1 quantized to GGUF's blocks (llama.cpp gets a q8_0 GGUF from the "
+        "converter; q4_1 needs --gguf, which the converter cannot write); default float32",
     )
     p.add_argument(
         "--gguf",
@@ -422,6 +423,9 @@ def prefix_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.weights != "float32" and args.dtype != "float32":
         p.error(f"--weights {args.weights} needs --dtype float32, not {args.dtype}")
+    if args.weights == "q4_1" and args.llama_cpp is not None and args.gguf is None:
+        p.error("--weights q4_1 with --llama-cpp needs --gguf (llama.cpp's converter writes no "
+                "Q4_1; quantize one with llama-quantize)")  # fmt: skip
     if args.llama_cpp is not None:
         problem = _peer_problem(args)
         if problem is not None:
@@ -456,6 +460,8 @@ def prefix_main(argv: list[str]) -> int:
         + {
             "bfloat16": ", bf16 weights",
             "float32-packed": ", float32-packed weights (compact)",
+            "q8_0": ", q8_0 weights (quantized)",
+            "q4_1": ", q4_1 weights (quantized)",
         }.get(args.weights, "")
     )
     tables = [

@@ -9,6 +9,8 @@ the values written straight into the KV slots), equal to the Python loop within 
 without the Python and dispatch overhead of about 25 small ops per layer; ``linear_packed``, a
 product over weights packed in blocks of 32 output columns (``pack_weight``), as bfloat16 (half
 the bytes) or float32 (a copy that small products stream at the read bandwidth);
+``linear_quantized``, a product straight from GGUF's Q8_0 / Q4_1 blocks (``quantize_weight``:
+8.5 and 5 bits a weight);
 ``linear_rows``, a product of 1-8 rows straight from the compact forward's own input-major fp32
 weights (no copy); and ``prefix_attention``, the unmasked attention of a packed prefill's tokens
 to the prefix their segments share, flash-style with register tiles.
@@ -34,7 +36,7 @@ import functools
 import logging
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 from runtime.kernels import _build, _isa
 from runtime.kernels._build import KERNEL_DIR_ENV
@@ -46,6 +48,9 @@ __all__ = [
     "ISA_ENV",
     "KERNEL_DIR_ENV",
     "PACKED_COLUMNS",
+    "QUANT_BLOCK",
+    "QUANT_FORMATS",
+    "QUANT_HEAD_FORMAT",
     "DecodeAttention",
     "Isa",
     "IsaChoice",
@@ -54,7 +59,11 @@ __all__ = [
     "chosen_isa",
     "native_kernels",
     "native_status",
+    "dequantize_weight",
     "pack_weight",
+    "quant_format_of",
+    "quantize_weight",
+    "QuantFormat",
 ]
 
 _log = logging.getLogger(__name__)
@@ -82,6 +91,12 @@ class NativeKernels(NamedTuple):
     bias`` with ``W`` (``[N, K]``) packed by ``pack_weight`` (bf16 or fp32); fp32 multiply-adds,
     so it equals ``F.linear`` over the packed (for bf16: rounded) weights within float32
     rounding."""
+    linear_quantized: Callable[..., Any]
+    """``(x [..., K] fp32, blocks, bias [N] fp32 or None) -> [..., N] fp32``: ``x . W^T + bias``
+    with ``W`` in GGUF's Q8_0 or Q4_1 blocks (``quantize_weight``: uint8 ``[N, K / 32, 34]`` or
+    ``[N, K / 32, 20]``); fp32 multiply-adds, so it equals ``F.linear`` over
+    ``dequantize_weight(blocks)`` within float32 rounding. ``linear_packed`` takes the same
+    blocks (with ``n = N``). Raises ``RuntimeError`` on another layout, dtype or K."""
     linear_rows: Callable[..., Any]
     """``(x [..., K] fp32, w [N, K] fp32 input-major, bias [N] fp32 or None) -> [..., N]``:
     ``x . w^T + bias`` for few rows straight from the compact forward's input-major weights
@@ -179,7 +194,7 @@ def native_kernels(isa: Isa | None = None) -> NativeKernels | None:
         return None
     return NativeKernels(
         module.decode_attention, module.DecodeLayers, module.isa, module.linear_packed,
-        module.linear_rows, module.prefix_attention,
+        module.linear_quantized, module.linear_rows, module.prefix_attention,
     )  # fmt: skip
 
 
@@ -240,3 +255,78 @@ def pack_weight(weight: Any, dtype: Any) -> Any:
     if dtype == torch.bfloat16:
         lines = lines[:, torch.tensor(_bf16_order())]
     return lines.transpose(1, 2).contiguous()
+
+
+QuantFormat: TypeAlias = Literal["q8_0", "q4_1"]
+QUANT_FORMATS: tuple[QuantFormat, ...] = ("q8_0", "q4_1")
+"""GGUF block formats ``linear_quantized`` reads: ``q8_0`` (34 bytes per 32 weights: fp16
+scale, 32 int8) and ``q4_1`` (20 bytes: fp16 scale, fp16 minimum, 32 nibbles)."""
+QUANT_HEAD_FORMAT: dict[QuantFormat, QuantFormat] = {"q8_0": "q8_0", "q4_1": "q8_0"}
+"""The format of the LM head (and a tied embedding) for each layer format: llama.cpp's converter
+keeps a tied ``token_embd`` in Q8_0 when the layers are Q4_0/Q4_1 (SmolLM2's shipped Q4_1 file
+does), so a model quantized here matches the file."""
+QUANT_BLOCK = 32
+"""Weights per quantized block (along the input dimension)."""
+_QUANT_BYTES = {"q8_0": 34, "q4_1": 20}
+
+
+def _gguf_type(fmt: str) -> Any:
+    from gguf import GGMLQuantizationType
+
+    if fmt not in QUANT_FORMATS:
+        raise ValueError(f"unknown quantized format {fmt!r}; valid: {', '.join(QUANT_FORMATS)}")
+    return GGMLQuantizationType.Q8_0 if fmt == "q8_0" else GGMLQuantizationType.Q4_1
+
+
+def quantize_weight(weight: Any, fmt: str) -> Any:
+    """``weight`` (``[N, K]`` float, any strides) in GGUF's ``fmt`` blocks: uint8 ``[N, K / 32,
+    34]`` (Q8_0) or ``[N, K / 32, 20]`` (Q4_1), contiguous, block ``b`` of row ``n`` holding
+    inputs ``[32 b, 32 b + 32)`` of output ``n``: the bytes ``gguf.quants.quantize`` writes into a
+    GGUF file (ggml's ``quantize_row_*`` reference rounding), so a file from llama.cpp's
+    converter and a weight quantized here mean the same numbers. Quantizing
+    ``dequantize_weight`` of blocks gives the same blocks again.
+
+    Raises:
+        ValueError: ``fmt`` is not one of ``QUANT_FORMATS``, ``weight`` is not 2-D, or ``K`` is not
+            a multiple of 32.
+    """
+    import numpy as np
+    import torch
+    from gguf.quants import quantize
+
+    qtype = _gguf_type(fmt)
+    if weight.dim() != 2:
+        raise ValueError(f"quantize_weight: weight must be 2-D [N, K], not {tuple(weight.shape)}")
+    n, k = weight.shape
+    if k % QUANT_BLOCK != 0 or k == 0:
+        raise ValueError(f"quantize_weight: {fmt} needs K (inputs) a positive multiple of "
+                         f"{QUANT_BLOCK}, not {k}")  # fmt: skip
+    values = np.ascontiguousarray(weight.detach().to(torch.float32).cpu().numpy())
+    blocks = quantize(values, qtype)  # uint8 [N, K / 32 * bytes]
+    return torch.from_numpy(np.ascontiguousarray(blocks)).view(n, k // QUANT_BLOCK, -1)
+
+
+def dequantize_weight(blocks: Any) -> Any:
+    """The fp32 ``[N, K]`` values of ``quantize_weight``'s blocks (``gguf.quants.dequantize``:
+    ``d * q``, ``d * q + m`` for Q4_1, in float32), the format read from the block size.
+
+    Raises:
+        ValueError: ``blocks`` is not uint8 ``[N, K / 32, 34 | 20]``.
+    """
+    import numpy as np
+    import torch
+    from gguf.quants import dequantize
+
+    if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[2] not in (34, 20):
+        raise ValueError(f"dequantize_weight: blocks must be uint8 [N, K / 32, 34 | 20], not "
+                         f"{blocks.dtype} {tuple(blocks.shape)}")  # fmt: skip
+    fmt = "q8_0" if blocks.shape[2] == _QUANT_BYTES["q8_0"] else "q4_1"
+    n, nb, _ = blocks.shape
+    raw = np.ascontiguousarray(blocks.reshape(n, -1).numpy())
+    values = dequantize(raw, _gguf_type(fmt)).astype(np.float32, copy=False)
+    return torch.from_numpy(np.ascontiguousarray(values)).view(n, nb * QUANT_BLOCK)
+
+
+def quant_format_of(blocks: Any) -> QuantFormat:
+    """``"q8_0"`` or ``"q4_1"`` from a block array's last dimension (34 or 20 bytes)."""
+    return "q8_0" if blocks.shape[-1] == _QUANT_BYTES["q8_0"] else "q4_1"

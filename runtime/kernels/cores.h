@@ -46,6 +46,22 @@ void linear_packed_bf16(const float* x, int64_t m, int64_t K, const uint16_t* pa
 void linear_rows(const float* x, int64_t m, int64_t K, const float* wt, int64_t N,
                  const float* bias, float* out);
 
+// GGUF's quantized blocks (quantized.cpp): weights [N, K] as N rows of K / kQuantBlock blocks,
+// K a multiple of 32. Q8_0: fp16 scale, 32 int8 (34 bytes); Q4_1: fp16 scale, fp16 minimum, 16
+// bytes of nibbles, weight j low and 16 + j high in byte j (20 bytes).
+constexpr int64_t kQuantBlock = 32;
+constexpr int64_t kQ8_0Bytes = 34;
+constexpr int64_t kQ4_1Bytes = 20;
+
+// out [m, N] = x [m, K] . W^T + bias, W in blocks as above; bias [N] or nullptr.
+void linear_q8_0(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
+                 const float* bias, float* out);
+void linear_q4_1(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
+                 const float* bias, float* out);
+// out [N, K] fp32 = the blocks' values (d * q, + m for Q4_1), serially.
+void dequantize_q8_0(const uint8_t* w, int64_t N, int64_t K, float* out);
+void dequantize_q4_1(const uint8_t* w, int64_t N, int64_t K, float* out);
+
 // The ISA this library was built for: "avx512", "avx2", "neon" or "scalar".
 const char* isa_name();
 

@@ -47,12 +47,20 @@ DecodeLayers::DecodeLayers(
                     input_major(down_[i]),
                 "DecodeLayers: rows_max needs input-major weights (layer ", i, ")");
   // packed: empty, or per layer the blocks of qkv, o, gate_up and down (pack_weight), of one
-  // element type (bf16 or fp32)
+  // element type (bf16 or fp32), or GGUF's quantized blocks (uint8 [N, K / 32, 34 | 20])
   TORCH_CHECK(packed_.empty() || packed_.size() == 4 * L,
               "DecodeLayers: packed holds 4 weights per layer, or none");
   for (size_t i = 0; i < packed_.size(); ++i) {
     const auto& w = i % 4 == 0 ? qkv_[i / 4] : i % 4 == 1 ? o_[i / 4]
                   : i % 4 == 2 ? gate_up_[i / 4] : down_[i / 4];
+    if (packed_[i].scalar_type() == at::kByte) {
+      TORCH_CHECK(packed_[i].is_contiguous() && packed_[i].dim() == 3 &&
+                      packed_[i].size(0) == w.size(0) &&
+                      packed_[i].size(1) * kQuantBlock == w.size(1) &&
+                      (packed_[i].size(2) == kQ8_0Bytes || packed_[i].size(2) == kQ4_1Bytes),
+                  "DecodeLayers: quantized weight ", i, " does not match its fp32 weight");
+      continue;
+    }
     TORCH_CHECK(packed_[i].scalar_type() == packed_[0].scalar_type() &&
                     (packed_[i].scalar_type() == at::kBFloat16 ||
                      packed_[i].scalar_type() == at::kFloat) &&

@@ -17,7 +17,8 @@ AGENTCACHE_BEGIN
 // within float32 rounding (the tests' 1e-5), not to the bit: sums are reassociated and
 // multiply-adds fused. Weights are the compact forward's (input-major views). With packed copies
 // of them (pack_weight: bf16 for weights="bfloat16", the fp32 weights then holding the same
-// rounded values; fp32 for weights="float32-packed"), a step of at most packed_max_rows rows runs
+// rounded values; fp32 for weights="float32-packed"; GGUF's Q8_0 / Q4_1 blocks as uint8 for
+// weights="q8_0" / "q4_1", the fp32 weights then holding the blocks' values), a step of at most packed_max_rows rows runs
 // its products in linear_packed instead of at::linear; otherwise a step of at most rows_max rows
 // (fp32_products.ProductChoice.rows; 0: none) runs them in linear_rows over the weights
 // themselves, and a step of onednn_lo to onednn_hi rows (ProductChoice.onednn_rows) in

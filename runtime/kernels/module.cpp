@@ -33,9 +33,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              py::arg("src") = py::none(), py::arg("shared") = py::none(),
              py::call_guard<py::gil_scoped_release>());
   module.def("linear_packed", &agentcache::ops::linear_packed,
-             "x . W^T + bias with W packed as bf16 or fp32 (pack_weight), fp32 in and out (see "
-             "products.cpp)",
+             "x . W^T + bias with W packed as bf16 or fp32 (pack_weight) or in GGUF blocks "
+             "(linear_quantized), fp32 in and out (see products.cpp)",
              py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("n"),
+             py::call_guard<py::gil_scoped_release>());
+  module.def("linear_quantized", &agentcache::ops::linear_quantized,
+             "x . W^T + bias with W in GGUF's Q8_0 or Q4_1 blocks [N, K / 32, bytes], fp32 in "
+             "and out (see quantized.cpp)",
+             py::arg("x"), py::arg("blocks"), py::arg("bias"),
              py::call_guard<py::gil_scoped_release>());
   module.def("linear_rows", &agentcache::ops::linear_rows,
              "x . w^T + bias for few rows over an input-major fp32 weight, no copy (see "

@@ -92,6 +92,12 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
   TORCH_CHECK(x.scalar_type() == at::kFloat, "linear_packed: x must be fp32");
   TORCH_CHECK(x.dim() >= 1, "linear_packed: x must be [..., K], not a 0-dim tensor");
   const auto type = packed.scalar_type();
+  if (type == at::kByte) {
+    TORCH_CHECK(packed.dim() == 3 && packed.size(0) == n, "linear_packed: n = ", n,
+                " does not match the quantized weight's ", packed.dim() == 3 ? packed.size(0) : 0,
+                " rows");
+    return linear_quantized(x, packed, bias);
+  }
   TORCH_CHECK((type == at::kBFloat16 || type == at::kFloat) && packed.dim() == 3 &&
                   packed.size(2) == kPackedCols && packed.is_contiguous(),
               "linear_packed: packed must be contiguous bf16 or fp32 [blocks, K, 32] "
@@ -120,6 +126,36 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
     linear_packed_bf16(xs.data_ptr<float>(), m, K,
                        reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
                        blocks, out.data_ptr<float>(), n, bp);
+  return out.view(shape);
+}
+
+at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& blocks,
+                            const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && blocks.device().is_cpu(),
+              "linear_quantized: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "linear_quantized: x must be fp32");
+  TORCH_CHECK(x.dim() >= 1, "linear_quantized: x must be [..., K], not a 0-dim tensor");
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 3 && blocks.is_contiguous() &&
+                  (blocks.size(2) == kQ8_0Bytes || blocks.size(2) == kQ4_1Bytes),
+              "linear_quantized: blocks must be contiguous uint8 [N, K / 32, 34] (Q8_0) or "
+              "[N, K / 32, 20] (Q4_1) (quantize_weight)");
+  const int64_t N = blocks.size(0), K = blocks.size(1) * kQuantBlock;
+  TORCH_CHECK(N >= 1 && K >= 1, "linear_quantized: the quantized weight is empty");
+  TORCH_CHECK(x.size(-1) == K, "linear_quantized: x has ", x.size(-1), " inputs, the weight ", K);
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->dim() == 1 &&
+                                    bias->numel() == N && bias->device().is_cpu()),
+              "linear_quantized: bias must be fp32 [N]");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  auto xs = x.reshape({-1, K}).contiguous();
+  const int64_t m = xs.size(0);
+  auto out = at::empty({m, N}, xs.options());
+  if (m == 0) return out.view(shape);
+  std::optional<at::Tensor> b;
+  if (bias.has_value()) b = bias->contiguous();
+  const auto product = blocks.size(2) == kQ8_0Bytes ? linear_q8_0 : linear_q4_1;
+  product(xs.data_ptr<float>(), m, K, blocks.data_ptr<uint8_t>(), N,
+          b.has_value() ? b->data_ptr<float>() : nullptr, out.data_ptr<float>());
   return out.view(shape);
 }
 

@@ -24,10 +24,15 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v,
 std::vector<at::Tensor> prefix_attention(at::Tensor q, const at::Tensor& k, const at::Tensor& v,
                                          double scale);
 
-// x fp32 [..., K]; packed bf16 or fp32 [ceil(n / 32), K, 32] (pack_weight); bias fp32 [n] or
-// None. Returns fp32 [..., n].
+// x fp32 [..., K]; packed bf16 or fp32 [ceil(n / 32), K, 32] (pack_weight), or uint8 GGUF blocks
+// [n, K / 32, 34 | 20] (linear_quantized); bias fp32 [n] or None. Returns fp32 [..., n].
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
                          const std::optional<at::Tensor>& bias, int64_t n);
+
+// x fp32 [..., K]; blocks uint8 [N, K / 32, 34] (Q8_0) or [N, K / 32, 20] (Q4_1), contiguous,
+// GGUF's layout (quantize_weight); bias fp32 [N] or None. Returns fp32 [..., N].
+at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& blocks,
+                            const std::optional<at::Tensor>& bias);
 
 // x fp32 [..., K]; w fp32 [N, K] with strides (1, N) (an input-major view of a contiguous [K, N]
 // tensor); bias fp32 [N] or None. Returns [..., N].

@@ -55,6 +55,7 @@ from runtime.serve.tokenize import detokenize_body, tokenize_body, tokenizer_inf
 
 __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
+    "WEIGHTS_HEADER",
     "create_app",
     "tenant_salt",
 ]
@@ -81,14 +82,22 @@ def tenant_salt(api_key: str | None, cache_salt: str | None) -> str | None:
     return digest.hexdigest()
 
 
+WEIGHTS_HEADER = "X-Agentcache-Weights"
+"""Response header of completions: the engine's ``weights`` (``"float32"``, ``"q4_1"``, ...)."""
+
+
 class _SSEResponse(StreamingResponse):
     """A streaming response that always closes its engine call, even if never iterated, then
     hands the stream's outcome to ``on_done``."""
 
     def __init__(
-        self, stream: ChoiceStream, call: EngineCall, on_done: Callable[[Outcome | None], None]
+        self,
+        stream: ChoiceStream,
+        call: EngineCall,
+        on_done: Callable[[Outcome | None], None],
+        headers: dict[str, str],
     ) -> None:
-        super().__init__(stream.events(), media_type="text/event-stream")
+        super().__init__(stream.events(), media_type="text/event-stream", headers=headers)
         self._stream = stream
         self._call = call
         self._on_done = on_done
@@ -175,6 +184,12 @@ class _Server:
             raise _unknown_model(name, self.engine.model_id)
         return parsed
 
+    @property
+    def _headers(self) -> dict[str, str]:
+        """Headers of every completion: ``X-Agentcache-Weights`` names how the model holds its
+        weights (``float32``, ``q4_1``, ...: a quantized model answers as another model)."""
+        return {WEIGHTS_HEADER: str(getattr(self.engine, "weights", "float32"))}
+
     async def serve(self, request: Request, plan: RequestPlan) -> Response:
         """Admit, run and answer one planned request (JSON or SSE)."""
         call = EngineCall(lambda: self._open_streams(plan))
@@ -184,11 +199,12 @@ class _Server:
             if plan.stream:
                 stream = ChoiceStream(plan, call, first)
                 is_handed_off = True
-                return _SSEResponse(stream, call, lambda out: self._record(call, out, plan.n))
+                return _SSEResponse(stream, call, lambda out: self._record(call, out, plan.n),
+                                    self._headers)  # fmt: skip
             completions = await _unless_disconnected(request, lambda: call.drain(first))
             body, finish = final_json(plan, completions)
             self._record(call, finish, plan.n)
-            return JSONResponse(body)
+            return JSONResponse(body, headers=self._headers)
         except _Disconnected:
             await call.aclose()
             self._record(call, None, plan.n)
@@ -541,6 +557,8 @@ def _model_card(engine: ServingEngine) -> dict[str, Any]:
         "created": 0,
         "owned_by": "agentcache",
         "max_model_len": engine.max_context_len,
+        # NOTE: our extension: a quantized model is another model than its fp32 original
+        "weights": getattr(engine, "weights", "float32"),
     }
 
 

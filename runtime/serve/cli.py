@@ -191,18 +191,21 @@ def _runs(engine: ServingEngine) -> str:
 
 
 def _weights(runner: Any) -> str:
-    """``", bfloat16 weights"``, ``", float32-packed weights"``, or why the packed copies are
-    unused (``", float32-packed weights unused (transformers forward)"``); "" for float32."""
+    """``", bfloat16 weights"``, ``", float32-packed weights"``, ``", q4_1 weights"``, or why the
+    packed copies are unused (``", float32-packed weights unused (transformers forward)"``,
+    ``", q4_1 weights (blocks unread: scalar kernels)"``); "" for float32."""
     weights = getattr(runner, "weights", "float32")
     if weights == "bfloat16":
         return ", bfloat16 weights"
-    if weights != "float32-packed":
+    if weights not in ("float32-packed", "q8_0", "q4_1"):
         return ""
     compact = getattr(runner, "compact", None)
     if compact is not None and compact.packed_products:
-        return ", float32-packed weights"
+        return f", {weights} weights"
     why = ("transformers forward" if compact is None
            else "no native kernels" if compact.native is None else "scalar kernels")  # fmt: skip
+    if weights != "float32-packed":  # NOTE: still a quantized model, computed in fp32 products
+        return f", {weights} weights (blocks unread: {why})"
     return f", float32-packed weights unused ({why})"
 
 

@@ -1,5 +1,5 @@
-// Runs the torch-free kernel cores (runtime/kernels/attention.cpp, products.cpp) of one ISA's
-// build against float64 loops written here, serially (vec.h's default threads). Built by
+// Runs the torch-free kernel cores (runtime/kernels/attention.cpp, products.cpp, quantized.cpp)
+// of one ISA's build against float64 loops written here, serially (vec.h's default threads). Built by
 // tests/runtime/test_kernel_cores.py for each ISA this machine runs, and for NEON with an aarch64
 // cross compiler, run under qemu: so the NEON path is executed, not only compiled, on x86.
 // Prints one line per failed check and a summary; exit status 0 when every check passed.
@@ -204,6 +204,68 @@ void check_linear_rows(int64_t m, int64_t N, int64_t K) {
   expect_close(what, out.data(), want, 1e-5 * std::sqrt(double(K)), 1e-5);
 }
 
+// A random fp16 value's bits and its value: |v| in [2^-14, 2^-1), or a subnormal (exponent 0,
+// so the scalar path's bit rebuild is exercised), either sign.
+uint16_t random_half(double& value, bool negative_ok) {
+  std::uniform_int_distribution<int> exp_dist(1, 14), mant_dist(0, 1023), sign_dist(0, 1);
+  const int e = mant_dist(rng) < 64 ? 0 : exp_dist(rng), mant = mant_dist(rng);
+  const int sign = negative_ok ? sign_dist(rng) : 0;
+  value = e == 0 ? std::ldexp(mant / 1024.0, -14) : std::ldexp(1.0 + mant / 1024.0, e - 15);
+  if (sign) value = -value;
+  return uint16_t((sign << 15) | (e << 10) | mant);
+}
+
+// x [m, K] . W^T + bias for W in GGUF's Q8_0 (q41 false) or Q4_1 blocks, random integers and
+// scales, against float64 on the blocks' values.
+void check_linear_quant(int64_t m, int64_t N, int64_t K, bool q41) {
+  const int64_t nb = K / ac::kQuantBlock, bytes = q41 ? ac::kQ4_1Bytes : ac::kQ8_0Bytes;
+  std::vector<uint8_t> w(N * nb * bytes);
+  std::vector<double> held(N * K);
+  std::uniform_int_distribution<int> q8(-128, 127), q4(0, 15);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* blk = &w[(n * nb + b) * bytes];
+      double d, mn = 0;
+      const uint16_t dh = random_half(d, !q41);
+      std::memcpy(blk, &dh, 2);
+      if (q41) {
+        const uint16_t mh = random_half(mn, true);
+        std::memcpy(blk + 2, &mh, 2);
+      }
+      for (int64_t i = 0; i < ac::kQuantBlock; ++i) {
+        int q;
+        if (q41) {
+          q = q4(rng);
+          uint8_t& byte = blk[4 + i % 16];
+          byte = i < 16 ? uint8_t((byte & 0xF0) | q) : uint8_t((byte & 0x0F) | (q << 4));
+        } else {
+          q = q8(rng);
+          blk[2 + i] = uint8_t(int8_t(q));
+        }
+        held[n * K + b * ac::kQuantBlock + i] = d * q + mn;
+      }
+    }
+  auto x = randn(m * K), bias = randn(N);
+  std::vector<float> out(m * N), values(N * K);
+  (q41 ? ac::linear_q4_1 : ac::linear_q8_0)(x.data(), m, K, w.data(), N, bias.data(), out.data());
+  (q41 ? ac::dequantize_q4_1 : ac::dequantize_q8_0)(w.data(), N, K, values.data());
+  std::vector<double> want(m * N);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = bias[n];
+      for (int64_t kk = 0; kk < K; ++kk) acc += double(x[r * K + kk]) * held[n * K + kk];
+      want[r * N + n] = acc;
+    }
+  char what[96];
+  std::snprintf(what, sizeof what, "linear_%s m=%ld N=%ld K=%ld", q41 ? "q4_1" : "q8_0", long(m),
+                long(N), long(K));
+  // NOTE: weights up to 128 * 0.5 (Q8_0): the tolerance scales with them
+  expect_close(what, out.data(), want, 1e-5 * std::sqrt(double(K)) * (q41 ? 8 : 64), 1e-5);
+  std::snprintf(what, sizeof what, "dequantize_%s N=%ld K=%ld", q41 ? "q4_1" : "q8_0", long(N),
+                long(K));
+  expect_close(what, values.data(), held, 0.0, 1e-7);
+}
+
 }  // namespace
 
 int main() {
@@ -228,6 +290,13 @@ int main() {
   check_linear_rows(1, 200, 130);
   check_linear_rows(5, 2088, 70);
   check_linear_rows(8, 17, 9);
+  for (bool q41 : {false, true}) {
+    check_linear_quant(1, 37, 64, q41);
+    check_linear_quant(4, 48, 576, q41);
+    check_linear_quant(3, 17, 96, q41);
+    check_linear_quant(16, 70, 160, q41);
+    check_linear_quant(64, 33, 32, q41);
+  }
   std::printf("%s: %d checks, %d failed\n", ac::isa_name(), checks, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -20,7 +20,9 @@ from tests.runtime.kernel_isas import KERNEL_ISAS
 
 HERE = Path(__file__).parent
 KERNELS = Path(_build.__file__).parent
-CHECKS = 31
+CHECKS = 51
+CORES = ("attention.cpp", "products.cpp", "quantized.cpp")
+"""The torch-free sources the self-test links."""
 """Checks the self-test makes (its summary line says how many ran)."""
 
 
@@ -50,12 +52,13 @@ def _toolchain(isa: str) -> tuple[list[str], list[str]]:
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
 def test_kernel_cores_match_float64(isa: str, tmp_path: Path) -> None:
     """Decode attention (masks, a shared prefix, head dims on and off the unrolled paths), prefix
-    attention with its log-sum-exp, packed products in fp32 and bf16, and ``linear_rows``."""
+    attention with its log-sum-exp, packed products in fp32 and bf16, ``linear_rows``, and the
+    products over GGUF's Q8_0 and Q4_1 blocks (direct tiles and the widened path)."""
     cxx, runner = _toolchain(isa)
     # the build's flags, with OpenMP's loop hints only (the self-test runs serially)
     flags = [f for f in _build._CFLAGS if f != "-fopenmp"] + ["-fopenmp-simd"]
     binary = tmp_path / f"selftest-{isa}"
-    sources = [KERNELS / "attention.cpp", KERNELS / "products.cpp", HERE / "kernel_selftest.cpp"]
+    sources = [*(KERNELS / f for f in CORES), HERE / "kernel_selftest.cpp"]
     built = subprocess.run(
         [*cxx, "-std=c++17", *flags, *isa_flags(isa), f"-I{KERNELS}", *map(str, sources),  # type: ignore[arg-type]
          "-o", str(binary)],
@@ -80,7 +83,7 @@ def test_every_isa_tiling_on_this_cpu(width: int, regs: int, tmp_path: Path) -> 
     flags = [f for f in _build._CFLAGS if f not in ("-fopenmp", "-O3")]
     flags += ["-O1", "-fopenmp-simd", "-Wno-psabi"]
     binary = tmp_path / "selftest-layout"
-    sources = [KERNELS / "attention.cpp", KERNELS / "products.cpp", HERE / "kernel_selftest.cpp"]
+    sources = [*(KERNELS / f for f in CORES), HERE / "kernel_selftest.cpp"]
     built = subprocess.run(
         [cxx, "-std=c++17", *flags, f"-DAGENTCACHE_ISA_LAYOUT_CHECK={width}",
          f"-DAGENTCACHE_LAYOUT_REGS={regs}", f"-I{KERNELS}", *map(str, sources), "-o", str(binary)],

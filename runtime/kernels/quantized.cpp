@@ -1,0 +1,331 @@
+// Products over GGUF's quantized blocks (Q8_0, Q4_1), fp32 inputs, accumulation and outputs, one
+// source for every ISA (vec.h).
+//
+// A weight [N, K] is N rows of K / 32 blocks, each block 32 consecutive inputs of one output,
+// exactly as GGUF stores it (ggml's block_q8_0 / block_q4_1; runtime.kernels.quantize_weight):
+// - Q8_0, 34 bytes: fp16 scale d, then 32 int8 q; weight i = d * q[i].
+// - Q4_1, 20 bytes: fp16 scale d, fp16 minimum m, then 16 bytes of nibbles: byte j holds weight
+//   j in its low nibble and weight 16 + j in its high one; weight i = d * q[i] + m.
+// So a block's contribution to x . w is d * (x . q) (+ m * sum(x) for Q4_1): the integers are
+// widened to fp32 vectors and multiplied by x, the scale applied once per block, and the sums of
+// x over each block computed once per call. The result equals fp32 arithmetic on the
+// dequantized weights within float32 rounding.
+//
+// Few rows (a decode step's): register tiles of up to kQuantRows rows of x by 2-4 outputs read
+// each weight block once per tile, straight from the packed bytes (prefetched ahead along each
+// row); threads take chunks of 16 outputs.
+// More rows (a batch, a prefill): each thread dequantizes 4 outputs' rows at a time into an fp32
+// scratch and runs every row of x against them in register tiles, so the integer widening is paid
+// once per output, not once per tile of rows.
+#include <vector>
+
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "cores.h"
+#include "vec.h"
+
+AGENTCACHE_BEGIN
+namespace {
+
+constexpr int64_t kBlockVecs = kQuantBlock / kW;  // fp32 vectors per block of 32
+// Rows of x per direct tile: accumulators (rows x 2 outputs) plus a block of x per row and two
+// blocks of weights within the register file.
+constexpr int kQuantRows = kRegs >= 32 ? 4 : 2;
+constexpr int64_t kQuantChunk = 16;  // outputs per parallel task (direct path)
+
+// IEEE half to float: F16C on x86, the hardware type on aarch64, else the bits rebuilt.
+inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#elif defined(__aarch64__)
+  __fp16 f;
+  std::memcpy(&f, &h, 2);
+  return static_cast<float>(f);
+#else
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, bits;
+  if (exp == 0x1Fu) {
+    bits = sign | 0x7F800000u | (mant << 13);  // inf, NaN
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    exp = 113;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((mant & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+#if AGENTCACHE_VEC_FLOATS > 1
+typedef int8_t vi8 __attribute__((vector_size(AGENTCACHE_VEC_FLOATS)));
+typedef uint8_t vu8 __attribute__((vector_size(AGENTCACHE_VEC_FLOATS)));
+typedef int32_t vi32 __attribute__((vector_size(4 * AGENTCACHE_VEC_FLOATS)));
+// NOTE: through int32: GCC converts bytes straight to floats one lane at a time (an unsigned
+// scalar conversion per lane), while byte -> int32 -> float is two vector instructions
+// (vpmovzxbd / vpmovsxbd, vcvtdq2ps on x86).
+inline vf widen(vi8 v) { return __builtin_convertvector(__builtin_convertvector(v, vi32), vf); }
+inline vf widen(vu8 v) { return __builtin_convertvector(__builtin_convertvector(v, vi32), vf); }
+#else
+using vi8 = int8_t;
+using vu8 = uint8_t;
+inline vf widen(vi8 v) { return static_cast<float>(v); }
+inline vf widen(vu8 v) { return static_cast<float>(v); }
+#endif
+
+template <typename V>
+inline V load_bytes(const uint8_t* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// kW signed bytes at p as floats. NOTE: on x86 with intrinsics: GCC loads an unaligned byte
+// vector through general registers and sign-extends lane by lane (measured 5x slower for Q8_0).
+inline vf load_s8(const uint8_t* p) {
+#if defined(__AVX512F__) && AGENTCACHE_VEC_FLOATS == 16
+  const __m512 f = _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  vf v;
+  std::memcpy(&v, &f, sizeof v);
+  return v;
+#elif defined(__AVX2__) && AGENTCACHE_VEC_FLOATS == 8
+  const __m256 f = _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  vf v;
+  std::memcpy(&v, &f, sizeof v);
+  return v;
+#else
+  return widen(load_bytes<vi8>(p));
+#endif
+}
+
+// A block format: its bytes, whether it has a minimum, and a block read as scale, minimum and
+// kBlockVecs fp32 vectors of its integers in input order.
+struct Q8_0 {
+  static constexpr int64_t kBytes = kQ8_0Bytes;
+  static constexpr bool kHasMin = false;
+  static inline void load(const uint8_t* b, vf* q, float& d, float& m) {
+    d = half_to_float(b);
+    m = 0.f;
+    for (int64_t v = 0; v < kBlockVecs; ++v) q[v] = load_s8(b + 2 + v * kW);
+  }
+};
+
+struct Q4_1 {
+  static constexpr int64_t kBytes = kQ4_1Bytes;
+  static constexpr bool kHasMin = true;
+  static inline void load(const uint8_t* b, vf* q, float& d, float& m) {
+    d = half_to_float(b);
+    m = half_to_float(b + 2);
+    // NOTE: byte j: weight j low, weight 16 + j high; the first half of the vectors holds the
+    // low nibbles of bytes [0, 16), the second half the high ones.
+    for (int64_t v = 0; v < kBlockVecs / 2; ++v) {
+      const vu8 bytes = load_bytes<vu8>(b + 4 + v * kW);
+      q[v] = widen(static_cast<vu8>(bytes & 0x0F));
+      q[kBlockVecs / 2 + v] = widen(static_cast<vu8>(bytes >> 4));
+    }
+  }
+};
+
+inline float hsum(vf v) {
+#if AGENTCACHE_VEC_FLOATS > 1
+  float s = 0.f;
+  for (int64_t i = 0; i < kW; ++i) s += v[i];
+  return s;
+#else
+  return v;
+#endif
+}
+
+// Outputs per direct tile: 4 for 1-2 rows (more independent streams and sums in flight), 2 for
+// more rows (accumulators rows x outputs within the register file).
+template <int MR>
+constexpr int direct_outs() {
+  return MR <= 2 ? 4 : 2;
+}
+constexpr int64_t kAheadBytes = 1024;  // software prefetch distance along each weight row
+
+// Rows [0, MR) of x (row stride K) against outputs [o0, o0 + nout) (nout <= NO; a tile's missing
+// outputs read the last one's blocks again and are not stored). w: the weight's first row,
+// row_bytes apart; xsum: [MR, nb] sums of x over each block (Q4_1); out row stride ldo.
+template <class F, int MR, int NO>
+inline void direct_tile(const float* __restrict x, int64_t K, const float* __restrict xsum,
+                        const uint8_t* __restrict w, int64_t row_bytes, int64_t o0, int64_t nout,
+                        float* __restrict out, int64_t ldo, const float* bias) {
+  const int64_t nb = K / kQuantBlock;
+  const uint8_t* rows[NO];
+  for (int o = 0; o < NO; ++o) rows[o] = w + (o0 + std::min<int64_t>(o, nout - 1)) * row_bytes;
+  vf acc[MR][NO];
+  float macc[MR][NO];
+  for (int r = 0; r < MR; ++r)
+    for (int o = 0; o < NO; ++o) {
+      acc[r][o] = vzero();
+      macc[r][o] = 0.f;
+    }
+  for (int64_t b = 0; b < nb; ++b) {
+    vf q[NO][kBlockVecs];
+    float d[NO], m[NO];
+    for (int o = 0; o < NO; ++o) {
+      // NOTE: past a row's end this prefetches the next row (or nothing useful); never faults
+      __builtin_prefetch(rows[o] + b * F::kBytes + kAheadBytes);
+      F::load(rows[o] + b * F::kBytes, q[o], d[o], m[o]);
+    }
+    for (int r = 0; r < MR; ++r) {
+      const float* xb = x + r * K + b * kQuantBlock;
+      vf xv[kBlockVecs];
+      for (int64_t v = 0; v < kBlockVecs; ++v) xv[v] = vload(xb + v * kW);
+      for (int o = 0; o < NO; ++o) {
+        vf t = xv[0] * q[o][0];
+        for (int64_t v = 1; v < kBlockVecs; ++v) t += xv[v] * q[o][v];
+        acc[r][o] += t * d[o];
+        if constexpr (F::kHasMin) macc[r][o] += m[o] * xsum[r * nb + b];
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int o = 0; o < nout; ++o)
+      out[r * ldo + o0 + o] =
+          hsum(acc[r][o]) + macc[r][o] + (bias != nullptr ? bias[o0 + o] : 0.f);
+}
+
+template <class F, int MR>
+void direct_rows(const float* x, int64_t K, const float* xsum, const uint8_t* w, int64_t o_begin,
+                 int64_t o_end, float* out, int64_t ldo, const float* bias) {
+  constexpr int NO = direct_outs<MR>();
+  const int64_t row_bytes = (K / kQuantBlock) * F::kBytes;
+  for (int64_t o = o_begin; o < o_end; o += NO)
+    direct_tile<F, MR, NO>(x, K, xsum, w, row_bytes, o, std::min<int64_t>(NO, o_end - o), out,
+                           ldo, bias);
+}
+
+template <class F>
+void direct(const float* x, int64_t m, int64_t K, const float* xsum, const uint8_t* w,
+            int64_t N, const float* bias, float* out) {
+  const int64_t nb = K / kQuantBlock, chunks = (N + kQuantChunk - 1) / kQuantChunk;
+  parallel_for(chunks, [&](int64_t first, int64_t last) {
+    const int64_t o0 = first * kQuantChunk, o1 = std::min(N, last * kQuantChunk);
+    for (int64_t r = 0; r < m; r += kQuantRows) {
+      const float* xr = x + r * K;
+      const float* sr = xsum + r * nb;
+      float* yr = out + r * N;
+      switch (std::min<int64_t>(kQuantRows, m - r)) {
+        case 4: if constexpr (kQuantRows >= 4) direct_rows<F, 4>(xr, K, sr, w, o0, o1, yr, N, bias); break;
+        case 3: if constexpr (kQuantRows >= 3) direct_rows<F, 3>(xr, K, sr, w, o0, o1, yr, N, bias); break;
+        case 2: direct_rows<F, 2>(xr, K, sr, w, o0, o1, yr, N, bias); break;
+        default: direct_rows<F, 1>(xr, K, sr, w, o0, o1, yr, N, bias); break;
+      }
+    }
+  });
+}
+
+// The widened path: kWideOuts outputs' rows dequantized once into an fp32 scratch ([kWideOuts,
+// K] row-major, in L1 for K up to a few thousand), then every row of x against them in register
+// tiles of MR rows by kWideOuts outputs (dot products along K, one horizontal sum per output).
+constexpr int kWideOuts = 4;
+
+template <int MR>
+inline void dot_tile(const float* __restrict x, int64_t K, const float* __restrict w,
+                     float* __restrict out, int64_t ldo, int64_t ncols, const float* bias) {
+  vf acc[MR][kWideOuts];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < kWideOuts; ++c) acc[r][c] = vzero();
+  for (int64_t k = 0; k < K; k += kW) {
+    vf wv[kWideOuts];
+    for (int c = 0; c < kWideOuts; ++c) wv[c] = vload(w + c * K + k);
+    for (int r = 0; r < MR; ++r) {
+      const vf xv = vload(x + r * K + k);
+      for (int c = 0; c < kWideOuts; ++c) acc[r][c] += xv * wv[c];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int64_t c = 0; c < ncols; ++c)
+      out[r * ldo + c] = hsum(acc[r][c]) + (bias != nullptr ? bias[c] : 0.f);
+}
+
+template <class F>
+void dequantize_rows(const uint8_t* w, int64_t N, int64_t K, float* out) {
+  const int64_t nb = K / kQuantBlock;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < nb; ++b) {
+      vf q[kBlockVecs];
+      float d, m;
+      F::load(w + (n * nb + b) * F::kBytes, q, d, m);
+      for (int64_t v = 0; v < kBlockVecs; ++v)
+        vstore(out + n * K + b * kQuantBlock + v * kW, q[v] * d + m);
+    }
+}
+
+template <class F>
+void widened(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
+             const float* bias, float* out) {
+  const int64_t row_bytes = (K / kQuantBlock) * F::kBytes;
+  const int64_t chunks = (N + kQuantChunk - 1) / kQuantChunk;
+  parallel_for(chunks, [&](int64_t first, int64_t last) {
+    std::vector<float> scratch(kWideOuts * K, 0.f);  // [kWideOuts, K]
+    const int64_t o_end = std::min(N, last * kQuantChunk);
+    for (int64_t o = first * kQuantChunk; o < o_end; o += kWideOuts) {
+      const int64_t nc = std::min<int64_t>(kWideOuts, o_end - o);
+      dequantize_rows<F>(w + o * row_bytes, nc, K, scratch.data());
+      const float* bo = bias != nullptr ? bias + o : nullptr;
+      int64_t r = 0;
+      for (; r + kQuantRows <= m; r += kQuantRows)
+        dot_tile<kQuantRows>(x + r * K, K, scratch.data(), out + r * N + o, N, nc, bo);
+      for (; r < m; ++r) dot_tile<1>(x + r * K, K, scratch.data(), out + r * N + o, N, nc, bo);
+    }
+  });
+}
+
+template <class F>
+void linear_quant(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
+                  const float* bias, float* out) {
+  if (m <= 0 || N <= 0) return;
+  if (m > kQuantRows) {
+    widened<F>(x, m, K, w, N, bias, out);
+    return;
+  }
+  const int64_t nb = K / kQuantBlock;
+  std::vector<float> xsum(F::kHasMin ? m * nb : 0);
+  if constexpr (F::kHasMin)
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t b = 0; b < nb; ++b) {
+        const float* xb = x + r * K + b * kQuantBlock;
+        float s = 0.f;
+        for (int64_t i = 0; i < kQuantBlock; ++i) s += xb[i];
+        xsum[r * nb + b] = s;
+      }
+  direct<F>(x, m, K, xsum.data(), w, N, bias, out);
+}
+
+}  // namespace
+
+void linear_q8_0(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
+                 const float* bias, float* out) {
+  linear_quant<Q8_0>(x, m, K, w, N, bias, out);
+}
+
+void linear_q4_1(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
+                 const float* bias, float* out) {
+  linear_quant<Q4_1>(x, m, K, w, N, bias, out);
+}
+
+void dequantize_q8_0(const uint8_t* w, int64_t N, int64_t K, float* out) {
+  dequantize_rows<Q8_0>(w, N, K, out);
+}
+
+void dequantize_q4_1(const uint8_t* w, int64_t N, int64_t K, float* out) {
+  dequantize_rows<Q4_1>(w, N, K, out);
+}
+
+AGENTCACHE_END
