@@ -51,7 +51,14 @@ def w1_model(args: argparse.Namespace, *, model: str | None = None) -> Any:
     named model such as ``smollm2-135m`` is pulled on first use); ``--layers`` then does not
     apply."""
     if model:
-        real, _ = load_model(model, dtype=args.dtype, device="cpu", revision=None)
+        from runtime.models import resolve_model
+
+        path = resolve_model(model)
+        if path.endswith(".gguf"):
+            real, _ = load_model(path, dtype=args.dtype, device="cpu", revision=None)
+        else:  # NOTE: the benches feed token ids: a folder without a tokenizer is fine
+            dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+            real = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()  # type: ignore[no-untyped-call]
         if getattr(args, "weights", "float32") == "bfloat16":
             round_weights_bf16(real)
         return real
