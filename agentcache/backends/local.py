@@ -200,6 +200,9 @@ class LocalBackend(BaseBackend):
         device: str = "cpu",
         chunk_reuse: Literal["exact", "blend"] | None = None,
         recompute_fraction: float = 0.15,
+        kv_disk_dir: str | None = None,
+        kv_disk_bytes: int | None = None,
+        kv_disk_policy: Literal["write-through", "evict"] = "write-through",
     ) -> None:
         """Load the model (or use ``engine``).
 
@@ -224,12 +227,20 @@ class LocalBackend(BaseBackend):
                 mask (documents do not see each other), ``"blend"`` approximates the usual
                 answer. ``None`` (default): the exact prefix cache only.
             recompute_fraction: Blend only: the share of document tokens recomputed.
+            kv_disk_dir: A disk tier below the KV pool (``serve --kv-disk-dir``): cached blocks
+                are written there and survive restarts; ``None`` (default): none.
+            kv_disk_bytes: Its byte budget (engine default, 8 GiB, when ``None``).
+            kv_disk_policy: ``"write-through"`` (default: each new cached block is queued for
+                disk at once, and ``close`` writes back what memory holds, so the next start is
+                warm) or ``"evict"`` (only blocks evicted from memory reach disk).
 
         Raises:
             ConfigError: ``cache_salt`` is an empty string, ``weights`` is not one of the five
                 or not float32 ``dtype``'s, ``chunk_reuse`` /
                 ``recompute_fraction`` is out of range, or the model cannot reuse chunks in that
-                mode (no composable RoPE, sliding windows; blend: no compact forward).
+                mode (no composable RoPE, sliding windows; blend: no compact forward), or
+                ``kv_disk_policy`` is neither policy or ``kv_disk_bytes`` comes without
+                ``kv_disk_dir``.
             BackendUnavailableError: torch/transformers are missing or the model cannot load;
                 a name that is neither bundled, a folder nor a hub id ``owner/name`` is refused
                 at once, before torch loads or the hub is asked, with ``agentcache serve``'s
@@ -243,6 +254,13 @@ class LocalBackend(BaseBackend):
             raise ConfigError(
                 f"weights must be one of {list(_WEIGHTS)}, and other than float32 only with "
                 f"dtype='float32'; got weights={weights!r}, dtype={dtype!r}"
+            )
+        if kv_disk_policy not in ("write-through", "evict") or (
+            kv_disk_dir is None and kv_disk_bytes is not None
+        ):
+            raise ConfigError(
+                f"kv_disk_policy must be 'write-through' or 'evict' and kv_disk_bytes needs "
+                f"kv_disk_dir; got {kv_disk_policy!r}, kv_disk_bytes={kv_disk_bytes!r}"
             )
         if chunk_reuse not in (None, "exact", "blend") or not 0.0 <= recompute_fraction <= 1.0:
             raise ConfigError(
@@ -269,6 +287,10 @@ class LocalBackend(BaseBackend):
             options["device"] = device
             if kv_cache_bytes is not None:
                 options["kv_cache_bytes"] = kv_cache_bytes
+            if kv_disk_dir is not None:
+                options.update(kv_disk_dir=kv_disk_dir, kv_disk_policy=kv_disk_policy)
+                if kv_disk_bytes is not None:
+                    options["kv_disk_bytes"] = kv_disk_bytes
             try:
                 with _quiet_loading():
                     engine = runtime.Engine.from_pretrained(runtime.resolve_model(model), **options)

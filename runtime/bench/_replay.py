@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from runtime.cache.disk_tier import DISK_HEADER_BYTES, DiskTier
+from runtime.cache.disk_tier import DISK_HEADER_BYTES, DiskPolicy, DiskTier
 from runtime.cache.eviction import EvictionPolicy
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.prefix_cache import PrefixCache, namespace_of
@@ -76,10 +76,13 @@ def replay(
     block_size: int,
     policy: EvictionPolicy,
     disk: DiskTier | None = None,
+    disk_policy: DiskPolicy = "write-through",
 ) -> ReplayResult:
-    """Run ``steps`` one after another through a real ``PrefixCache`` of ``capacity_blocks``."""
+    """Run ``steps`` one after another through a real ``PrefixCache`` of ``capacity_blocks``
+    (with ``disk`` below it under ``disk_policy``, when given)."""
     pc = PrefixCache(toy_pool(capacity_blocks, block_size), is_enabled=True,
-                     disabled_reason=None, policy=policy, disk=disk)  # fmt: skip
+                     disabled_reason=None, policy=policy, disk=disk,
+                     disk_policy=disk_policy)  # fmt: skip
     cached, total, fills = 0, 0, []
     for prompt, full in steps:
         kv = _Buffer(len(full) + block_size)

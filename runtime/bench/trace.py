@@ -2,8 +2,10 @@
 
 Rows: full KV budget, a quarter of it, the quarter plus a disk tier of four times the pool, and
 the cache off; each with the pool fill and, for the quarter budget, the offline-optimal (Belady)
-hit rate of the same trace and capacity. Then a multi-session agent trace replayed (no model)
-at 1/8, 1/4 and 1/2 budget under LRU and the default sharing-aware policy. Random-weight models
+hit rate of the same trace and capacity. Then the quarter budget's trace replayed (no model) with a
+disk tier of 1-4x the pool under each disk policy, next to Belady for pool + disk, and a
+multi-session agent trace replayed at 1/8, 1/4 and 1/2 budget under LRU and the default
+sharing-aware policy. Random-weight models
 built from configs (no downloads), CPU by default. A script, never a timed test.
 """
 
@@ -15,6 +17,7 @@ import random
 import statistics
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +32,14 @@ from runtime.bench._common import (
 )
 from runtime.bench._figures import Spread, print_tables, spread_table
 from runtime.bench._plot import check_plot_path, plot_trace
-from runtime.bench._replay import Step, agent_sessions, belady, distinct_blocks, replay
+from runtime.bench._replay import (
+    Step,
+    agent_sessions,
+    belady,
+    distinct_blocks,
+    make_disk,
+    replay,
+)
 from runtime.engine import Engine
 
 __all__ = ["trace_main"]
@@ -39,8 +49,10 @@ TRACE_HELP = """\
 Agent-style trace W3: 8 distinct system prompts, each used by several 3-turn conversations,
 interleaved. Reports the token hit rate, pool fill and mean TTFT vs the cache off with a KV budget
 that holds everything, one that holds about a quarter of it (eviction at work), and the quarter
-with a disk tier of 4x the pool; the Belady (offline-optimal) hit rate for the quarter budget; and
-a replayed multi-session agent trace at 1/8, 1/4, 1/2 budget, LRU vs the sharing-aware policy."""
+with a disk tier of 4x the pool; the Belady (offline-optimal) hit rate for the quarter budget; the
+trace replayed with a disk tier of 1-4x the pool (write-through and evict, next to Belady for pool
+and disk together); and a replayed multi-session agent trace at 1/8, 1/4, 1/2 budget, LRU vs the
+sharing-aware policy."""
 
 
 def _conversations(args: argparse.Namespace) -> list[tuple[list[int], list[list[int]]]]:
@@ -93,7 +105,29 @@ def _run_trace(
         "evicted_blocks": float(stats.num_evictions),
         "disk_bytes_used": float(stats.disk.bytes_used if stats.disk else 0),
         "disk_mean_load_ms": stats.disk.mean_load_ms if stats.disk else 0.0,
+        "disk_bytes_written_per_prompt_token": (
+            stats.disk.bytes_written / prompt_tokens if stats.disk else 0.0
+        ),
     }, steps
+
+
+def _disk_rows(steps: list[Step], capacity: int, block_size: int) -> dict[str, float]:
+    """The trace replayed with a disk tier of 1-4x the pool, each disk policy, next to Belady
+    for the pool and disk together (one cache of (1 + k) x the pool: an upper bound)."""
+    out: dict[str, float] = {}
+    for k in (1, 2, 3, 4):
+        for disk_policy in ("write-through", "evict"):
+            with tempfile.TemporaryDirectory(prefix="agentcache-bench-replay-") as path:
+                disk = make_disk(Path(path), k * capacity, block_size)
+                r = replay(steps, capacity_blocks=capacity, block_size=block_size,
+                           policy="shared", disk=disk, disk_policy=disk_policy)  # fmt: skip
+                disk.close()
+            name = disk_policy.replace("-", "_")
+            out[f"quarter_disk{k}x_replayed_{name}_hit_rate"] = r.hit_rate
+        out[f"quarter_disk{k}x_belady_hit_rate"] = belady(
+            steps, capacity_blocks=(1 + k) * capacity, block_size=block_size
+        )
+    return out
 
 
 def _agent_sessions_rows(block_size: int) -> dict[str, float]:
@@ -162,6 +196,7 @@ def _trace(args: argparse.Namespace) -> int:
     for policy in ("lru", "shared"):
         sim = replay(steps, capacity_blocks=capacity, block_size=block_size, policy=policy)
         result[f"quarter_replayed_{policy}_hit_rate"] = sim.hit_rate
+    result.update(_disk_rows(steps, capacity, block_size))
     result.update(_agent_sessions_rows(block_size))
     _print_trace(args, result, rows)
     if args.plot:

@@ -280,10 +280,10 @@ class ChunkStore:
         if self.disk is None:
             return
         group = self.disk.group_of(entry.namespace)
-        for block_id, disk_key in zip(
-            entry.block_ids, self._disk_keys(entry.key, entry.num_tokens), strict=True
-        ):
-            self.disk.offer(disk_key, partial(self.pool.read_block, block_id), group=group)
+        keys = self._disk_keys(entry.key, entry.num_tokens)
+        for i, (block_id, disk_key) in enumerate(zip(entry.block_ids, keys, strict=True)):
+            read = partial(self.pool.read_block, block_id)
+            self.disk.offer(disk_key, read, group=group, depth=i)
 
     def _load_from_disk(self, key: ChunkKey, num_tokens: int) -> torch.Tensor | None:
         """``[L, 2, H_kv, num_tokens, D]`` KV of a spilled chunk, or None unless every one of its

@@ -7,21 +7,26 @@ own key and a sha256 of its payload; a damaged, truncated or foreign file is a m
 removed. Writes go through a bounded queue to one writer thread (a full queue drops the write,
 never blocks the caller) and land atomically (temp file + rename), so a process killed mid-write
 leaves at most a temp file, which the next start removes. Each file also names its group (a tag
-of the namespace it belongs to), so one tenant's blocks can be removed alone. Reads can be
-prefetched by a reader thread into a small staging area. It knows block keys and tensors, never
-tokens or the tree.
+of the namespace it belongs to), so one tenant's blocks can be removed alone, and its depth (the
+block's position in its chain). Over budget, files go in this order: first those whose block is
+also in memory now (``mark_resident``; least recently used first), then the deepest (a block is
+useless without every block before it; least recently used first among equals). On W3 with a
+disk of twice the pool this kept 81% of prompt tokens hit against LRU's 43% (Belady: 83%; see
+the README). Reads can be prefetched by a reader thread into a small staging area. It knows block
+keys, depths and tensors, never tokens or the tree.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import os
 import queue
 import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
@@ -105,15 +110,25 @@ class DiskStats:
         """Damaged, truncated or foreign files found and removed."""
 
 
+@dataclass(slots=True)
+class _File:
+    """One block file: its bytes, group, depth and the sequence number of its live heap entry."""
+
+    size: int
+    group: str
+    depth: int
+    seq: int = 0
+
+
 class DiskTier:
     """Byte-budgeted, checksummed block files with a background writer and prefetching reader.
 
     Thread-safe. ``put``/``offer`` never block for IO; ``load`` reads synchronously unless the
-    block was prefetched. Files are evicted least recently used (by write or load) to stay in
-    budget. One process per directory: the start-up scan deletes temp files and the byte
-    accounting is per process, so two live engines must not share a directory (sequential
-    restarts may). Memory: at most ``max_pending + max_staged`` block copies are held besides
-    the pool.
+    block was prefetched. To stay in budget, files of blocks resident in memory go first, then
+    the deepest, least recently used (by write, offer or load) first among equals. One process
+    per directory: the start-up scan deletes temp files and the byte accounting is per process,
+    so two live engines must not share a directory (sequential restarts may). Memory: at most
+    ``max_pending + max_staged`` block copies are held besides the pool.
 
     Args:
         path: directory (created if missing); leftover temp files are removed on start.
@@ -156,8 +171,12 @@ class DiskTier:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         """Notified whenever a queued write leaves ``_pending`` (``offer`` with ``wait_s``)."""
-        self._index: OrderedDict[str, tuple[int, str]] = OrderedDict()  # key -> (bytes, group)
-        self._pending: dict[str, tuple[torch.Tensor, str]] = {}
+        self._index: dict[str, _File] = {}
+        self._resident: set[str] = set()
+        """Keys whose block is in memory now (``mark_resident``), on disk or not."""
+        self._heap: list[tuple[int, int, int, str]] = []  # (not resident, -depth, seq, key)
+        self._seq = 0
+        self._pending: dict[str, tuple[torch.Tensor, str, int]] = {}
         self._staged: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._max_staged = max_staged
         self._max_pending = max_pending
@@ -182,29 +201,49 @@ class DiskTier:
         """The file holding ``key`` now (None when it is not on disk)."""
         with self._lock:
             entry = self._index.get(key)
-        return None if entry is None else self._file(key, entry[1])
+        return None if entry is None else self._file(key, entry)
+
+    def mark_resident(self, keys: Iterable[str], *, is_resident: bool) -> None:
+        """Say these blocks are now in memory (or no longer): over budget, files of resident
+        blocks go first, since memory still holds them (a shutdown writes them back)."""
+        with self._lock:
+            for key in keys:
+                if is_resident:
+                    self._resident.add(key)
+                else:
+                    self._resident.discard(key)
+                if key in self._index:
+                    self._rank_locked(key)
 
     def contains(self, key: str) -> bool:
         """Whether the block is on disk, queued for writing or staged (no IO)."""
         with self._lock:
             return key in self._index or key in self._pending or key in self._staged
 
-    def put(self, key: str, block: torch.Tensor, *, group: str = "") -> bool:
+    def put(self, key: str, block: torch.Tensor, *, group: str = "", depth: int = 0) -> bool:
         """Queue ``block`` (``block_shape``, owned by the tier from now on) for writing.
 
         Returns:
             False when the write was dropped (queue full); True when queued or already kept.
         """
-        return self.offer(key, lambda: block, group=group)
+        return self.offer(key, lambda: block, group=group, depth=depth)
 
     def offer(
-        self, key: str, read: Callable[[], torch.Tensor], *, group: str = "", wait_s: float = 0.0
+        self,
+        key: str,
+        read: Callable[[], torch.Tensor],
+        *,
+        group: str = "",
+        depth: int = 0,
+        wait_s: float = 0.0,
     ) -> bool:
         """``put`` a block that ``read`` copies out only when it will be queued (not on disk or
         queued already, and room in the queue), so a deduplicated or dropped write costs no copy.
         A block already on disk becomes its most recently used file.
 
         Args:
+            group: ``group_of`` the block's namespace ("" for none).
+            depth: the block's position in its chain (0: first); deeper files go first.
             wait_s: seconds to wait for room in a full queue (0: drop at once; a shutdown's
                 flush waits, the request path never does).
 
@@ -214,7 +253,7 @@ class DiskTier:
         with self._lock:
             if key in self._index or key in self._pending:
                 if key in self._index:
-                    self._index.move_to_end(key)
+                    self._rank_locked(key)
                 return True
             if wait_s > 0 and self._threads:
                 self._room.wait_for(lambda: len(self._pending) < self._max_pending, wait_s)
@@ -223,7 +262,7 @@ class DiskTier:
                 return False
         block = read()
         with self._lock:
-            self._pending[key] = (block, group)
+            self._pending[key] = (block, group, depth)
             self._writes.put_nowait(key)
         self._start_threads()
         return True
@@ -238,7 +277,7 @@ class DiskTier:
             pending = self._pending.get(key)
             block = pending[0] if pending is not None else self._staged.pop(key, None)
             if key in self._index:
-                self._index.move_to_end(key)
+                self._rank_locked(key)
         if block is None:
             block = self._read_verified(key)
         with self._lock:
@@ -284,10 +323,10 @@ class DiskTier:
         A write of that group already in progress is discarded when it ends.
         """
         with self._lock:
-            keys = [k for k, (_, g) in self._index.items() if g == group]
+            keys = [k for k, f in self._index.items() if f.group == group]
             for key in keys:
                 self._remove_locked(key)
-            for key in [k for k, (_, g) in self._pending.items() if g == group]:
+            for key in [k for k, p in self._pending.items() if p[1] == group]:
                 del self._pending[key]
         return len(keys)
 
@@ -341,25 +380,35 @@ class DiskTier:
     def check_integrity(self) -> None:
         """Assert the index matches the files on disk and the byte budget holds."""
         with self._lock:
-            assert self.stats.bytes_used == sum(s for s, _ in self._index.values()), "bytes drift"
+            assert self.stats.bytes_used == sum(f.size for f in self._index.values()), "bytes"
             assert self.stats.bytes_used <= self.budget_bytes, "over the disk budget"
-            on_disk = {key: (p.stat().st_size, group) for p, key, group in self._files()}
-            assert on_disk == dict(self._index), "index and directory disagree"
+            on_disk = {key: (p.stat().st_size, g, d) for p, key, g, d in self._files()}
+            indexed = {k: (f.size, f.group, f.depth) for k, f in self._index.items()}
+            assert on_disk == indexed, "index and directory disagree"
+            live = {
+                e[3] for e in self._heap if e[3] in self._index and e[2] == self._index[e[3]].seq
+            }
+            assert live == set(self._index), "eviction heap misses a file"
             assert len(self._staged) <= self._max_staged, "staging area over its bound"
             assert len(self._pending) <= self._max_pending, "pending writes over bound"
 
     # --- internals -------------------------------------------------------------------------
 
-    def _file(self, key: str, group: str) -> Path:
-        return self.path / (f"{group}-{key}{_SUFFIX}" if group else f"{key}{_SUFFIX}")
+    def _file(self, key: str, f: _File) -> Path:
+        return self.path / f"{f.group}_{f.depth}_{key}{_SUFFIX}"
 
-    def _files(self) -> list[tuple[Path, str, str]]:
-        """``(path, key, group)`` of every block file (``<key>.kvb`` or ``<group>-<key>.kvb``)."""
+    def _files(self) -> list[tuple[Path, str, str, int]]:
+        """``(path, key, group, depth)`` of every block file: ``<group>_<depth>_<key>.kvb``
+        (group "" or 16 hex digits), or ``<key>.kvb`` as written before groups (depth 0)."""
         out = []
         for p in self.path.iterdir():
-            group, _, key = p.stem.rpartition("-")
-            if p.suffix == _SUFFIX and len(key) == 64 and len(group) in (0, 16):
-                out.append((p, key, group))
+            parts = p.stem.split("_")
+            if p.suffix != _SUFFIX or len(parts[-1]) != 64:
+                continue
+            if len(parts) == 1:
+                out.append((p, parts[0], "", 0))
+            elif len(parts) == 3 and len(parts[0]) in (0, 16) and parts[1].isdigit():
+                out.append((p, parts[2], parts[0], int(parts[1])))
         return out
 
     def _scan(self) -> None:
@@ -367,13 +416,15 @@ class DiskTier:
         for tmp in self.path.glob("*.tmp"):
             tmp.unlink(missing_ok=True)
         found = sorted(
-            (p.stat().st_mtime_ns, key, group, p.stat().st_size) for p, key, group in self._files()
+            (p.stat().st_mtime_ns, key, group, depth, p.stat().st_size)
+            for p, key, group, depth in self._files()
         )
         with self._lock:
-            for _, key, group, size in found:
-                if key in self._index:  # NOTE: one key under two groups: keep one file
+            for _, key, group, depth, size in found:
+                if key in self._index:  # NOTE: one key under two names: keep one file
                     self._remove_locked(key)
-                self._index[key] = (size, group)
+                self._index[key] = _File(size, group, depth)
+                self._rank_locked(key)
                 self.stats.bytes_used += size
             self._enforce_budget_locked()
 
@@ -408,7 +459,7 @@ class DiskTier:
             pending = self._pending.get(key)
         if pending is None:
             return
-        block, group = pending
+        block, group, depth = pending
         payload = block.contiguous().view(torch.uint8).numpy().tobytes()
         header = _HEADER.pack(
             _MAGIC, bytes.fromhex(key), len(payload), hashlib.sha256(payload).digest()
@@ -424,10 +475,14 @@ class DiskTier:
                     tmp.unlink(missing_ok=True)
                     return
                 # NOTE: rename under the lock, so the index and the directory always agree.
-                os.replace(tmp, self._file(key, group))
-                if key not in self._index:
-                    self.stats.bytes_used += size
-                self._index[key] = (size, group)
+                old = self._index.pop(key, None)
+                if old is not None:
+                    self.stats.bytes_used -= old.size
+                    self._file(key, old).unlink(missing_ok=True)
+                entry = self._index[key] = _File(size, group, depth)
+                os.replace(tmp, self._file(key, entry))
+                self.stats.bytes_used += size
+                self._rank_locked(key)
                 self.stats.num_writes += 1
                 self.stats.bytes_written += size
                 self._enforce_budget_locked()
@@ -461,7 +516,7 @@ class DiskTier:
         try:
             if entry is None:
                 raise FileNotFoundError(key)
-            data = self._file(key, entry[1]).read_bytes()
+            data = self._file(key, entry).read_bytes()
         except OSError:
             with self._lock:
                 self._forget_locked(key)
@@ -489,20 +544,37 @@ class DiskTier:
         flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         return flat.view(self.dtype).view(self.block_shape)
 
+    def _rank_locked(self, key: str) -> None:
+        """Give an indexed file a fresh heap entry (after a use or a residency change)."""
+        entry = self._index[key]
+        self._seq += 1
+        entry.seq = self._seq
+        rank = (0, 0) if key in self._resident else (1, -entry.depth)
+        heapq.heappush(self._heap, (*rank, self._seq, key))
+        if len(self._heap) > 4 * len(self._index) + 64:
+            self._heap = [e for e in self._heap if self._is_live(e)]
+            heapq.heapify(self._heap)
+
+    def _is_live(self, e: tuple[int, int, int, str]) -> bool:
+        entry = self._index.get(e[3])
+        return entry is not None and entry.seq == e[2]
+
     def _enforce_budget_locked(self) -> None:
-        while self.stats.bytes_used > self.budget_bytes and self._index:
-            self._remove_locked(next(iter(self._index)))
+        while self.stats.bytes_used > self.budget_bytes and self._heap:
+            e = heapq.heappop(self._heap)
+            if self._is_live(e):
+                self._remove_locked(e[3])
 
     def _remove_locked(self, key: str) -> None:
         entry = self._index.get(key)
         if entry is not None:
-            self._file(key, entry[1]).unlink(missing_ok=True)
+            self._file(key, entry).unlink(missing_ok=True)
         self._forget_locked(key)
 
     def _forget_locked(self, key: str) -> None:
         entry = self._index.pop(key, None)
         if entry is not None:
-            self.stats.bytes_used -= entry[0]
+            self.stats.bytes_used -= entry.size
         self._staged.pop(key, None)
 
 

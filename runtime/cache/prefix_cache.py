@@ -175,10 +175,13 @@ class PrefixCache:
         node, _ = self.radix.insert(namespace, tokens[:end], found.block_ids + new_ids)
         self.radix.lock(node)
         self.radix.unlock(held)
-        if self.disk is not None and self.disk_policy == "write-through":
+        if self.disk is not None:
             # NOTE: the new node holds exactly the new blocks (found.node was pinned meanwhile).
             assert node.block_ids[-len(new_ids) :] == new_ids, "new blocks end the node"
-            self._write(namespace, new_ids, node.hashes[-len(new_ids) :])
+            hashes = node.hashes[-len(new_ids) :]
+            self.disk.mark_resident(map(self.disk.key, hashes), is_resident=True)
+            if self.disk_policy == "write-through":
+                self._write(namespace, new_ids, hashes, found.cached_len // bs)
         return node
 
     def acquire(self, node: TreeNode | None) -> TreeNode | None:
@@ -207,6 +210,8 @@ class PrefixCache:
             self._spill(evicted)
         self.pool.free([e.block_id for e in evicted])
         if self.disk is not None and include_disk:
+            keys = [self.disk.key(e.block_hash) for e in evicted]
+            self.disk.mark_resident(keys, is_resident=False)
             self.disk.drain()
             self.disk.clear()
         return len(evicted)
@@ -217,6 +222,8 @@ class PrefixCache:
         evicted = self.radix.evict_namespace(namespace)
         self.pool.free([e.block_id for e in evicted])
         if self.disk is not None:
+            keys = [self.disk.key(e.block_hash) for e in evicted]
+            self.disk.mark_resident(keys, is_resident=False)
             self.disk.remove_group(self.disk.group_of(namespace))
         return len(evicted)
 
@@ -232,14 +239,15 @@ class PrefixCache:
             return 0
         deadline = time.monotonic() + timeout_s
         num = 0
-        for node in self.radix.nodes_by_depth():
+        for node, depth in self.radix.nodes_by_depth():
             group = self.disk.group_of(node.namespace)
-            for bid, h in zip(node.block_ids, node.hashes, strict=True):
+            for i, (bid, h) in enumerate(zip(node.block_ids, node.hashes, strict=True)):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return num
                 read = partial(self.pool.read_block, bid)
-                num += self.disk.offer(self.disk.key(h), read, group=group, wait_s=left)
+                num += self.disk.offer(self.disk.key(h), read, group=group, depth=depth + i,
+                                       wait_s=left)  # fmt: skip
         return num
 
     def check_integrity(self) -> None:
@@ -274,16 +282,21 @@ class PrefixCache:
         """Queue evicted blocks for the disk tier (a copy each unless on disk or queued already;
         a full queue drops them). Under write-through most are there already."""
         assert self.disk is not None
+        self.disk.mark_resident([self.disk.key(e.block_hash) for e in evicted], is_resident=False)
         for e in evicted:
-            self._write(e.namespace, [e.block_id], [e.block_hash])
+            self._write(e.namespace, [e.block_id], [e.block_hash], e.depth)
 
-    def _write(self, namespace: Namespace, block_ids: list[int], hashes: list[BlockHash]) -> None:
-        """Offer pool blocks to the disk tier, deduplicated by hash (never blocks on IO)."""
+    def _write(
+        self, namespace: Namespace, block_ids: list[int], hashes: list[BlockHash], depth: int
+    ) -> None:
+        """Offer pool blocks (the first at chain position ``depth``) to the disk tier,
+        deduplicated by hash (never blocks on IO)."""
         disk = self.disk
         assert disk is not None
         group = disk.group_of(namespace)
-        for bid, h in zip(block_ids, hashes, strict=True):
-            disk.offer(disk.key(h), partial(self.pool.read_block, bid), group=group)
+        for i, (bid, h) in enumerate(zip(block_ids, hashes, strict=True)):
+            read = partial(self.pool.read_block, bid)
+            disk.offer(disk.key(h), read, group=group, depth=depth + i)
 
     def _disk_run(self, last: BlockHash, tokens: list[int], pos: int) -> list[str]:
         """Keys of the consecutive blocks of ``tokens[pos:]`` present on the disk tier."""
@@ -319,6 +332,7 @@ class PrefixCache:
             return found
         for bid, block in zip(new_ids, blocks, strict=False):
             self.pool.write_block(bid, block)
+        self.disk.mark_resident(keys[: len(new_ids)], is_resident=True)
         end = found.cached_len + len(new_ids) * bs
         node, _ = self.radix.insert(namespace, tokens[:end], found.block_ids + new_ids)
         self.radix.lock(node)

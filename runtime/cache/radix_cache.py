@@ -78,11 +78,13 @@ class TreeNode:
 
 
 class EvictedBlock(NamedTuple):
-    """One block freed by ``RadixCache.evict``: its pool id, chained hash and namespace."""
+    """One block freed by ``RadixCache.evict``: pool id, chained hash, namespace, and depth (its
+    position in the chain: 0 is a namespace's first block)."""
 
     block_id: int
     block_hash: BlockHash
     namespace: Namespace
+    depth: int = 0
 
 
 class MatchResult(NamedTuple):
@@ -252,8 +254,10 @@ class RadixCache:
                 break
             take = min(num_blocks - len(freed), len(leaf.block_ids))
             keep = len(leaf.block_ids) - take
+            base = self._depth_of(leaf)
             for i in reversed(range(keep, len(leaf.block_ids))):
-                freed.append(EvictedBlock(leaf.block_ids[i], leaf.hashes[i], leaf.namespace))
+                freed.append(EvictedBlock(leaf.block_ids[i], leaf.hashes[i], leaf.namespace,
+                                          base + i))  # fmt: skip
             self.num_blocks -= take
             if keep:
                 leaf.key = leaf.key[: keep * self.block_size]
@@ -264,14 +268,23 @@ class RadixCache:
         self._heap.compact(self._num_nodes)
         return freed
 
-    def nodes_by_depth(self) -> list[TreeNode]:
-        """Every node but the roots, breadth first (a parent before its children)."""
-        out: list[TreeNode] = []
-        level = [c for root in self._roots.values() for c in root.children.values()]
+    def nodes_by_depth(self) -> list[tuple[TreeNode, int]]:
+        """Every node but the roots, breadth first (a parent before its children), each with
+        the depth of its first block (blocks before it in its chain)."""
+        out: list[tuple[TreeNode, int]] = []
+        level = [(c, 0) for root in self._roots.values() for c in root.children.values()]
         while level:
             out.extend(level)
-            level = [c for node in level for c in node.children.values()]
+            level = [(c, d + len(n.block_ids)) for n, d in level for c in n.children.values()]
         return out
+
+    def _depth_of(self, node: TreeNode) -> int:
+        """Blocks before ``node``'s first block in its chain (O(nodes on the path))."""
+        depth, cur = 0, node.parent
+        while cur is not None:
+            depth += len(cur.block_ids)
+            cur = cur.parent
+        return depth
 
     def evict_namespace(self, namespace: Namespace) -> list[EvictedBlock]:
         """Free every unpinned block of one namespace (a tenant's cache reset); others untouched.

@@ -316,3 +316,22 @@ def test_chunk_reuse_on_a_model_that_cannot_is_refused_at_construction(
             LocalBackend(arch, engine=engine, chunk_reuse=mode)  # type: ignore[arg-type]
     assert LocalBackend(arch, engine=engine).chunk_reuse is None  # off: nothing to refuse
     engine.close()
+
+
+def test_a_disk_tier_keeps_the_cache_warm_across_backends(model_dir: Path, tmp_path: Path) -> None:
+    """``kv_disk_dir`` with the default write-through: the next backend on the same directory
+    serves the same prompt's blocks from disk, with the same answer."""
+    prompt = PromptBuilder().system("Be brief. " * 20).user("What is json?").build()
+    first = LocalBackend(str(model_dir), kv_disk_dir=str(tmp_path))
+    cold = first.complete(prompt)
+    first.close()
+    second = LocalBackend(str(model_dir), kv_disk_dir=str(tmp_path))
+    warm = second.complete(prompt)
+    stats = second.engine.cache_stats()
+    assert warm.text == cold.text and warm.usage.cached_tokens
+    assert stats.disk_hit_tokens == warm.usage.cached_tokens >= 16
+    second.close()
+    from agentcache.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="kv_disk_bytes needs"):
+        LocalBackend(str(model_dir), kv_disk_bytes=1 << 20)

@@ -64,7 +64,7 @@ def test_damaged_truncated_and_foreign_files_are_misses_and_removed(tmp_path: Pa
     for i, key in enumerate(keys):
         tier.put(key, block(float(i)))
     tier.drain()
-    files = {k: tmp_path / f"{k}.kvb" for k in keys}
+    files = {k: tier.file_of(k) or tmp_path / "missing" for k in keys}
     data = bytearray(files[keys[0]].read_bytes())
     data[-5] ^= 0xFF  # one flipped payload byte
     files[keys[0]].write_bytes(bytes(data))
@@ -155,7 +155,7 @@ def test_prefetch_stages_verified_blocks_for_the_next_load(tmp_path: Path) -> No
     for i, key in enumerate(keys):
         tier.put(key, block(float(i)))
     tier.drain()
-    (tmp_path / f"{keys[3]}.kvb").write_bytes(b"garbage")
+    (tier.file_of(keys[3]) or tmp_path / "missing").write_bytes(b"garbage")
     tier.prefetch(keys[2:])  # read and checked in the background
     tier.drain()
     assert list(tier._staged) == [keys[2]]  # keys[3] failed its check: removed, not staged
@@ -244,3 +244,58 @@ def test_write_through_puts_each_new_block_on_disk_without_eviction(tmp_path: Pa
         pc.release(hit.node)
         pc.check_integrity()
         tier.close()
+
+
+def test_over_budget_resident_blocks_go_first_then_the_deepest(tmp_path: Path) -> None:
+    """Scenario (4-block budget): a chain of 4 blocks at depths 0-3, blocks 0-1 also in memory.
+    Two more writes must evict two files: the resident ones go first (memory still has them),
+    least recently used first; then, with none resident, the deepest goes, whatever its age."""
+    tier = make_tier(tmp_path, blocks=4)
+    keys = [tier.key(h) for h in chain(7)]
+    for depth, key in enumerate(keys[:4]):
+        assert tier.put(key, block(float(depth)), depth=depth)
+    tier.drain()
+    tier.mark_resident(keys[:2], is_resident=True)
+    for depth, key in zip((0, 1), keys[4:6], strict=True):
+        assert tier.put(key, block(9.0), depth=depth)
+        tier.drain()
+    assert [tier.contains(k) for k in keys[:6]] == [False, False, True, True, True, True]
+    assert tier.put(keys[6], block(9.0), depth=0)
+    tier.drain()
+    assert [tier.contains(k) for k in keys[2:7]] == [True, False, True, True, True]  # depth 3 went
+    tier.check_integrity()
+    tier.close()
+    again = make_tier(tmp_path, blocks=4)  # depths survive a restart (they are in file names)
+    assert again.num_blocks == 4 and again.load(keys[2]) is not None  # now the most recent
+    assert again.put(keys[0], block(0.0), depth=0)
+    again.drain()
+    assert not again.contains(keys[2])  # the deepest (depth 2) goes, though just used
+    assert all(again.contains(k) for k in (keys[0], *keys[4:7]))
+    again.check_integrity()
+
+
+def test_persist_writes_every_block_memory_holds_with_its_depth(tmp_path: Path) -> None:
+    """A graceful shutdown's ``persist`` offers every cached block (shallow first): here under
+    "evict", so nothing was on disk before it."""
+    tier = make_tier(tmp_path)
+    pc = PrefixCache(make_pool(8), is_enabled=True, disabled_reason=None, disk=tier,
+                     disk_policy="evict")  # fmt: skip
+    tokens = list(range(10, 23))  # 3 whole blocks
+    first = pc.match(NS, tokens, make_kv([]), use_cache=True)
+    pc.release(pc.insert(NS, tokens, make_kv(tokens), first.node))
+    tier.drain()
+    assert tier.num_blocks == 0
+    assert pc.persist(timeout_s=30.0) == 3
+    tier.drain()
+    names = [tier.file_of(tier.key(h)) for h in chain_of(tokens)]
+    assert [p is not None and p.name.split("_")[1] for p in names] == ["0", "1", "2"]
+    pc.check_integrity()
+    tier.close()
+
+
+def chain_of(tokens: list[int]) -> list[BlockHash]:
+    h, out = root_hash(NS), []
+    for start in range(0, len(tokens) - BS + 1, BS):
+        h = block_hash(h, tokens[start : start + BS])
+        out.append(h)
+    return out

@@ -257,3 +257,26 @@ def test_eviction_heap_stays_bounded_under_churn() -> None:
     assert tree.num_blocks <= 12
     assert len(tree._heap._heap) <= 4 * tree._num_nodes + 64 + 8
     tree.check_integrity()
+
+
+def test_evict_namespace_keeps_pinned_paths_and_other_namespaces() -> None:
+    """Scenario: tenant a holds [0..7] (blocks 0, 1) with a pinned branch [0..3, 20..23]
+    (block 2) and an unpinned branch [0..3, 30..33] (block 3); tenant b holds block 4.
+    Evicting a's namespace frees blocks 1 and 3 only: block 0 is under the pin, 2 is pinned."""
+    tree = RadixCache(BS)
+    a, b = namespace_of("m", None, "float32", "a"), namespace_of("m", None, "float32", "b")
+    tree.insert(a, list(range(8)), [0, 1])
+    pinned, _ = tree.insert(a, [0, 1, 2, 3, 20, 21, 22, 23], [0, 2])
+    tree.insert(a, [0, 1, 2, 3, 30, 31, 32, 33], [0, 3])
+    tree.insert(b, list(range(4)), [4])
+    tree.lock(pinned)
+    freed = tree.evict_namespace(a)
+    assert sorted(e.block_id for e in freed) == [1, 3] and tree.num_blocks == 3
+    assert tree.match(a, [0, 1, 2, 3, 20, 21, 22, 23]).cached_len == 8
+    assert tree.match(a, list(range(8))).cached_len == 4
+    assert tree.match(b, list(range(4))).cached_len == 4
+    tree.check_integrity()
+    tree.unlock(pinned)
+    assert sorted(e.block_id for e in tree.evict_namespace(a)) == [0, 2]
+    assert tree.num_namespaces == 1  # a's root went with its last block
+    tree.check_integrity()
