@@ -24,6 +24,7 @@ from agentcache._demo_options import base_url_of, cache_dir_of, check_options, c
 from agentcache._demo_report import TurnReport, print_summary, print_turn
 from agentcache.agent import Agent, AgentConfig, PlannedCall
 from agentcache.backends import BaseBackend, GenerationOptions, create_backend
+from agentcache.backends.base import ToolChoice
 from agentcache.backends.local import (  # NOTE: imports no torch until one is constructed.
     CHATML_STOPS,
     LocalBackend,
@@ -186,16 +187,16 @@ def build_session(
         system=SYSTEM_NEUTRAL if getattr(args, "docs", None) else SYSTEM,
         documents=_pinned(chunks),
         tool_cache=ToolCache(DiskStore(cache_dir / "tools")),
-        planner=plan if needs_planner(backend) else None,
+        planner=plan if needs_planner(backend) or retrieves_first(backend) else None,
         config=AgentConfig(
             max_steps=3,
-            # NOTE: a model that plans its own calls must search first (the local engine holds
-            # the call to the tools' schemas), then answer from what it found.
-            tool_choices=() if needs_planner(backend) else ("required", "none"),
+            # NOTE: a small local model gets the sources before the question (RAG before
+            # generation) and answers one paragraph; an endpoint's model must search first
+            # (tool_choice required), then answer from what it found.
+            planned_results="context" if retrieves_first(backend) else "tool_messages",
+            tool_choices=_tool_choices(backend),
             # NOTE: LocalBackend adds these itself; a server running the toy may not.
-            generation=GenerationOptions(
-                max_tokens=args.max_tokens, stop=CHATML_STOPS if needs_planner(backend) else ()
-            ),
+            generation=GenerationOptions(max_tokens=args.max_tokens, stop=_stops(backend)),
             namespace="agentcache-demo",
             raise_on_step_limit=False,
         ),
@@ -296,6 +297,26 @@ def is_toy(backend: BaseBackend) -> bool:
     return backend.capabilities.is_local and backend.model == "tiny"
 
 
+def retrieves_first(backend: BaseBackend) -> bool:
+    """A real model on the local engine (SmolLM2-135M by default): too small to plan searches
+    (its grammar-held queries named the tool, not the question) or to answer from tool
+    messages (it copied them back), it answers from sources placed before the question."""
+    return backend.capabilities.is_local and not needs_planner(backend)
+
+
+def _tool_choices(backend: BaseBackend) -> tuple[ToolChoice, ...]:
+    if needs_planner(backend):
+        return ()
+    return ("none",) if retrieves_first(backend) else ("required", "none")
+
+
+def _stops(backend: BaseBackend) -> tuple[str, ...]:
+    """The toy's ChatML stops; one paragraph for a small local model (greedy 135M repeats)."""
+    if needs_planner(backend):
+        return CHATML_STOPS
+    return ("\n\n",) if retrieves_first(backend) else ()
+
+
 def needs_planner(backend: BaseBackend) -> bool:
     """Models named ``tiny`` (ours, locally or behind ``agentcache serve``) cannot plan tools."""
     return backend.model == "tiny"
@@ -343,10 +364,16 @@ def chunk_reuse_note(mode: str, *, is_toy_model: bool, fraction: float) -> str:
 def _describe_model(backend: BaseBackend, args: argparse.Namespace) -> str:
     if is_toy(backend):
         return TOY_NOTE
-    planner = "the demo's planner picks" if needs_planner(backend) else "the model plans its own"
+    planner = (
+        "the demo's planner picks tool calls"
+        if needs_planner(backend)
+        else "sources retrieved before each question, one-paragraph answers"
+        if retrieves_first(backend)
+        else "the model calls a tool first, then answers"
+    )
     base_url = base_url_of(args)
     where = f"at {base_url}" if base_url else "on the local engine"
-    return f"model: {backend.model} {where} ({planner} tool calls)"
+    return f"model: {backend.model} {where} ({planner})"
 
 
 def _answer_writer(console: Console, written: list[str]) -> Callable[[str], None]:

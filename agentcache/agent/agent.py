@@ -24,6 +24,7 @@ from agentcache.backends.base import (
 from agentcache.canonical import canonical_json
 from agentcache.exceptions import AgentError, ConfigError
 from agentcache.prompt import Document, Prompt, PromptBuilder
+from agentcache.prompt._templates import render_template
 
 if TYPE_CHECKING:
     from agentcache.cache import ToolCache
@@ -58,6 +59,11 @@ class AgentConfig:
     """Prompt namespace (tenant/app), part of every prompt fingerprint."""
     raise_on_step_limit: bool = True
     """``True``: hitting ``max_steps`` raises ``AgentError``; ``False``: returns what there is."""
+    planned_results: Literal["tool_messages", "context"] = "tool_messages"
+    """Where the planner's tool results go: ``"tool_messages"`` (an assistant turn with the
+    calls, then one ``tool`` message per result) or ``"context"`` (the RAG pipeline before
+    generation: the user turn becomes ``templates/context_question.jinja``, the results then
+    the question; small models answer from that where they copy tool messages back)."""
     tool_choices: tuple[ToolChoice, ...] = ()
     """``tool_choice`` of the model calls of each ``run``, in order (later calls use
     ``generation.tool_choice``). ``("required", "none")``: call a tool first (the local backend
@@ -214,7 +220,9 @@ class Agent:
         steps: list[Step] = []
         if self.planner is not None:
             planned = self._planned_calls(self.planner(user_text))
-            if planned:
+            if planned and self.config.planned_results == "context":
+                steps.append(self._run_as_context(user_text, planned))
+            elif planned:
                 steps.append(self._run_calls(None, "", planned))
         output, finish = "", "max_steps"
         for index in range(self.config.max_steps):
@@ -285,6 +293,19 @@ class Agent:
         self._history.append(message)
         outcomes = tuple(self._run_and_record(calls))
         return Step(response, tuple(calls), outcomes)
+
+    def _run_as_context(self, user_text: str, calls: Sequence[ToolCall]) -> Step:
+        """Run planned ``calls`` and put their results before the question in the user turn.
+
+        NOTE: the user turn was appended by ``run`` and no model has seen it yet, so replacing
+        it keeps the conversation append-only for every prompt the backend was sent.
+        """
+        outcomes = tuple(self.registry.run(call) for call in calls)
+        text = render_template(
+            "context_question.jinja", results=[o.content for o in outcomes], question=user_text
+        )
+        self._history[-1] = {"role": "user", "content": text}
+        return Step(None, tuple(calls), outcomes)
 
     def _run_and_record(self, calls: Sequence[ToolCall]) -> list[ToolOutcome]:
         outcomes = []

@@ -237,7 +237,7 @@ def test_demo_base_url_uses_the_endpoints_model_and_no_toy_note(
     backend = demo.make_backend(args)
     assert backend.model == "qwen2.5-7b" and not demo.is_toy(backend)
     note = demo.describe(backend, args)
-    assert note == f"model: qwen2.5-7b at {BASE} (the model plans its own tool calls)"
+    assert note == f"model: qwen2.5-7b at {BASE} (the model calls a tool first, then answers)"
     assert "tiny" not in note
 
 
