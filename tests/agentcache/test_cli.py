@@ -14,7 +14,7 @@ import pytest
 from agentcache import cli
 from agentcache.cli import build_parser, main
 
-SUBCOMMANDS = ["demo", "serve", "bench", "lint", "diff"]
+SUBCOMMANDS = ["demo", "serve", "models", "bench", "lint", "diff"]
 
 
 def test_top_level_help_lists_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
