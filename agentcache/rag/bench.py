@@ -83,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=positive_int, default=3, help="documents retrieved per question")
     p.add_argument("--max-tokens", type=positive_int, default=24, help="tokens per answer")
     p.add_argument("--fraction", type=float, default=0.15, help="blend recompute fraction")
+    p.add_argument(
+        "--skip-chunk-reuse",
+        action="store_true",
+        help="run only cache off and prefix cache (half the time: enough for accuracy)",
+    )
     p.add_argument("--show-answers", action="store_true", help="print every answer per mode")
     p.add_argument("--json", action="store_true", help="only JSON: a line per mode, a summary")
     return p
@@ -133,7 +138,7 @@ def _backends(args: argparse.Namespace) -> dict[str, LocalBackend]:
     off = LocalBackend(args.model, prefix_cache=False, weights=args.weights)
     on = LocalBackend(args.model, weights=args.weights, cache_salt="qa-prefix")
     found: dict[str, LocalBackend] = {"cache off": off, "prefix cache": on}
-    for mode in ("exact", "blend"):
+    for mode in () if args.skip_chunk_reuse else ("exact", "blend"):
         try:
             found[f"chunk {mode}"] = LocalBackend(
                 args.model, engine=on.engine, chunk_reuse=mode, cache_salt=f"qa-{mode}",
