@@ -168,6 +168,8 @@ def _run(
             backend.reset()  # NOTE: questions are independent conversations
             response = backend.complete(prompt, options)
             _record(records[mode], item, response, backend.last_completion_ids)
+        if args.show_answers and not args.json:
+            _print_answers(i, item, records)
     return records
 
 
@@ -264,8 +266,6 @@ def _print(
         for line in [*lines, summary]:
             print(json.dumps(line, sort_keys=True))
         return
-    if args.show_answers:
-        _print_answers(questions, records)
     n = len(questions)
     print(
         f"bench qa: {n} questions over {summary['documents']} documents of made-up facts, "
@@ -307,9 +307,10 @@ def _print_verdicts(summary: dict[str, Any], n: int) -> None:
         )
 
 
-def _print_answers(questions: tuple[QaQuestion, ...], records: dict[str, ModeRecord]) -> None:
-    for i, item in enumerate(questions):
-        print(f"Q{i + 1}: {item.question}  [accepted: {' | '.join(item.answers)}]")
-        for mode, record in records.items():
-            mark = "ok " if record.correct[i] else "   "
-            print(f"  {mark}{mode:13s} {record.answers[i]!r}")
+def _print_answers(i: int, item: QaQuestion, records: dict[str, ModeRecord]) -> None:
+    """Question ``i``'s answer in every mode, as soon as it has them (a long run shows progress)."""
+    print(f"Q{i + 1}: {item.question}  [accepted: {' | '.join(item.answers)}]")
+    for mode, record in records.items():
+        mark = "ok " if record.correct[i] else "   "
+        ttft = f"{1e3 * record.ttft_s[i]:.0f} ms"
+        print(f"  {mark}{mode:13s} {ttft:>9s} {record.answers[i]!r}", flush=True)
