@@ -83,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=positive_int, default=3, help="documents retrieved per question")
     p.add_argument("--max-tokens", type=positive_int, default=24, help="tokens per answer")
     p.add_argument("--fraction", type=float, default=0.15, help="blend recompute fraction")
+    p.add_argument(
+        "--skip-chunk-reuse",
+        action="store_true",
+        help="run only cache off and prefix cache (half the time: enough for accuracy)",
+    )
     p.add_argument("--show-answers", action="store_true", help="print every answer per mode")
     p.add_argument("--json", action="store_true", help="only JSON: a line per mode, a summary")
     return p
@@ -133,7 +138,7 @@ def _backends(args: argparse.Namespace) -> dict[str, LocalBackend]:
     off = LocalBackend(args.model, prefix_cache=False, weights=args.weights)
     on = LocalBackend(args.model, weights=args.weights, cache_salt="qa-prefix")
     found: dict[str, LocalBackend] = {"cache off": off, "prefix cache": on}
-    for mode in ("exact", "blend"):
+    for mode in () if args.skip_chunk_reuse else ("exact", "blend"):
         try:
             found[f"chunk {mode}"] = LocalBackend(
                 args.model, engine=on.engine, chunk_reuse=mode, cache_salt=f"qa-{mode}",
@@ -163,6 +168,8 @@ def _run(
             backend.reset()  # NOTE: questions are independent conversations
             response = backend.complete(prompt, options)
             _record(records[mode], item, response, backend.last_completion_ids)
+        if args.show_answers and not args.json:
+            _print_answers(i, item, records)
     return records
 
 
@@ -259,8 +266,6 @@ def _print(
         for line in [*lines, summary]:
             print(json.dumps(line, sort_keys=True))
         return
-    if args.show_answers:
-        _print_answers(questions, records)
     n = len(questions)
     print(
         f"bench qa: {n} questions over {summary['documents']} documents of made-up facts, "
@@ -302,9 +307,10 @@ def _print_verdicts(summary: dict[str, Any], n: int) -> None:
         )
 
 
-def _print_answers(questions: tuple[QaQuestion, ...], records: dict[str, ModeRecord]) -> None:
-    for i, item in enumerate(questions):
-        print(f"Q{i + 1}: {item.question}  [accepted: {' | '.join(item.answers)}]")
-        for mode, record in records.items():
-            mark = "ok " if record.correct[i] else "   "
-            print(f"  {mark}{mode:13s} {record.answers[i]!r}")
+def _print_answers(i: int, item: QaQuestion, records: dict[str, ModeRecord]) -> None:
+    """Question ``i``'s answer in every mode, as soon as it has them (a long run shows progress)."""
+    print(f"Q{i + 1}: {item.question}  [accepted: {' | '.join(item.answers)}]")
+    for mode, record in records.items():
+        mark = "ok " if record.correct[i] else "   "
+        ttft = f"{1e3 * record.ttft_s[i]:.0f} ms"
+        print(f"  {mark}{mode:13s} {ttft:>9s} {record.answers[i]!r}", flush=True)

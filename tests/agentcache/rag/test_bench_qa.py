@@ -69,3 +69,13 @@ def test_bench_qa_on_tiny_runs_every_mode_and_checks_cache_on_equals_off(
     assert summary["accuracy"] == by_mode["prefix cache"]["accuracy"]
     assert summary["accuracy"] == summary["cache_off_accuracy"]
     assert summary["retrieval_recall"] == 1.0 and summary["questions"] == 3
+
+
+def test_bench_qa_skip_chunk_reuse_runs_only_cache_off_and_prefix_cache(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "qa", "--limit", "1", "--max-tokens", "2", "--skip-chunk-reuse", "--json"]
+    assert main(argv) == 0
+    *modes, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [m["mode"] for m in modes] == ["cache off", "prefix cache"]
+    assert "chunk_blend_accuracy" not in summary and summary["cache_on_equals_cache_off"] is True
