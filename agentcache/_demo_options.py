@@ -26,7 +26,8 @@ def check_options(args: argparse.Namespace) -> None:
         ConfigError: ``--max-tokens`` below 1, ``--docs`` without questions on a non-terminal
             stdin, an empty ``--question``, a cache directory that cannot be created, or a
             local model name that is neither bundled, a folder nor a hub id, or
-            ``--chunk-reuse`` with an endpoint (``--base-url`` / ``AGENTCACHE_BASE_URL``).
+            ``--chunk-reuse`` or ``--weights`` with an endpoint (``--base-url`` /
+            ``AGENTCACHE_BASE_URL``).
     """
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
@@ -44,6 +45,12 @@ def check_options(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"--chunk-reuse {mode} needs the local engine, but the demo would use the endpoint "
             f"{base_url!r}: drop --chunk-reuse, or drop --base-url and unset AGENTCACHE_BASE_URL"
+        )
+    weights = getattr(args, "weights", None)
+    if weights is not None and base_url:
+        raise ConfigError(
+            f"--weights {weights} needs the local engine, but the demo would use the endpoint "
+            f"{base_url!r}: drop --weights, or drop --base-url and unset AGENTCACHE_BASE_URL"
         )
     cache_dir_of(args)
     if not base_url:

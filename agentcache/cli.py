@@ -111,6 +111,13 @@ def _add_demo(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
         "chunk store in any order; blend approximates the usual answer, exact answers as under "
         "a block attention mask (differs from a full prefill unless the model was trained so)",
     )
+    p.add_argument(
+        "--weights",
+        choices=("float32", "bfloat16", "float32-packed", "q8_0", "q4_1"),
+        default=None,
+        help="local engine only: how the model holds its weights, as serve --weights (q8_0 / "
+        "q4_1: a quantized model, decode from GGUF's blocks; default: float32)",
+    )
 
 
 def _add_serve(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:

@@ -287,8 +287,12 @@ def make_backend(args: argparse.Namespace) -> BaseBackend:
     if base_url:
         return create_backend(base_url, model=args.model or env.default_model())
     # NOTE: chunk_reuse=None (the default) is the exact prefix cache alone.
+    weights = getattr(args, "weights", None) or "float32"
     return create_backend(
-        "local", model=args.model or DEFAULT_MODEL, chunk_reuse=chunk_reuse_of(args)
+        "local",
+        model=args.model or DEFAULT_MODEL,
+        chunk_reuse=chunk_reuse_of(args),
+        weights=weights,
     )
 
 

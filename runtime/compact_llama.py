@@ -300,8 +300,11 @@ class CompactLlama:
         vectorized = self.native is not None and self.native.is_vectorized
         if vectorized and isinstance(packed, str):
             copies = self._quantized(packed, blocks or {})
-            self._head_packed = _given(blocks or {}, ("lm_head", "model.embed_tokens"),
-                                       self.lm_head, QUANT_HEAD_FORMAT[packed])  # fmt: skip
+            # NOTE: a GGUF file stores a tied head once, as the embedding (token_embd)
+            tied = model.lm_head.weight is model.model.embed_tokens.weight
+            head_names = ("lm_head", "model.embed_tokens") if tied else ("lm_head",)
+            self._head_packed = _given(blocks or {}, head_names, self.lm_head,
+                                       QUANT_HEAD_FORMAT[packed])  # fmt: skip
             self._packed_max_rows = PACKED_MAX_ROWS
         elif vectorized and packed is not None:
             copies = [pack_weight(w, packed) for layer in self.layers

@@ -270,8 +270,9 @@ class ModelRunner:
 
         Raises:
             ValueError: ``forward="compact"`` on a model ``compact_blocker`` refuses, an unknown
-                ``weights``, or ``weights`` other than ``"float32"`` on a model that is not
-                float32.
+                ``weights``, ``weights`` other than ``"float32"`` on a model that is not
+                float32, a quantized ``weights`` on a model with a linear layer whose input size
+                is not a multiple of 32 (named), or ``blocks`` that do not fit their weights.
         """
         self.model = model
         self.device = next(model.parameters()).device

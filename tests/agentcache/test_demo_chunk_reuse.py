@@ -231,3 +231,12 @@ def test_demo_blend_on_the_bundled_model_serves_a_later_turn_from_the_assembled_
     assert int(turns[1][1]) >= int(turns[0][2]) - 16, out
     total = sum(int(t[3]) for t in turns)
     assert f"chunk store: {total} document tokens reused over 2 turn(s)" in out
+
+
+def test_cli_weights_with_agentcache_base_url_exits_2_without_torch(tmp_path: Path) -> None:
+    """``--weights`` sets the local engine's weights: with an endpoint it is refused, naming it."""
+    done = run_cli(tmp_path, "--weights", "q4_1", base_url=BASE)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "--weights q4_1 needs the local engine" in lines[0], lines
+    assert done.stdout == ""

@@ -271,6 +271,10 @@ def test_gguf_blocks_are_the_files_own(fmt: str, tmp_path: Path) -> None:
         qkv = compact._packed[4]
         want = torch.cat([blocks[f"model.layers.1.self_attn.{p}_proj"] for p in "qkv"])
         assert torch.equal(qkv, want)
+        # NOTE: the head is untied here: the file's embedding blocks are not its blocks
+        head = quantize_weight(model.lm_head.weight, QUANT_HEAD_FORMAT[fmt])  # type: ignore[index]
+        assert torch.equal(compact._head_packed, head)  # type: ignore[arg-type]
+        assert not torch.equal(head, blocks["model.embed_tokens"])
 
 
 def test_server_labels_a_quantized_model(tmp_path: Path) -> None:
