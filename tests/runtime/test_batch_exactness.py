@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from runtime.engine import Engine
 from runtime.outputs import StreamDelta
 from runtime.request import Request
+from runtime.request_stream import RequestStream
 from runtime.sampling import SamplingParams
 from tests.conftest import ARCHS, EOS_ID, VOCAB_SIZE, make_tokenizer, save_tiny_model
 from tests.runtime.test_engine_exactness import TOL, assert_same_answer
@@ -70,6 +71,21 @@ def start(
     return req, engine.run(req)
 
 
+def submit(engine: Engine, ids: list[int], *, use_cache: bool) -> tuple[Request, RequestStream]:
+    """``start``, but submitted now (``run_choices``), not at the stream's first read: with the
+    scheduler paused, requests submitted this way join at an iteration the test chooses, however
+    fast the machine runs the loop (read at the stream's first ``next``, a fast loop finished
+    one request before the test submitted the next, and the batch never formed)."""
+    req = engine.make_request(
+        ids,
+        SamplingParams(ignore_eos=True, max_tokens=NUM_TOKENS),
+        use_prefix_cache=use_cache,
+        record_logits=True,
+    )
+    (stream,) = engine.run_choices(req)
+    return req, stream
+
+
 def assert_matches_full_forward(engine: Engine, req: Request) -> None:
     """Each step's logits equal the model's own cache-free forward (its own masks) within TOL."""
     assert req.logits_log is not None
@@ -101,16 +117,19 @@ def test_batched_decode_matches_alone_force_miss(engine: Engine) -> None:
 
     engine.runner.decode = spy  # type: ignore[method-assign]
     try:
-        # Two join at once, a third after two tokens, the rest after four more.
-        streams = [start(engine, ids, use_cache=True) for ids in PROMPTS]
-        for _, it in streams[:2]:
-            next(it)
-        next(streams[0][1]), next(streams[0][1])
-        next(streams[2][1])
-        for _ in range(4):
-            next(streams[1][1])
-        for _, it in streams[3:]:
-            next(it)
+        # Two join at once, a third two iterations later, the rest four after that: the loop
+        # is paused and stepped by hand, so the joins do not depend on the machine's speed.
+        engine.scheduler.pause()
+        try:
+            streams = [submit(engine, ids, use_cache=True) for ids in PROMPTS[:2]]
+            for _ in range(2):
+                engine.scheduler.step()
+            streams.append(submit(engine, PROMPTS[2], use_cache=True))
+            for _ in range(4):
+                engine.scheduler.step()
+            streams += [submit(engine, ids, use_cache=True) for ids in PROMPTS[3:]]
+        finally:
+            engine.scheduler.resume()
         for _, it in streams:
             list(it)
     finally:

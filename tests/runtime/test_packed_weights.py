@@ -31,7 +31,7 @@ from runtime.model_runner import WeightsDtype, round_weights_bf16
 from runtime.serve.cli import _runs
 from tests.conftest import save_tiny_model
 from tests.runtime.kernel_isas import KERNEL_ISAS, chosen_kernels, isa_kernels
-from tests.runtime.test_batch_exactness import assert_matches_full_forward, start
+from tests.runtime.test_batch_exactness import assert_matches_full_forward, submit
 from tests.runtime.test_compact_forward import PROMPTS, assert_close_bf16
 from tests.runtime.test_engine_exactness import run
 from tests.runtime.test_native_kernels import _model
@@ -234,9 +234,11 @@ def assert_batched_hits_match(engine: Engine, lengths: tuple[int, ...] = (21, 34
     runner.decode = spy  # type: ignore[method-assign]
     cached = 0
     for use_cache in (False, True, True):
-        runs = [start(engine, ids, use_cache=use_cache) for ids in prompts]
-        for _, stream in runs:  # NOTE: all are submitted before any finishes
-            next(stream)
+        engine.scheduler.pause()  # NOTE: all join in one iteration, however fast the loop runs
+        try:
+            runs = [submit(engine, ids, use_cache=use_cache) for ids in prompts]
+        finally:
+            engine.scheduler.resume()
         for _, stream in runs:
             list(stream)
         for req, _ in runs:
