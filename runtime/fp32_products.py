@@ -18,8 +18,9 @@ is expected to keep MKL.
 The products of a very few rows (a decode step of one to ``ROWS_MAX`` requests, where every
 weight is read for little arithmetic) have a third candidate where the native kernels are
 vectorized (any ISA but scalar): ``runtime.kernels``' ``linear_rows``, which streams the same
-input-major weights (no copy) and is chosen when it took under 90% of the few-row library's time
-at 4 rows. NOTE: measured on W1's 30 layers of products (AMD EPYC host with AVX-512, 2 threads,
+input-major weights (no copy) and is chosen for up to ``ROWS_MAX`` rows when it took under 90% of
+the few-row library's time at 4 rows, else for one row when it did so at 1 row. NOTE: measured
+on W1's 30 layers of products (AMD EPYC host with AVX-512, 2 threads,
 same run), ms for
 ``linear_rows`` / oneDNN / MKL: 1 row 13.4-15.7 / 30.9-35.4 / 30.5-32.6; 4 rows 20.5-22.5 /
 29.7-33.1 / 65.1-76.8; 8 rows 25.7-31.7 / 30.8-37.2 / 54.7-82.4; 16 rows 38.4-56.1 / 39.7-45.3
@@ -98,7 +99,7 @@ class ProductChoice(NamedTuple):
     """``"measured: ..."`` (the times), ``"AGENTCACHE_FP32_PRODUCTS=mkl"``, or why oneDNN
     cannot run."""
     rows: int = 0
-    """Products of at most this many rows (0 or ``ROWS_MAX``) run in the native ``linear_rows``
+    """Products of at most this many rows (0, 1 or ``ROWS_MAX``) run in the native ``linear_rows``
     kernel instead of either library (packed weight copies, where they exist, still come
     first)."""
 
@@ -121,7 +122,8 @@ class ProductChoice(NamedTuple):
             library = "oneDNN products" if self.few == "onednn" else ""
         else:
             library = f"oneDNN products for {'decode' if self.few == 'onednn' else 'prefill'}"
-        rows = f"linear_rows up to {self.rows} rows" if self.rows else ""
+        rows = (f"linear_rows up to {self.rows} rows" if self.rows > 1
+                else "linear_rows for 1 row" if self.rows else "")  # fmt: skip
         return ", ".join(part for part in (library, rows) if part)
 
 
@@ -223,7 +225,8 @@ def choose_products(weight: torch.Tensor, *, rows_kernel: _Product | None = None
     fastest of each kept). oneDNN is chosen for a class when it took under 90% of MKL's time.
     With ``rows_kernel`` (the native ``linear_rows``; None where the kernels are scalar or off)
     it is timed against the few-row library at 4 rows too, and ``rows`` set to ``ROWS_MAX``
-    when it took under 90% of that library's time. About 0.1-0.3 s on W1's gate-up weight, once
+    when it took under 90% of that library's time, else timed at 1 row and ``rows`` set to 1
+    when it did so there. About 0.1-0.3 s on W1's gate-up weight, once
     per process for each weight shape, thread count and kernel presence (later loads reuse the
     choice).
 
@@ -285,7 +288,14 @@ def _measured_choice(
     name = "oneDNN" if few == "onednn" else "MKL"
     reason += (f"; {_ROWS_PROBE} rows linear_rows {rows_s * 1e3:.2f} vs {name} "
                f"{lib_s * 1e3:.2f} ms")  # fmt: skip
-    return ProductChoice(few, many, reason, ROWS_MAX if rows_s < _MARGIN * lib_s else 0)
+    if rows_s < _MARGIN * lib_s:
+        return ProductChoice(few, many, reason, ROWS_MAX)
+    # NOTE: a tie at 4 rows can still hide a clear win at one row (a decode step of one
+    # request): on an AMD EPYC with AVX2 forced, W1, 4 rows tied oneDNN (6.73 vs 6.59 ms)
+    # and leaving linear_rows out cost the decode rate a quarter (0.76x the AVX-512 build's).
+    lib_1, rows_1 = _measure(_stream_copies(weight), 1, library, rows_kernel)
+    reason += f", 1 row {rows_1 * 1e3:.2f} vs {lib_1 * 1e3:.2f} ms"
+    return ProductChoice(few, many, reason, 1 if rows_1 < _MARGIN * lib_1 else 0)
 
 
 PrefixAttention = Callable[..., object]

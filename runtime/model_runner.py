@@ -10,7 +10,7 @@ import hashlib
 import importlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeAlias, get_args
 
@@ -97,14 +97,23 @@ def round_weights_bf16(model: Any) -> None:
         ValueError: a linear weight that is not float32.
     """
     with torch.no_grad():
-        for name, module in model.named_modules():
-            if not isinstance(module, torch.nn.Linear):
-                continue
-            weight = module.weight
-            if weight.dtype != torch.float32:
-                raise ValueError(f"weights='bfloat16' needs float32 weights; {name} is "
-                                 f"{weight.dtype}")  # fmt: skip
-            weight.copy_(weight.to(torch.bfloat16))
+        for _, module in _float32_linears(model, "bfloat16"):
+            module.weight.copy_(module.weight.to(torch.bfloat16))
+
+
+def _float32_linears(model: Any, weights: str) -> Iterator[tuple[str, torch.nn.Linear]]:
+    """``(name, module)`` of every ``torch.nn.Linear`` in ``model``, in module order.
+
+    Raises:
+        ValueError: a linear weight that is not float32 (names ``weights`` and the module).
+    """
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        if module.weight.dtype != torch.float32:
+            raise ValueError(f"weights={weights!r} needs float32 weights; {name} is "
+                             f"{module.weight.dtype}")  # fmt: skip
+        yield name, module
 
 
 def round_weights_quantized(model: Any, fmt: Literal["q8_0", "q4_1"]) -> None:
@@ -124,13 +133,8 @@ def round_weights_quantized(model: Any, fmt: Literal["q8_0", "q4_1"]) -> None:
     """
     head = getattr(model, "lm_head", None)
     with torch.no_grad():
-        for name, module in model.named_modules():
-            if not isinstance(module, torch.nn.Linear):
-                continue
+        for name, module in _float32_linears(model, fmt):
             weight = module.weight
-            if weight.dtype != torch.float32:
-                raise ValueError(f"weights={fmt!r} needs float32 weights; {name} is "
-                                 f"{weight.dtype}")  # fmt: skip
             kind = QUANT_HEAD_FORMAT[fmt] if module is head else fmt
             try:
                 weight.copy_(dequantize_weight(quantize_weight(weight, kind)))

@@ -156,6 +156,21 @@ float from_bf16(uint16_t h) {
   return f;
 }
 
+// y = x W^T + bias in float64: x [m, K], the weights as held [N, K], bias [N] -> [m, N].
+template <typename H>
+std::vector<double> reference_product(const std::vector<float>& x, const std::vector<H>& held,
+                                      const std::vector<float>& bias, int64_t m, int64_t N,
+                                      int64_t K) {
+  std::vector<double> want(m * N);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = bias[n];
+      for (int64_t kk = 0; kk < K; ++kk) acc += double(x[r * K + kk]) * held[n * K + kk];
+      want[r * N + n] = acc;
+    }
+  return want;
+}
+
 void check_linear_packed(int64_t m, int64_t N, int64_t K, bool bf16) {
   const int64_t C = ac::kPackedCols, blocks = (N + C - 1) / C;
   auto w = randn(N * K), x = randn(m * K), bias = randn(N);
@@ -175,13 +190,7 @@ void check_linear_packed(int64_t m, int64_t N, int64_t K, bool bf16) {
     ac::linear_packed_bf16(x.data(), m, K, pb.data(), blocks, out.data(), N, bias.data());
   else
     ac::linear_packed_f32(x.data(), m, K, pf.data(), blocks, out.data(), N, bias.data());
-  std::vector<double> want(m * N);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t n = 0; n < N; ++n) {
-      double acc = bias[n];
-      for (int64_t kk = 0; kk < K; ++kk) acc += double(x[r * K + kk]) * held[n * K + kk];
-      want[r * N + n] = acc;
-    }
+  const auto want = reference_product(x, held, bias, m, N, K);
   char what[96];
   std::snprintf(what, sizeof what, "linear_packed_%s m=%ld N=%ld K=%ld", bf16 ? "bf16" : "f32",
                 long(m), long(N), long(K));
@@ -249,13 +258,7 @@ void check_linear_quant(int64_t m, int64_t N, int64_t K, bool q41) {
   std::vector<float> out(m * N), values(N * K);
   (q41 ? ac::linear_q4_1 : ac::linear_q8_0)(x.data(), m, K, w.data(), N, bias.data(), out.data());
   (q41 ? ac::dequantize_q4_1 : ac::dequantize_q8_0)(w.data(), N, K, values.data());
-  std::vector<double> want(m * N);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t n = 0; n < N; ++n) {
-      double acc = bias[n];
-      for (int64_t kk = 0; kk < K; ++kk) acc += double(x[r * K + kk]) * held[n * K + kk];
-      want[r * N + n] = acc;
-    }
+  const auto want = reference_product(x, held, bias, m, N, K);
   char what[96];
   std::snprintf(what, sizeof what, "linear_%s m=%ld N=%ld K=%ld", q41 ? "q4_1" : "q8_0", long(m),
                 long(N), long(K));

@@ -296,16 +296,20 @@ def test_linear_rows_refuses_other_layouts_and_types(isa: str) -> None:
 
 
 def test_rows_choice_and_label(setting: pytest.MonkeyPatch) -> None:
-    """``linear_rows`` is measured against the few-row library at 4 rows and kept only under 90%
-    of its time; forcing a library (or no kernel) leaves it out; the label names it."""
+    """``linear_rows`` is measured against the few-row library at 4 rows and kept for up to
+    ``ROWS_MAX`` rows only under 90% of its time; else measured at 1 row and kept for one row
+    only under 90% there; forcing a library (or no kernel) leaves it out; the label names it."""
     kernels = chosen_kernels()
     weight = torch.randn(96, 64).t()
-    for rows_time, rows in ((0.5, ROWS_MAX), (0.95, 0)):
-        times = iter([(1.0, 1.0), (1.0, 1.0), (1.0, rows_time)])  # 16, 512 rows, then 4
+    for rows_time, one_row_time, rows in ((0.5, None, ROWS_MAX), (0.95, 0.5, 1), (0.95, 0.95, 0)):
+        # 16 rows, 512 rows, 4 rows, then 1 row (not measured after a win at 4)
+        times = iter([(1.0, 1.0), (1.0, 1.0), (1.0, rows_time), (1.0, one_row_time)])
         setting.setattr(fp32_products, "_best_of", lambda *_, t=times: next(t))
         setting.setattr(fp32_products, "_MEASURED", {})
         choice = choose_products(weight, rows_kernel=kernels.linear_rows)
         assert choice.rows == rows and "4 rows linear_rows" in choice.reason, choice
+        assert ("1 row" in choice.reason) == (one_row_time is not None), choice
+    assert MKL_ONLY._replace(rows=1).describe() == "linear_rows for 1 row"
     setting.setattr(fp32_products, "_MEASURED", {})
     setting.setattr(fp32_products, "_best_of", lambda *_: (1.0, 0.5))
     assert choose_products(weight).rows == 0  # no kernel: nothing to measure
@@ -320,17 +324,18 @@ def test_rows_choice_and_label(setting: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_few_row_products_follow_the_rows_choice(isa: str, arch: str) -> None:
+@pytest.mark.parametrize("rows_max", [1, ROWS_MAX])
+def test_few_row_products_follow_the_rows_choice(isa: str, arch: str, rows_max: int) -> None:
     """With ``rows`` chosen, a decode step (the C++ loop) and a prefill (the Python path) of at
-    most ``ROWS_MAX`` rows dispatch no library product at all, LM head included; one more row
+    most ``rows`` rows dispatch no library product at all, LM head included; one more row
     goes back to the library; the logits equal MKL's within float32 tolerance."""
     kernels = isa_kernels(isa)
     model = _model(arch, 4, 2, 16)
     mkl = CompactLlama(copy.deepcopy(model), native=kernels)
-    rows = CompactLlama(model, native=kernels, products=MKL_ONLY._replace(rows=ROWS_MAX))
-    for run, n in ((_step, 1), (_step, ROWS_MAX), (_prefill, 3), (_step, ROWS_MAX + 1)):
+    rows = CompactLlama(model, native=kernels, products=MKL_ONLY._replace(rows=rows_max))
+    for run, n in ((_step, 1), (_step, rows_max), (_prefill, 3), (_step, rows_max + 1)):
         ops = _ops(lambda r=run, k=n: r(rows, k))
-        assert ("aten::linear" in ops) == (n > ROWS_MAX), (run, n)
+        assert ("aten::linear" in ops) == (n > rows_max), (run, n)
         torch.testing.assert_close(run(rows, n), run(mkl, n), atol=1e-4, rtol=1e-4)
 
 
