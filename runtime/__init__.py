@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from runtime.chunk_reuse import ChunkReuse
     from runtime.engine import Engine
     from runtime.outputs import CacheStats, Completion, Metrics, StreamDelta, Usage
-    from runtime.sampling import SamplingParams
+    from runtime.sampling.params import SamplingParams
 
 # NOTE: torch/transformers load on first use of these names, not on `import runtime`.
 _LAZY = {
@@ -33,7 +33,7 @@ _LAZY = {
     "Metrics": "runtime.outputs",
     "StreamDelta": "runtime.outputs",
     "Usage": "runtime.outputs",
-    "SamplingParams": "runtime.sampling",
+    "SamplingParams": "runtime.sampling.params",
 }
 
 

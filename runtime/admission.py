@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from runtime.cache.prefix_cache import PrefixCache
-from runtime.request import Request, RequestStatus
+from runtime.request.state import Request, RequestStatus
 from runtime.scheduler_config import SchedulerConfig
 
 __all__ = ["AdmissionQueue", "is_all_cancelled", "is_packable"]

@@ -15,7 +15,7 @@ import torch
 from runtime.cache.chunk_store import ChunkStore
 from runtime.chunk_job import ChunkJob
 from runtime.chunk_reuse import ChunkAssembler
-from runtime.request import Request
+from runtime.request.state import Request
 
 __all__ = ["ChunkPrefill"]
 

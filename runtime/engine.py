@@ -21,18 +21,18 @@ from runtime.cache.disk_tier import DISK_POLICIES, DiskPolicy
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.chunk_reuse import ChunkAssembler, ChunkReuse
 from runtime.exceptions import InvalidRequestError
-from runtime.grammar import Grammar, GrammarCompiler, GrammarSpec
 from runtime.kv_stores import KVStores
 from runtime.model_runner import ForwardPath, ModelRunner, WeightsDtype, load_model
 from runtime.openmp import release_thread_workers
 from runtime.outputs import CacheStats, Completion, StreamDelta
-from runtime.request import Request
-from runtime.request_builder import Prompt, RequestBuilder
-from runtime.request_stream import RequestStream
-from runtime.sampler import LogitsProcessor
-from runtime.sampling import SamplingParams
+from runtime.request.builder import Prompt, RequestBuilder
+from runtime.request.state import Request
+from runtime.sampling.grammar import Grammar, GrammarCompiler, GrammarSpec
+from runtime.sampling.params import SamplingParams
+from runtime.sampling.sampler import LogitsProcessor
 from runtime.scheduler import Scheduler
 from runtime.scheduler_config import SchedulerConfig, SchedulerStats
+from runtime.stream import RequestStream
 
 if TYPE_CHECKING:
     import torch
@@ -351,7 +351,7 @@ class Engine:
         iterator early (``.close()``) cancels the request and releases everything it pinned.
         Iterating yields one delta per token; ``RequestStream.poll`` reads without blocking.
         ``logits_processors`` edit this request's logits row before each sampling step (see
-        ``runtime.sampler.LogitsProcessor``); one that raises ends this request alone.
+        ``runtime.sampling.sampler.LogitsProcessor``); one that raises ends this request alone.
 
         Raises:
             InvalidRequestError, PromptTooLongError: as ``generate``.

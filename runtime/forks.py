@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.exceptions import InvalidRequestError, PromptTooLongError
-from runtime.request import Request, RequestStatus
+from runtime.request.state import Request, RequestStatus
 
 __all__ = ["check_group", "copy_prompt", "live_forks", "running_group"]
 

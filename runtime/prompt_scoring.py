@@ -12,8 +12,8 @@ import torch
 
 from runtime.model_runner import ModelRunner
 from runtime.outputs import TokenLogprob
-from runtime.request import Request
-from runtime.sampler import prompt_logprobs
+from runtime.request.state import Request
+from runtime.sampling.sampler import prompt_logprobs
 
 __all__ = ["prefill_scored"]
 

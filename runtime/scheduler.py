@@ -30,8 +30,8 @@ from runtime.model_runner import ModelRunner
 from runtime.openmp import release_thread_workers
 from runtime.outputs import StreamDelta
 from runtime.prompt_scoring import prefill_scored
-from runtime.request import Request, RequestStatus
-from runtime.sampler import Sampled, sample_batch
+from runtime.request.state import Request, RequestStatus
+from runtime.sampling.sampler import Sampled, sample_batch
 from runtime.scheduler_config import SchedulerConfig, SchedulerStats
 
 _log = logging.getLogger(__name__)

@@ -455,14 +455,14 @@ class LocalBackend(BaseBackend):
         """The engine grammar enforcing ``options.tool_choice``, or None (``auto``, no tools).
 
         ``required``: exactly one Hermes ``<tool_call>`` whose JSON names a declared tool and
-        whose arguments follow its schema (``runtime.tool_grammar``, xgrammar), then the end of
-        the turn; ``none``: text without ``<tool_call>``. Compiled grammars are cached by the
+        whose arguments follow its schema (``runtime.sampling.tool_grammar``, xgrammar), then the
+        end of the turn; ``none``: text without ``<tool_call>``. Compiled grammars are cached by the
         engine, so every later call with the same tools reuses one.
         """
         tools = prompt.tool_schemas()
         if options.tool_choice == "auto" or not tools:
             return None
-        tool_grammar: Any = importlib.import_module("runtime.tool_grammar")
+        tool_grammar: Any = importlib.import_module("runtime.sampling.tool_grammar")
         if options.tool_choice == "required":
             spec = tool_grammar.tool_call_spec(tools, "required", parallel=False)
         else:

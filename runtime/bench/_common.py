@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from runtime.bench._argtypes import positive_int
 from runtime.engine import Engine
 from runtime.model_runner import ForwardPath, WeightsDtype, load_model, round_weights_bf16
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 
 __all__ = [
     "NullTokenizer",

@@ -27,9 +27,9 @@ from runtime.bench._common import (
     w1_model,
 )
 from runtime.engine import Engine
-from runtime.grammar import Grammar, JsonSchemaSpec
 from runtime.outputs import Completion
-from runtime.sampling import SamplingParams
+from runtime.sampling.grammar import Grammar, JsonSchemaSpec
+from runtime.sampling.params import SamplingParams
 
 __all__ = ["main"]
 

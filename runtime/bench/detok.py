@@ -37,7 +37,7 @@ def _push_times(
     tokenizer: object, ids: list[int], positions: list[int], window: int
 ) -> list[float]:
     """Mean seconds per push in ``[p - window, p + window)`` for each position ``p``."""
-    from runtime._detokenizer import Detokenizer
+    from runtime.request.detokenizer import Detokenizer
 
     detok = Detokenizer(tokenizer, list(STOP))
     stamps = [0.0] * len(ids)

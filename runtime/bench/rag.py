@@ -30,7 +30,7 @@ from runtime.bench._figures import Spread, noise_warnings, print_tables, spread_
 from runtime.chunk_reuse import ChunkReuse, masked_prefill_logits
 from runtime.engine import Engine
 from runtime.outputs import Completion
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 
 __all__ = ["SEP", "chunk_plan", "main", "rag_request", "random_ids"]
 

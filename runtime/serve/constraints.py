@@ -2,7 +2,7 @@
 
 ``json_object`` / ``json_schema`` become a JSON-schema grammar. Tools with a Hermes template
 become an xgrammar structural tag over ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``
-(``runtime.tool_grammar``: ``auto`` text or calls, ``required`` calls only, named: that one
+(``runtime.sampling.tool_grammar``: ``auto`` text or calls, ``required`` calls only, named: that one
 call, ``parallel_tool_calls=false``: at most one); ``tool_choice="none"`` excludes the
 ``<tool_call>`` tag from the text. It builds specs only; the engine compiles them and the
 scheduler masks logits. It knows no HTTP and no engine internals.
@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime.grammar import GrammarSpec, JsonSchemaSpec, StructuralTagSpec
+from runtime.sampling.grammar import GrammarSpec, JsonSchemaSpec, StructuralTagSpec
+from runtime.sampling.tool_grammar import no_tool_call_spec, tool_call_spec
 from runtime.serve.api_error import ApiError
 from runtime.serve.protocol import ChatCompletionRequest
-from runtime.tool_grammar import no_tool_call_spec, tool_call_spec
 
 __all__ = ["grammar_spec"]
 

@@ -23,7 +23,7 @@ import anyio
 from anyio.to_thread import run_sync
 
 from runtime.outputs import Completion, StreamDelta, Usage
-from runtime.request_stream import RequestStream
+from runtime.stream import RequestStream
 
 __all__ = ["ChoiceDelta", "EngineCall"]
 

@@ -10,9 +10,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from runtime.chunk_reuse import ChunkReuse
-from runtime.grammar import Grammar, GrammarSpec
 from runtime.outputs import CacheStats, StreamDelta
-from runtime.sampling import SamplingParams
+from runtime.sampling.grammar import Grammar, GrammarSpec
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler_config import SchedulerStats
 
 __all__ = ["ServingEngine"]

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from runtime.sampling import LOGIT_BIAS_MAX, MAX_LOGPROBS, PENALTY_MAX, SEED_MAX, SEED_MIN
+from runtime.sampling.params import LOGIT_BIAS_MAX, MAX_LOGPROBS, PENALTY_MAX, SEED_MAX, SEED_MIN
 from runtime.serve import api_error
 from runtime.serve.api_error import ApiError
 

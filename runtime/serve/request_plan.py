@@ -19,8 +19,8 @@ from jinja2 import TemplateError
 
 from runtime.chunk_reuse import DEFAULT_RECOMPUTE_FRACTION, ChunkReuse
 from runtime.exceptions import ChunkReuseError, InvalidRequestError
-from runtime.grammar import Grammar
-from runtime.sampling import SamplingParams
+from runtime.sampling.grammar import Grammar
+from runtime.sampling.params import SamplingParams
 from runtime.serve.api_error import ApiError
 from runtime.serve.constraints import grammar_spec
 from runtime.serve.logprobs import TokenTexts

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
-from runtime.holdback import held_back_len
+from runtime.request.holdback import held_back_len
 
 __all__ = [
     "HERMES_CLOSE",

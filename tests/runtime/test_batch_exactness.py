@@ -16,9 +16,9 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from runtime.engine import Engine
 from runtime.outputs import StreamDelta
-from runtime.request import Request
-from runtime.request_stream import RequestStream
-from runtime.sampling import SamplingParams
+from runtime.request.state import Request
+from runtime.sampling.params import SamplingParams
+from runtime.stream import RequestStream
 from tests.conftest import ARCHS, EOS_ID, VOCAB_SIZE, make_tokenizer, save_tiny_model
 from tests.runtime.test_engine_exactness import TOL, assert_same_answer
 

@@ -16,8 +16,8 @@ import torch
 from runtime.engine import Engine
 from runtime.exceptions import InvalidRequestError
 from runtime.outputs import Completion
-from runtime.request_builder import choice_seed
-from runtime.sampling import SEED_MAX, SEED_MIN, SamplingParams
+from runtime.request.builder import choice_seed
+from runtime.sampling.params import SEED_MAX, SEED_MIN, SamplingParams
 from runtime.scheduler import SchedulerConfig
 from tests.conftest import VOCAB_SIZE
 

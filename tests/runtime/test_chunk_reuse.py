@@ -21,7 +21,7 @@ from runtime.chunk_reuse import ChunkReuse, block_attention_mask, masked_prefill
 from runtime.engine import Engine
 from runtime.exceptions import InvalidRequestError
 from runtime.outputs import Completion
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 from tests.conftest import VOCAB_SIZE, save_tiny_model
 
 TOL = 1e-4

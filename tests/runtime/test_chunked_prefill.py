@@ -18,8 +18,8 @@ import torch
 from runtime.engine import Engine
 from runtime.kv_cache import RequestKVCache
 from runtime.outputs import StreamDelta
-from runtime.request import Request, RequestStatus
-from runtime.sampling import SamplingParams
+from runtime.request.state import Request, RequestStatus
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler import SchedulerConfig
 from tests.conftest import ARCHS, VOCAB_SIZE, save_tiny_model
 from tests.runtime.test_engine_exactness import assert_same_answer

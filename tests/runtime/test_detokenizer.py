@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runtime._detokenizer import Detokenizer
+from runtime.request.detokenizer import Detokenizer
 from tests.conftest import make_byte_tokenizer, make_tokenizer
 
 TEXT = "Plain ASCII, then é, ü, 日本語 and an emoji 🎉 split over bytes.\n  Two  spaces."

@@ -148,7 +148,7 @@ CHILD = """
 import sys
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 from tests.runtime.test_disk_tier_engine import kill_prompt, kill_test_engine
 eng = kill_test_engine(Path({disk!r}))
 one = SamplingParams(max_tokens=1, ignore_eos=True)

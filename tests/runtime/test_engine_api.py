@@ -20,7 +20,7 @@ from runtime import (
     model_runner,
 )
 from runtime.model_runner import reuse_blocker
-from runtime.sampling import SEED_MAX, SEED_MIN
+from runtime.sampling.params import SEED_MAX, SEED_MIN
 from tests.conftest import EOS_ID, VOCAB_SIZE, make_config, save_tiny_model
 
 PROMPT = [(3 * i + 5) % (VOCAB_SIZE - 3) + 3 for i in range(30)]

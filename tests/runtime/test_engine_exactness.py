@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 from tests.conftest import ARCHS, VOCAB_SIZE, save_tiny_model
 
 TOL = 1e-4

@@ -16,9 +16,9 @@ import torch
 
 from runtime.engine import Engine
 from runtime.exceptions import InvalidRequestError, SamplingError
-from runtime.grammar import Grammar, GrammarError, GrammarMatcher, JsonSchemaSpec
 from runtime.outputs import Completion
-from runtime.sampling import SamplingParams
+from runtime.sampling.grammar import Grammar, GrammarError, GrammarMatcher, JsonSchemaSpec
+from runtime.sampling.params import SamplingParams
 
 TOL = 1e-4
 SCHEMA = {

@@ -189,7 +189,8 @@ def test_switches_and_an_unusable_kernel_dir_leave_the_torch_path(tmp_path: Path
 
 
 ENGINE = (
-    "import sys; from runtime.engine import Engine; from runtime.sampling import SamplingParams\n"
+    "import sys; from runtime.engine import Engine\n"
+    "from runtime.sampling.params import SamplingParams\n"
     "from runtime.kernels import native_status\n"
     "e = Engine.from_pretrained(sys.argv[1])\n"
     "c = e.generate([5, 9, 12], SamplingParams(ignore_eos=True, max_tokens=4))\n"

@@ -18,7 +18,7 @@ import torch
 from runtime import engine as engine_module
 from runtime import openmp, scheduler
 from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 from tests.conftest import save_tiny_model
 
 

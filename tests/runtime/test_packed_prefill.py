@@ -18,8 +18,8 @@ import torch
 
 from runtime.engine import Engine
 from runtime.kv_cache import RequestKVCache
-from runtime.request import Request
-from runtime.sampling import SamplingParams
+from runtime.request.state import Request
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler import SchedulerConfig
 from tests.conftest import ARCHS, VOCAB_SIZE, save_tiny_model
 from tests.runtime.test_engine_exactness import TOL, assert_same_answer

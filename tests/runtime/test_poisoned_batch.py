@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from runtime import SamplingParams
 from runtime.engine import Engine
 from runtime.exceptions import SamplingError
-from runtime.request import Request
+from runtime.request.state import Request
 from tests.conftest import VOCAB_SIZE, save_tiny_model
 from tests.runtime.test_engine_exactness import assert_same_answer
 

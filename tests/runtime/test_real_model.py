@@ -13,7 +13,7 @@ import pytest
 from runtime.engine import Engine
 from runtime.exceptions import ModelLoadError
 from runtime.models.pull import PullError, pull
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 
 pytestmark = pytest.mark.slow
 

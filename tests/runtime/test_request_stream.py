@@ -13,8 +13,8 @@ import pytest
 from runtime import RuntimeEngineError, SamplingParams
 from runtime.engine import Engine
 from runtime.outputs import StreamDelta
-from runtime.request import Request
-from runtime.request_stream import RequestStream, merge_deltas
+from runtime.request.state import Request
+from runtime.stream import RequestStream, merge_deltas
 from tests.conftest import VOCAB_SIZE
 
 PROMPT = [(7 * i + 2) % (VOCAB_SIZE - 3) + 3 for i in range(20)]

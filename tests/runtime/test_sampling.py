@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from runtime import Engine, InvalidRequestError
 from runtime.exceptions import SamplingError
-from runtime.sampler import (
+from runtime.sampling.params import MIN_TEMPERATURE, SamplingParams
+from runtime.sampling.sampler import (
     LogitsProcessor,
     Sampled,
     TokenCounts,
@@ -30,7 +31,6 @@ from runtime.sampler import (
     sample_batch,
     sampling_probs,
 )
-from runtime.sampling import MIN_TEMPERATURE, SamplingParams
 from tests.conftest import EOS_ID, VOCAB_SIZE
 
 VOCAB = 12  # the hand-made logits; the engine tests use the tiny models
@@ -39,7 +39,7 @@ STOP = frozenset({0, 3})
 
 @dataclass(eq=False)
 class Row:
-    """A request as the sampler sees it (``runtime.request.Request`` in the engine)."""
+    """A request as the sampler sees it (``runtime.request.state.Request`` in the engine)."""
 
     params: SamplingParams
     prompt_ids: list[int] = field(default_factory=list)

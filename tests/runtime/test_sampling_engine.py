@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from runtime import Engine, SamplingParams
-from runtime.sampler import LogitsProcessor, TokenCounts, process_logits
+from runtime.sampling.sampler import LogitsProcessor, TokenCounts, process_logits
 from tests.conftest import ARCHS, EOS_ID, VOCAB_SIZE, save_tiny_model
 from tests.runtime.test_engine_exactness import TOL
 

@@ -17,7 +17,7 @@ import torch
 from runtime import EngineBusyError, RuntimeEngineError, SamplingParams
 from runtime.engine import Engine
 from runtime.outputs import Completion
-from runtime.request import Request, RequestStatus
+from runtime.request.state import Request, RequestStatus
 from runtime.scheduler import SchedulerConfig
 from tests.conftest import VOCAB_SIZE
 

@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from runtime import compact_llama
 from runtime.batch_kv import BatchKV
 from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 from tests.conftest import EOS_ID, VOCAB_SIZE, make_tokenizer
 from tests.runtime.kernel_isas import chosen_kernels
 from tests.runtime.test_engine_exactness import TOL

@@ -14,9 +14,9 @@ from typing import Any
 
 from runtime.chunk_reuse import ChunkReuse
 from runtime.exceptions import EngineBusyError, InvalidRequestError, PromptTooLongError
-from runtime.grammar import Grammar, GrammarSpec
 from runtime.outputs import CacheStats, Completion, FinishReason, Metrics, StreamDelta, Usage
-from runtime.sampling import SamplingParams
+from runtime.sampling.grammar import Grammar, GrammarSpec
+from runtime.sampling.params import SamplingParams
 from runtime.scheduler_config import SchedulerStats
 
 HERMES_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %} ... <tool_call> ..."

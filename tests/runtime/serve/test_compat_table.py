@@ -25,7 +25,7 @@ from openai import BadRequestError, NotFoundError, OpenAI
 
 from runtime.chunk_reuse import ChunkReuse
 from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.serve.app import create_app
 from runtime.serve.server_thread import ServerThread
 

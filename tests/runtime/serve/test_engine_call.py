@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 
 from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.serve.engine_call import EngineCall, _LoopWaker
 
 

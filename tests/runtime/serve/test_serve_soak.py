@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 from tests.cli_process import CliProcess, free_port
 
 ROUNDS, BUDGET_S, MAX_TOKENS = 5, 240.0, 6

@@ -16,7 +16,7 @@ import pytest
 from openai import BadRequestError
 from openai.types.chat import ChatCompletion
 
-from runtime.grammar import StructuralTagSpec
+from runtime.sampling.grammar import StructuralTagSpec
 from runtime.serve.constraints import grammar_spec
 from runtime.serve.protocol import ChatCompletionRequest
 from tests.runtime.serve.conftest import Served

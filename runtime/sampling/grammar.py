@@ -1,9 +1,9 @@
 """Grammar-constrained decoding: compile JSON schemas / structural tags once, mask logits per row.
 
-``GrammarCompiler`` (one per engine, built lazily from its tokenizer) turns a ``GrammarSpec``
-into an immutable ``Grammar``; each sequence gets its own ``GrammarMatcher``, a logits processor
-(``runtime.sampler.LogitsProcessor``) that masks its row and advances on its tokens. The grammar
-engine is xgrammar (CPU, Hugging Face tokenizers), imported only when a constrained request
+``GrammarCompiler`` (one per engine, built lazily from its tokenizer) turns a ``GrammarSpec`` into
+an immutable ``Grammar``; each sequence gets its own ``GrammarMatcher``, a logits processor
+(``runtime.sampling.sampler.LogitsProcessor``) that masks its row and advances on its tokens. The
+grammar engine is xgrammar (CPU, Hugging Face tokenizers), imported only when a constrained request
 arrives. It knows nothing about HTTP, chat templates, the prefix cache or the batch.
 """
 
@@ -72,7 +72,7 @@ class Grammar:
 
 
 class GrammarMatcher:
-    """The grammar state of one sequence, as a ``runtime.sampler.LogitsProcessor``.
+    """The grammar state of one sequence, as a ``runtime.sampling.sampler.LogitsProcessor``.
 
     Each call first advances past the tokens generated since the last call (the sampler calls it
     once per step with the whole output so far), then masks the row. Once the grammar accepted a

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime._detokenizer import Detokenizer
 from runtime.cache.radix_cache import Namespace, TreeNode
 from runtime.kv_cache import RequestKVCache
 from runtime.outputs import (
@@ -28,8 +27,9 @@ from runtime.outputs import (
     TokenLogprob,
     Usage,
 )
-from runtime.sampler import LogitsProcessor, TokenCounts
-from runtime.sampling import SamplingParams
+from runtime.request.detokenizer import Detokenizer
+from runtime.sampling.params import SamplingParams
+from runtime.sampling.sampler import LogitsProcessor, TokenCounts
 
 if TYPE_CHECKING:
     from runtime.chunk_reuse import ChunkReuse
@@ -74,7 +74,7 @@ class Request:
     logits_log: list[torch.Tensor] | None = None
     """When set (debug/tests), the ``[vocab]`` logits of every sampling step are appended."""
     logits_processors: list[LogitsProcessor] = field(default_factory=list)
-    """Per-request edits of the logits row before sampling (see ``runtime.sampler``)."""
+    """Per-request edits of the logits row before sampling (see ``runtime.sampling.sampler``)."""
     token_counts: TokenCounts | None = None
     """Penalty statistics, created by the sampler when a penalty is set."""
     output_logprobs: list[TokenLogprob] | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.holdback import held_back_len
+from runtime.request.holdback import held_back_len
 
 __all__ = ["Detokenizer"]
 

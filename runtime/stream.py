@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from runtime.outputs import StreamDelta
-from runtime.request import Request
+from runtime.request.state import Request
 
 if TYPE_CHECKING:
     from runtime.scheduler import Scheduler

@@ -14,16 +14,16 @@ from typing import Any
 
 import torch
 
-from runtime._detokenizer import Detokenizer
 from runtime.cache.prefix_cache import namespace_of
 from runtime.cache.radix_cache import Namespace
 from runtime.chunk_reuse import ChunkReuse, chunk_reuse_blocker
 from runtime.exceptions import ChunkReuseError, InvalidRequestError, PromptTooLongError
-from runtime.grammar import Grammar
 from runtime.model_runner import ModelRunner
-from runtime.request import Request
-from runtime.sampler import LogitsProcessor
-from runtime.sampling import SEED_MAX, SEED_MIN, SamplingParams
+from runtime.request.detokenizer import Detokenizer
+from runtime.request.state import Request
+from runtime.sampling.grammar import Grammar
+from runtime.sampling.params import SEED_MAX, SEED_MIN, SamplingParams
+from runtime.sampling.sampler import LogitsProcessor
 
 __all__ = ["Prompt", "RequestBuilder", "choice_seed"]
 

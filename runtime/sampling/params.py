@@ -1,7 +1,7 @@
 """Sampling parameters: what a request asks of the sampler, validated and frozen.
 
-The batched sampler that applies them lives in ``runtime.sampler``; this module holds only the
-values and their ranges (OpenAI's where OpenAI defines one, vLLM's otherwise). It knows nothing
+The batched sampler that applies them lives in ``runtime.sampling.sampler``; this module holds only
+the values and their ranges (OpenAI's where OpenAI defines one, vLLM's otherwise). It knows nothing
 about tensors, the cache or the tokenizer.
 """
 
@@ -63,7 +63,7 @@ class SamplingParams:
     """> 0; ids in the prompt or output get positive logits divided, negative ones multiplied
     by it (HF ``RepetitionPenaltyLogitsProcessor`` / vLLM semantics); 1.0 disables. Any value
     is safe: where it would scale a logit past float32's range, the sampler uses the nearest
-    value that does not (the same tokens win: ``runtime.sampler``)."""
+    value that does not (the same tokens win: ``runtime.sampling.sampler``)."""
     logit_bias: dict[int, float] = field(default_factory=dict)
     """Token id -> value in [-100, 100] added to its logit before sampling (OpenAI)."""
     min_tokens: int = 0

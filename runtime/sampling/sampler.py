@@ -16,7 +16,7 @@ import torch
 
 from runtime.exceptions import SamplingError
 from runtime.outputs import TokenLogprob
-from runtime.sampling import MIN_TEMPERATURE, SamplingParams
+from runtime.sampling.params import MIN_TEMPERATURE, SamplingParams
 
 __all__ = [
     "LogitsProcessor",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-from runtime.grammar import StructuralTagSpec
+from runtime.sampling.grammar import StructuralTagSpec
 
 __all__ = ["HERMES_OPEN", "ToolChoice", "no_tool_call_spec", "tool_call_spec"]
 
