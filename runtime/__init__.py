@@ -19,14 +19,14 @@ from runtime.exceptions import (
 from runtime.models import resolve_model
 
 if TYPE_CHECKING:
-    from runtime.chunk_reuse import ChunkReuse
+    from runtime.chunks.spans import ChunkReuse
     from runtime.engine import Engine
     from runtime.outputs import CacheStats, Completion, Metrics, StreamDelta, Usage
     from runtime.sampling.params import SamplingParams
 
 # NOTE: torch/transformers load on first use of these names, not on `import runtime`.
 _LAZY = {
-    "ChunkReuse": "runtime.chunk_reuse",
+    "ChunkReuse": "runtime.chunks.spans",
     "Engine": "runtime.engine",
     "CacheStats": "runtime.outputs",
     "Completion": "runtime.outputs",

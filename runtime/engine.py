@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.cache.disk_tier import DISK_POLICIES, DiskPolicy
 from runtime.cache.prefix_cache import PrefixCache
-from runtime.chunk_reuse import ChunkAssembler, ChunkReuse
+from runtime.chunks.assembler import ChunkAssembler
+from runtime.chunks.spans import ChunkReuse
 from runtime.exceptions import InvalidRequestError
 from runtime.kv_stores import KVStores
 from runtime.model_runner import ForwardPath, ModelRunner, WeightsDtype, load_model
@@ -30,8 +31,8 @@ from runtime.request.state import Request
 from runtime.sampling.grammar import Grammar, GrammarCompiler, GrammarSpec
 from runtime.sampling.params import SamplingParams
 from runtime.sampling.sampler import LogitsProcessor
-from runtime.scheduler import Scheduler
-from runtime.scheduler_config import SchedulerConfig, SchedulerStats
+from runtime.scheduler.config import SchedulerConfig, SchedulerStats
+from runtime.scheduler.loop import Scheduler
 from runtime.stream import RequestStream
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ class Engine:
         )
         self.prefix_cache = self.kv_stores.prefix_cache
         self.chunk_store = self.kv_stores.chunk_store
-        """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunk_reuse``)."""
+        """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunks``)."""
         if self.runner.batch_blocker is not None:
             logger.warning("batch size 1 for %r: %s", model_id, self.runner.batch_blocker)
         self.scheduler = Scheduler(

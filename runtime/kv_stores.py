@@ -56,7 +56,7 @@ class KVStores:
             self.prefix_cache.disk = self._make_disk_tier(kv_disk_dir, kv_disk_bytes)
         self.prefix_cache.disk_policy = kv_disk_policy
         self.chunk_store = ChunkStore(self._make_pool(chunk_cache_bytes, block_size))
-        """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunk_reuse``);
+        """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunks.assembler``);
         it spills to the prefix cache's disk tier too (chunk blocks have their own keys)."""
         self.chunk_store.disk = self.prefix_cache.disk
         self.chunk_store.write_through = kv_disk_policy == "write-through"

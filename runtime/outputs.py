@@ -40,7 +40,7 @@ class TokenLogprob(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ChunkReuseUsage:
-    """Document chunks of one request whose KV came from the chunk store (``runtime.chunk_reuse``).
+    """Document chunks of one request whose KV came from the chunk store (``runtime.chunks``).
 
     Counted apart from the prefix cache's ``cached_tokens``; every span token is in exactly one
     of ``reused_tokens``, ``recomputed_tokens`` and ``missed_tokens``.
@@ -149,7 +149,7 @@ class CacheStats:
     disk: DiskTierStats | None = None
     """The disk tier's figures (None without one)."""
     chunk_store: ChunkStoreStats | None = None
-    """The chunk store's figures (``runtime.chunk_reuse``; None from an engine without one)."""
+    """The chunk store's figures (``runtime.chunks.assembler``; None from an engine without one)."""
 
     @property
     def memory_hit_tokens(self) -> int:

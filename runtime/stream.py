@@ -17,7 +17,7 @@ from runtime.outputs import StreamDelta
 from runtime.request.state import Request
 
 if TYPE_CHECKING:
-    from runtime.scheduler import Scheduler
+    from runtime.scheduler.loop import Scheduler
 
 __all__ = ["RequestStream", "merge_deltas"]
 

@@ -1,7 +1,7 @@
 """Fine-tune the bundled ``tiny`` model under exact chunk-reuse's block attention mask (issue 17).
 
-Exact mode (``runtime/chunk_reuse.py``) reuses each document's KV computed alone; it equals a
-full prefill under ``runtime.chunk_reuse.block_attention_mask``: a token inside a document span
+Exact mode (``runtime/chunks/assembler.py``) reuses each document's KV computed alone; it equals a
+full prefill under ``runtime.chunks.assembler.block_attention_mask``: a token inside a document span
 attends only to earlier tokens of its own span, every other token to everything before it. A
 model trained only causally loses quality under that mask. This script fine-tunes ``tiny`` from
 its shipped weights on ``scripts/train_tiny.py``'s training windows, each cut into seeded random
@@ -35,7 +35,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.chunk_reuse import block_attention_mask  # noqa: E402
+from runtime.chunks.assembler import block_attention_mask  # noqa: E402
 from scripts import train_tiny  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -223,7 +223,7 @@ class LocalBackend(BaseBackend):
                 ``runtime.model_runner.WeightsDtype``.
             device: torch device string.
             chunk_reuse: Opt-in reuse of each ``Document``'s KV in any order (the engine's chunk
-                store, ``runtime.chunk_reuse``): ``"exact"`` answers as under a block attention
+                store, ``runtime.chunks.assembler``): ``"exact"`` answers as under a block attention
                 mask (documents do not see each other), ``"blend"`` approximates the usual
                 answer. ``None`` (default): the exact prefix cache only.
             recompute_fraction: Blend only: the share of document tokens recomputed.
@@ -311,10 +311,10 @@ class LocalBackend(BaseBackend):
         """Refuse ``mode`` now, not at the first request, when the model cannot do it.
 
         Raises:
-            ConfigError: with the runtime's reason (``runtime.chunk_reuse.chunk_reuse_blocker``);
+            ConfigError: with the runtime's reason (``runtime.chunks.chunk_reuse_blocker``);
                 an engine this backend loaded is closed first.
         """
-        chunk_reuse: Any = importlib.import_module("runtime.chunk_reuse")
+        chunk_reuse: Any = importlib.import_module("runtime.chunks.assembler")
         why = chunk_reuse.chunk_reuse_blocker(self.engine.runner, mode)
         if why is None:
             return

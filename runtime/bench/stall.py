@@ -31,11 +31,11 @@ from runtime.bench._common import (
     w1_model,
 )
 from runtime.bench.rag import chunk_plan, rag_request, random_ids
-from runtime.chunk_reuse import CHUNK_MODES, DEFAULT_RECOMPUTE_FRACTION, ChunkReuse
+from runtime.chunks.spans import CHUNK_MODES, DEFAULT_RECOMPUTE_FRACTION, ChunkReuse
 from runtime.engine import Engine
 from runtime.request.state import Request
 from runtime.sampling.params import SamplingParams
-from runtime.scheduler import SchedulerConfig
+from runtime.scheduler.loop import SchedulerConfig
 
 __all__ = ["main", "run_round"]
 

@@ -2,7 +2,7 @@
 
 A chunk's KV is computed alone at positions ``[0, n)`` (after nothing: no head, no BOS), so it
 depends only on the chunk's token ids and the model; the caller re-rotates its keys to wherever
-the chunk lands in a prompt (``runtime.chunk_rotation``). Entries are keyed by (namespace, sha256
+the chunk lands in a prompt (``runtime.chunks.rotation``). Entries are keyed by (namespace, sha256
 of the token ids), stored in whole blocks of their own ``KVPool`` under a byte budget, and evicted
 by ``runtime.cache.eviction`` (the prefix cache's policies; an entry's "branches" are the
 requests that used it, so with ``"shared"`` often-used chunks outlive one-off ones). With a disk

@@ -16,7 +16,8 @@ import torch
 
 from runtime.cache.prefix_cache import namespace_of
 from runtime.cache.radix_cache import Namespace
-from runtime.chunk_reuse import ChunkReuse, chunk_reuse_blocker
+from runtime.chunks.assembler import chunk_reuse_blocker
+from runtime.chunks.spans import ChunkReuse
 from runtime.exceptions import ChunkReuseError, InvalidRequestError, PromptTooLongError
 from runtime.model_runner import ModelRunner
 from runtime.request.detokenizer import Detokenizer

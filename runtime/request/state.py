@@ -32,7 +32,7 @@ from runtime.sampling.params import SamplingParams
 from runtime.sampling.sampler import LogitsProcessor, TokenCounts
 
 if TYPE_CHECKING:
-    from runtime.chunk_reuse import ChunkReuse
+    from runtime.chunks.spans import ChunkReuse
 
 __all__ = ["Request", "RequestStatus"]
 

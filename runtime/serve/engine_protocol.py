@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-from runtime.chunk_reuse import ChunkReuse
+from runtime.chunks.spans import ChunkReuse
 from runtime.outputs import CacheStats, StreamDelta
 from runtime.sampling.grammar import Grammar, GrammarSpec
 from runtime.sampling.params import SamplingParams
-from runtime.scheduler_config import SchedulerStats
+from runtime.scheduler.config import SchedulerStats
 
 __all__ = ["ServingEngine"]
 

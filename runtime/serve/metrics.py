@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from runtime.outputs import CacheStats, ChunkStoreStats, Completion, DiskTierStats, Usage
-from runtime.scheduler_config import SchedulerStats
+from runtime.scheduler.config import SchedulerStats
 
 __all__ = ["CONTENT_TYPE", "Outcome", "ServerMetrics"]
 

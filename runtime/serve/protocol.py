@@ -239,7 +239,7 @@ class ChunkReuseSpec(BaseModel):
 
     ``spans`` are ``[start, end)`` token index pairs of the prompt's token ids (as ``/tokenize``
     returns them for chat messages), sorted and disjoint, ending before the last prompt token.
-    See ``runtime.chunk_reuse`` for the modes; ``usage.chunk_reuse`` reports what was reused.
+    See ``runtime.chunks.assembler`` for the modes; ``usage.chunk_reuse`` reports what was reused.
     """
 
     # NOTE: only clients that know this extension send it: an unknown sub-field is a 400.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from anyio.to_thread import run_sync
 from jinja2 import TemplateError
 
-from runtime.chunk_reuse import DEFAULT_RECOMPUTE_FRACTION, ChunkReuse
+from runtime.chunks.spans import DEFAULT_RECOMPUTE_FRACTION, ChunkReuse
 from runtime.exceptions import ChunkReuseError, InvalidRequestError
 from runtime.sampling.grammar import Grammar
 from runtime.sampling.params import SamplingParams

@@ -18,7 +18,7 @@ from runtime.exceptions import InvalidRequestError
 from runtime.outputs import Completion
 from runtime.request.builder import choice_seed
 from runtime.sampling.params import SEED_MAX, SEED_MIN, SamplingParams
-from runtime.scheduler import SchedulerConfig
+from runtime.scheduler.loop import SchedulerConfig
 from tests.conftest import VOCAB_SIZE
 
 TOL = 1e-4

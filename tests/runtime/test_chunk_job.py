@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.chunk_reuse import ChunkMode, ChunkReuse
+from runtime.chunks.spans import ChunkMode, ChunkReuse
 from runtime.engine import Engine
 from runtime.kv_cache import RequestKVCache
 from runtime.request.state import Request, RequestStatus
 from runtime.sampling.params import SamplingParams
-from runtime.scheduler import SchedulerConfig
+from runtime.scheduler.loop import SchedulerConfig
 from runtime.stream import RequestStream
 from tests.conftest import VOCAB_SIZE, save_tiny_model
 from tests.runtime.test_chunk_reuse import DOCS, assert_masked_steps, rag_prompt

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from runtime.cache.radix_cache import Namespace
-from runtime.chunk_reuse import ChunkReuse, block_attention_mask, masked_prefill_logits
+from runtime.chunks.assembler import block_attention_mask, masked_prefill_logits
+from runtime.chunks.spans import ChunkReuse
 from runtime.engine import Engine
 from runtime.exceptions import InvalidRequestError
 from runtime.outputs import Completion

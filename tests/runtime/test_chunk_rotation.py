@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from runtime.chunk_rotation import rerotate, rotation_blocker
+from runtime.chunks.rotation import rerotate, rotation_blocker
 from tests.conftest import save_tiny_model
 
 TOL = 1e-4

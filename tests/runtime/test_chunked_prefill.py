@@ -20,7 +20,7 @@ from runtime.kv_cache import RequestKVCache
 from runtime.outputs import StreamDelta
 from runtime.request.state import Request, RequestStatus
 from runtime.sampling.params import SamplingParams
-from runtime.scheduler import SchedulerConfig
+from runtime.scheduler.loop import SchedulerConfig
 from tests.conftest import ARCHS, VOCAB_SIZE, save_tiny_model
 from tests.runtime.test_engine_exactness import assert_same_answer
 from tests.runtime.test_scheduler import completion_of

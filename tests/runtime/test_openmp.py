@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from runtime import engine as engine_module
-from runtime import openmp, scheduler
+from runtime import openmp
 from runtime.engine import Engine
 from runtime.sampling.params import SamplingParams
+from runtime.scheduler import loop as scheduler
 from tests.conftest import save_tiny_model
 
 

@@ -20,7 +20,7 @@ from runtime.engine import Engine
 from runtime.kv_cache import RequestKVCache
 from runtime.request.state import Request
 from runtime.sampling.params import SamplingParams
-from runtime.scheduler import SchedulerConfig
+from runtime.scheduler.loop import SchedulerConfig
 from tests.conftest import ARCHS, VOCAB_SIZE, save_tiny_model
 from tests.runtime.test_engine_exactness import TOL, assert_same_answer
 from tests.runtime.test_scheduler import completion_of

@@ -149,7 +149,7 @@ def test_prompt_logprobs_are_the_models_own_and_skip_the_cache(
     engine: Engine, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every prompt position's logprob (chunked prefill or not); cached_tokens stays honest."""
-    monkeypatch.setattr("runtime.prompt_scoring._SCORED_CHUNK", chunk)
+    monkeypatch.setattr("runtime.scheduler.scoring._SCORED_CHUNK", chunk)
     engine.generate(PROMPT, SamplingParams(max_tokens=1))  # the prompt is now cached
     params = SamplingParams(max_tokens=2, prompt_logprobs=2, ignore_eos=True)
     completion = engine.generate(PROMPT, params)

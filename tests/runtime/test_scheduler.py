@@ -18,7 +18,7 @@ from runtime import EngineBusyError, RuntimeEngineError, SamplingParams
 from runtime.engine import Engine
 from runtime.outputs import Completion
 from runtime.request.state import Request, RequestStatus
-from runtime.scheduler import SchedulerConfig
+from runtime.scheduler.loop import SchedulerConfig
 from tests.conftest import VOCAB_SIZE
 
 SHARED = [(5 * i + 7) % (VOCAB_SIZE - 3) + 3 for i in range(24)]

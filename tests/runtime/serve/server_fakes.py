@@ -12,12 +12,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from runtime.chunk_reuse import ChunkReuse
+from runtime.chunks.spans import ChunkReuse
 from runtime.exceptions import EngineBusyError, InvalidRequestError, PromptTooLongError
 from runtime.outputs import CacheStats, Completion, FinishReason, Metrics, StreamDelta, Usage
 from runtime.sampling.grammar import Grammar, GrammarSpec
 from runtime.sampling.params import SamplingParams
-from runtime.scheduler_config import SchedulerStats
+from runtime.scheduler.config import SchedulerStats
 
 HERMES_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %} ... <tool_call> ..."
 

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from openai import BadRequestError, NotFoundError, OpenAI
 
-from runtime.chunk_reuse import ChunkReuse
+from runtime.chunks.spans import ChunkReuse
 from runtime.engine import Engine
 from runtime.sampling.params import SamplingParams
 from runtime.serve.app import create_app

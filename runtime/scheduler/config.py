@@ -1,7 +1,7 @@
 """The scheduler's limits (``SchedulerConfig``) and its snapshot record (``SchedulerStats``).
 
 Plain data, no torch: the server's protocol and metrics modules read the snapshot type without
-loading the engine. The loop that honours these limits is ``runtime.scheduler``.
+loading the engine. The loop that honours these limits is ``runtime.scheduler.loop``.
 """
 
 from __future__ import annotations

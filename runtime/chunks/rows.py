@@ -1,6 +1,6 @@
 """A forward pass of chosen prompt rows over a KV buffer whose other positions are already filled.
 
-Chunk reuse (``runtime.chunk_reuse``) places stored chunk KV in a request's buffer, then runs only
+Chunk reuse (``runtime.chunks``) places stored chunk KV in a request's buffer, then runs only
 some positions through the model: the non-chunk tokens (exact mode), or those plus the chunk
 tokens whose KV deviates most (blend mode, CacheBlend's selection: layer 0 for every row, layer 1's
 K/V compared with the stored ones). Each chosen row attends causally by position to every key in

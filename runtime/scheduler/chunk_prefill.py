@@ -5,7 +5,7 @@ computes its missed chunks alone, at most the tokens it is given per call; phase
 (``ChunkAssembler.finish``) places every chunk and runs the other rows at once, waiting for a
 whole iteration's budget when the rest of one is too small. It holds the job of the one request
 mid-prefill; it knows neither the queue, the batch rows, sampling nor the prefix cache
-(``runtime.scheduler`` budgets the calls and finishes the request).
+(``runtime.scheduler.loop`` budgets the calls and finishes the request).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from runtime.cache.chunk_store import ChunkStore
-from runtime.chunk_job import ChunkJob
-from runtime.chunk_reuse import ChunkAssembler
+from runtime.chunks.assembler import ChunkAssembler
+from runtime.chunks.job import ChunkJob
 from runtime.request.state import Request
 
 __all__ = ["ChunkPrefill"]
@@ -41,7 +41,7 @@ class ChunkPrefill:
         return self.assembler.store
 
     def step(self, req: Request, max_tokens: int) -> tuple[int, torch.Tensor | None]:
-        """The next step of ``req``'s assembly (``runtime.chunk_reuse``): phase 1 computes missed
+        """The next step of ``req``'s assembly (``runtime.chunks``): phase 1 computes missed
         chunks alone (at most ``max_tokens``), phase 2 places every chunk in ``req``'s row, runs
         the rest of the prompt and sets ``req.chunk_usage``. It waits for a whole iteration's
         budget if it needs more than ``max_tokens`` (then reports them run, to end this

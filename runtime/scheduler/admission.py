@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.request.state import Request, RequestStatus
-from runtime.scheduler_config import SchedulerConfig
+from runtime.scheduler.config import SchedulerConfig
 
 __all__ = ["AdmissionQueue", "is_all_cancelled", "is_packable"]
 

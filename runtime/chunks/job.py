@@ -5,7 +5,7 @@ alone at positions ``[0, n)``, at most a token budget per call (a chunk longer t
 pieces into its own scratch cache, across calls) and then stored. The job holds every chunk's KV
 itself, so another request's eviction between iterations loses nothing. It knows the model
 runner, the chunk store and token ids, never prompt positions, a request's KV row or the scheduler
-(``runtime.chunk_reuse`` places the chunks; ``runtime.scheduler`` budgets the calls).
+(``runtime.chunks.assembler`` places the chunks; ``runtime.scheduler.loop`` budgets the calls).
 """
 
 from __future__ import annotations

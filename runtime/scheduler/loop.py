@@ -18,21 +18,21 @@ from collections.abc import Sequence
 
 import torch
 
-from runtime.admission import AdmissionQueue, is_all_cancelled, is_packable
 from runtime.batch_kv import BatchKV
 from runtime.cache.prefix_cache import PrefixCache
-from runtime.chunk_prefill import ChunkPrefill
-from runtime.chunk_reuse import ChunkAssembler
+from runtime.chunks.assembler import ChunkAssembler
 from runtime.exceptions import EngineBusyError, RuntimeEngineError, SamplingError
-from runtime.forks import check_group, copy_prompt, live_forks, running_group
 from runtime.kv_cache import RequestKVCache
 from runtime.model_runner import ModelRunner
 from runtime.openmp import release_thread_workers
 from runtime.outputs import StreamDelta
-from runtime.prompt_scoring import prefill_scored
 from runtime.request.state import Request, RequestStatus
 from runtime.sampling.sampler import Sampled, sample_batch
-from runtime.scheduler_config import SchedulerConfig, SchedulerStats
+from runtime.scheduler.admission import AdmissionQueue, is_all_cancelled, is_packable
+from runtime.scheduler.chunk_prefill import ChunkPrefill
+from runtime.scheduler.config import SchedulerConfig, SchedulerStats
+from runtime.scheduler.forks import check_group, copy_prompt, live_forks, running_group
+from runtime.scheduler.scoring import prefill_scored
 
 _log = logging.getLogger(__name__)
 
