@@ -3,7 +3,9 @@
 Usage: ``python scripts/import_graph.py`` (exit 1 when a cycle or a layer violation exists).
 Layers, lowest first: ``runtime.cache`` < ``runtime`` (engine) < ``runtime.serve`` <
 ``runtime.bench``;
-``runtime`` never imports ``agentcache``. Also run as a test (tests/test_layering.py).
+``runtime`` never imports ``agentcache``. Inside the engine floor, ``RULES`` keeps folders apart:
+``runtime.model`` never imports requests, the scheduler or the cache; ``runtime.sampling`` never
+sees the batch or the tree. Also run as a test (tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -68,6 +70,40 @@ def layer(name: str) -> int:
     return 4  # agentcache (the SDK) sits on top
 
 
+RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("runtime.model", ("runtime.request", "runtime.scheduler", "runtime.cache", "runtime.chunks")),
+    (
+        "runtime.sampling",
+        (
+            "runtime.cache",
+            "runtime.scheduler",
+            "runtime.model",
+            "runtime.request",
+            "runtime.chunks",
+        ),
+    ),
+    ("runtime.chunks.spans", ("runtime.model", "runtime.sampling", "runtime.scheduler")),
+    ("runtime.config", ("runtime.model", "runtime.scheduler.loop", "runtime.request")),
+)
+"""(folder, what no module in it may import): the engine floor's inner walls."""
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def forbidden(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs that break one of ``RULES``."""
+    return sorted(
+        (m, d)
+        for m, deps in edges.items()
+        for folder, banned in RULES
+        if _within(m, folder)
+        for d in deps
+        if any(_within(d, b) for b in banned)
+    )
+
+
 def graph() -> dict[str, set[str]]:
     mods = modules()
     known = set(mods)
@@ -128,14 +164,17 @@ def upward(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 def main() -> int:
     edges = graph()
-    bad_cycles, bad_up = cycles(edges), upward(edges)
+    bad_cycles, bad_up, bad_in = cycles(edges), upward(edges), forbidden(edges)
     for comp in bad_cycles:
         print("cycle:", " <-> ".join(comp))
     for m, d in bad_up:
         print(f"upward: {m} imports {d}")
+    for m, d in bad_in:
+        print(f"forbidden: {m} imports {d}")
     print(f"{len(edges)} modules, {sum(map(len, edges.values()))} imports, "
-          f"{len(bad_cycles)} cycles, {len(bad_up)} upward imports")  # fmt: skip
-    return 1 if bad_cycles or bad_up else 0
+          f"{len(bad_cycles)} cycles, {len(bad_up)} upward imports, "
+          f"{len(bad_in)} forbidden imports")  # fmt: skip
+    return 1 if bad_cycles or bad_up or bad_in else 0
 
 
 if __name__ == "__main__":

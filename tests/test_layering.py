@@ -37,6 +37,19 @@ def test_no_import_cycle_and_no_upward_import() -> None:
     edges = graph.graph()  # type: ignore[attr-defined]
     assert graph.cycles(edges) == []  # type: ignore[attr-defined]
     assert graph.upward(edges) == []  # type: ignore[attr-defined]
+    assert graph.forbidden(edges) == []  # type: ignore[attr-defined]
+
+
+def test_import_graph_sees_a_forbidden_import() -> None:
+    graph = _import_graph()
+    edges = {
+        "runtime.model.runner": {"runtime.cache.prefix_cache", "runtime.exceptions"},
+        "runtime.sampling.sampler": {"runtime.model.batch_kv", "runtime.outputs"},
+    }
+    assert graph.forbidden(edges) == [  # type: ignore[attr-defined]
+        ("runtime.model.runner", "runtime.cache.prefix_cache"),
+        ("runtime.sampling.sampler", "runtime.model.batch_kv"),
+    ]
 
 
 def test_import_graph_sees_a_cycle_and_an_upward_import() -> None:
@@ -67,3 +80,9 @@ def test_sdk_imports_without_torch() -> None:
     )
     loaded = _loaded_after(code)
     assert "agentcache.backends.local" not in loaded
+
+
+def test_runtime_package_import_loads_no_server_stack_or_torch() -> None:
+    loaded = _loaded_after("import runtime, runtime.request, runtime.sampling, runtime.scheduler")
+    for name in ("fastapi", "uvicorn", "starlette", "runtime.serve", "torch", "transformers"):
+        assert not {m for m in loaded if m == name or m.startswith(name + ".")}, name
