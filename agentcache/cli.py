@@ -13,11 +13,10 @@ from collections.abc import Callable, Sequence
 
 from agentcache._argtypes import (
     OneLineErrorParser,
-    non_negative_float,
-    non_negative_int,
     port_number,
     positive_int,
 )
+from runtime.serve.flags import add_engine_flags
 
 __all__ = ["build_parser", "main"]
 
@@ -122,8 +121,8 @@ def _add_demo(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
 
 def _add_serve(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     p = sub.add_parser("serve", help="run the OpenAI-compatible server on the local runtime")
-    # NOTE: defaults are spelled out in each help (what a None default means, in units); the
-    # runtime's own constants are not imported here, so that --help never imports torch.
+    # NOTE: defaults are spelled out in each help (what a None default means, in units); only
+    # torch-free runtime records are imported here, so that --help never imports torch.
     p.add_argument(
         "--model",
         default="smollm2-135m",
@@ -136,72 +135,6 @@ def _add_serve(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
     # NOTE: every value is checked here (usage error, exit 2) before the model loads.
     p.add_argument(
         "--port", type=port_number, default=8000, help="TCP port, 1..65535 (default: %(default)s)"
-    )
-    p.add_argument(
-        "--kv-cache-bytes",
-        type=non_negative_int,
-        default=None,
-        help="prefix cache budget, bytes (default: 1 GiB)",
-    )
-    p.add_argument(
-        "--chunk-cache-bytes",
-        type=non_negative_int,
-        default=None,
-        help="chunk store budget for requests with chunk_reuse, bytes (default: 256 MiB)",
-    )
-    p.add_argument(
-        "--no-prefix-cache",
-        action="store_true",
-        help="force-miss: never reuse prefix-cache KV; requests that send chunk_reuse still "
-        "reuse their documents from the chunk store (default: reuse)",
-    )
-    p.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16", "float16"),
-        default=None,
-        help="weights and KV cache dtype (default: float32, the reference). bfloat16 halves their "
-        "memory and, on a CPU with AVX-512 BF16, cut a 256-token prefill ~2x but slowed decode "
-        "~1.2-1.5x (W1, 2 threads); answers match float32 only within 16-bit rounding",
-    )
-    p.add_argument(
-        "--weights",
-        choices=("float32", "bfloat16", "float32-packed", "q8_0", "q4_1"),
-        default=None,
-        help="float32 models only: bfloat16 rounds the linear weights to bfloat16 while "
-        "activations, KV cache and arithmetic stay float32; decode steps then read half the "
-        "weight bytes (compact forward, native kernels). float32-packed keeps the weights and "
-        "adds a packed copy (as many bytes again) that decode steps stream faster, most at 8-16 "
-        "rows. q8_0 / q4_1: a quantized model (labelled so): linear weights rounded to GGUF's "
-        "Q8_0 / Q4_1 blocks (a .gguf file's own blocks when it holds them) that decode steps "
-        "read directly, 8.5 / 5 bits a weight (default: float32, the reference)",
-    )
-    p.add_argument(
-        "--kv-disk-dir",
-        default=None,
-        help="disk tier below the KV pool: cached blocks are written here (see "
-        "--kv-disk-policy) and survive restarts (default: no disk tier)",
-    )
-    p.add_argument(
-        "--kv-disk-bytes",
-        type=non_negative_int,
-        default=None,
-        help="byte budget of --kv-disk-dir (default 8 GiB)",
-    )
-    p.add_argument(
-        "--kv-disk-policy",
-        choices=("write-through", "evict"),
-        default=None,
-        help="when blocks reach --kv-disk-dir: write-through queues each new cached block for "
-        "disk in the background (deduplicated; a full queue drops the write, never the request), "
-        "so a clean restart finds the cache warm; evict writes only blocks evicted from memory "
-        "(default: write-through)",
-    )
-    p.add_argument(
-        "--kv-disk-flush-seconds",
-        type=non_negative_float,
-        default=None,
-        help="on a graceful shutdown (SIGTERM, Ctrl-C), most seconds spent writing the blocks "
-        "still queued for --kv-disk-dir; the rest are dropped (default 5)",
     )
     p.add_argument(
         "--api-key",
@@ -241,6 +174,8 @@ def _add_serve(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:
         default=None,
         help="largest request body in bytes, 413 beyond (default: 2 MiB = 2097152)",
     )
+    # NOTE: one flag per EngineConfig / SchedulerConfig field (help and defaults from the records).
+    add_engine_flags(p)
 
 
 def _add_models(sub: argparse._SubParsersAction[OneLineErrorParser]) -> None:

@@ -20,14 +20,18 @@ from runtime.models import resolve_model
 
 if TYPE_CHECKING:
     from runtime.chunks.spans import ChunkReuse
+    from runtime.config import EngineConfig
     from runtime.engine import Engine
     from runtime.outputs import CacheStats, Completion, Metrics, StreamDelta, Usage
     from runtime.sampling.params import SamplingParams
+    from runtime.scheduler.config import SchedulerConfig
 
 # NOTE: torch/transformers load on first use of these names, not on `import runtime`.
 _LAZY = {
     "ChunkReuse": "runtime.chunks.spans",
     "Engine": "runtime.engine",
+    "EngineConfig": "runtime.config",
+    "SchedulerConfig": "runtime.scheduler.config",
     "CacheStats": "runtime.outputs",
     "Completion": "runtime.outputs",
     "Metrics": "runtime.outputs",
@@ -50,12 +54,14 @@ __all__ = [
     "Completion",
     "Engine",
     "EngineBusyError",
+    "EngineConfig",
     "InvalidRequestError",
     "Metrics",
     "ModelLoadError",
     "PromptTooLongError",
     "RuntimeEngineError",
     "SamplingParams",
+    "SchedulerConfig",
     "StreamDelta",
     "Usage",
     "resolve_model",

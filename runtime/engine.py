@@ -9,7 +9,6 @@ It does not know HTTP or the SDK.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import weakref
@@ -17,13 +16,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.cache.disk_tier import DISK_POLICIES, DiskPolicy
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.chunks.assembler import ChunkAssembler
 from runtime.chunks.spans import ChunkReuse
+from runtime.config import (
+    DEFAULT_CHUNK_CACHE_BYTES,
+    DEFAULT_KV_CACHE_BYTES,
+    DEFAULT_KV_DISK_BYTES,
+    DEFAULT_KV_DISK_FLUSH_S,
+    EngineConfig,
+)
 from runtime.exceptions import InvalidRequestError
 from runtime.kv_stores import KVStores
-from runtime.model_runner import ForwardPath, ModelRunner, WeightsDtype, load_model
+from runtime.model_runner import ModelRunner, WeightsDtype, load_model
 from runtime.openmp import release_thread_workers
 from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.request.builder import Prompt, RequestBuilder
@@ -31,7 +36,7 @@ from runtime.request.state import Request
 from runtime.sampling.grammar import Grammar, GrammarCompiler, GrammarSpec
 from runtime.sampling.params import SamplingParams
 from runtime.sampling.sampler import LogitsProcessor
-from runtime.scheduler.config import SchedulerConfig, SchedulerStats
+from runtime.scheduler.config import SchedulerStats
 from runtime.scheduler.loop import Scheduler
 from runtime.stream import RequestStream
 
@@ -49,15 +54,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_KV_CACHE_BYTES = 1 << 30
-"""Prefix cache budget when none is given: 1 GiB of KV blocks."""
-DEFAULT_CHUNK_CACHE_BYTES = 256 << 20
-"""Chunk store budget when none is given: 256 MiB (pages are touched only as chunks arrive)."""
-DEFAULT_KV_DISK_BYTES = 8 << 30
-"""Disk tier budget when ``kv_disk_dir`` is given without ``kv_disk_bytes``: 8 GiB of files."""
-DEFAULT_KV_DISK_FLUSH_S = 5.0
-"""Most seconds ``close`` spends writing queued disk-tier blocks (a graceful shutdown)."""
-
 
 class Engine:
     """A causal LM with continuous batching and an exact cross-request prefix cache.
@@ -70,22 +66,11 @@ class Engine:
         self,
         model: Any,
         tokenizer: Any,
+        config: EngineConfig | None = None,
         *,
         model_id: str,
-        revision: str | None = None,
-        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
-        block_size: int = 16,
-        prefix_cache: bool = True,
-        debug_integrity: bool = False,
-        scheduler: SchedulerConfig | None = None,
-        forward: ForwardPath = "auto",
-        kv_disk_dir: str | os.PathLike[str] | None = None,
-        kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
-        chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
-        weights: WeightsDtype = "float32",
-        kv_disk_policy: DiskPolicy = "write-through",
-        kv_disk_flush_s: float = DEFAULT_KV_DISK_FLUSH_S,
         weight_blocks: Mapping[str, torch.Tensor] | None = None,
+        **options: Any,
     ) -> None:
         """Wrap an already loaded model; prefer ``from_pretrained``.
 
@@ -94,49 +79,42 @@ class Engine:
         weight). Its HF forward still gives the same logits, but ``model.save_pretrained``
         needs ``state_dict={k: v.contiguous() for k, v in model.state_dict().items()}``.
         ``weights="bfloat16"`` rounds the model's linear weights in place (see
-        ``from_pretrained``), as do ``"q8_0"`` / ``"q4_1"`` to GGUF's blocks;
+        ``EngineConfig.weights``), as do ``"q8_0"`` / ``"q4_1"`` to GGUF's blocks;
         ``weight_blocks`` (module name -> uint8 blocks, ``runtime.gguf_blocks``) are a GGUF
         file's own blocks for those, kept as they are.
 
+        Args:
+            model: a loaded transformers causal LM.
+            tokenizer: its tokenizer.
+            config: every engine option (``EngineConfig()`` when None); ``dtype``, ``device``
+                and ``revision`` describe how ``model`` was loaded.
+            model_id: the model's name; part of every cache namespace.
+            weight_blocks: a GGUF file's quantized blocks by module name, or None.
+            **options: ``EngineConfig`` fields replacing ``config``'s (the keyword form).
+
         Raises:
-            ValueError: for a non-positive block_size, negative kv_cache_bytes, kv_disk_bytes
-                or kv_disk_flush_s, an unknown kv_disk_policy,
-                ``forward="compact"`` on a model outside the compact family, or
-                ``weights`` other than ``"float32"`` on a model that is not float32.
+            TypeError: an option that is not an ``EngineConfig`` field.
+            ValueError: an option out of range (``EngineConfig``), ``forward="compact"`` on a
+                model outside the compact family, or ``weights`` other than ``"float32"`` on
+                a model that is not float32.
             ModelLoadError: when the model exposes no usable per-layer KV cache.
             OSError: ``kv_disk_dir`` cannot be created or read.
         """
-        if block_size < 1 or min(kv_cache_bytes, kv_disk_bytes, chunk_cache_bytes) < 0:
-            raise ValueError(
-                f"need block_size >= 1 and kv_cache_bytes, kv_disk_bytes, chunk_cache_bytes "
-                f">= 0, got {block_size!r}, {kv_cache_bytes!r}, {kv_disk_bytes!r}, "
-                f"{chunk_cache_bytes!r}"
-            )
-        if kv_disk_policy not in DISK_POLICIES or not kv_disk_flush_s >= 0:
-            raise ValueError(
-                f"kv_disk_policy must be one of {DISK_POLICIES} and kv_disk_flush_s >= 0, got "
-                f"{kv_disk_policy!r}, {kv_disk_flush_s!r}"
-            )
-        self.runner = ModelRunner(model, forward=forward, weights=weights, blocks=weight_blocks)
+        config = (config or EngineConfig()).replace(**options)
+        self.config = config
+        """The options this engine runs with (frozen; what loading found lives on the engine)."""
+        self.runner = ModelRunner(
+            model, forward=config.forward, weights=config.weights, blocks=weight_blocks
+        )
         logger.info("forward path for %r: %s (%s)", model_id, self.runner.path,
                     self.runner.path_reason or "supported")  # fmt: skip
         self.request_builder = RequestBuilder(
-            self.runner, tokenizer, model_id=model_id, revision=revision
+            self.runner, tokenizer, model_id=model_id, revision=config.revision
         )
         """Validates and tokenizes every request (``make_request``); holds the model facts."""
-        self.debug_integrity = debug_integrity
+        self.debug_integrity = config.debug_integrity
         self._lock = threading.Lock()
-        self.kv_stores = KVStores(
-            self.runner,
-            model_id=model_id,
-            block_size=block_size,
-            kv_cache_bytes=kv_cache_bytes,
-            prefix_cache=prefix_cache,
-            kv_disk_dir=kv_disk_dir,
-            kv_disk_bytes=kv_disk_bytes,
-            chunk_cache_bytes=chunk_cache_bytes,
-            kv_disk_policy=kv_disk_policy,
-        )
+        self.kv_stores = KVStores(self.runner, config, model_id=model_id)
         self.prefix_cache = self.kv_stores.prefix_cache
         self.chunk_store = self.kv_stores.chunk_store
         """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunks``)."""
@@ -146,8 +124,8 @@ class Engine:
             self.runner,
             self.prefix_cache,
             self._lock,
-            scheduler or SchedulerConfig(),
-            debug_integrity=debug_integrity,
+            config.scheduler,
+            debug_integrity=config.debug_integrity,
             chunks=ChunkAssembler(self.runner, self.chunk_store),
         )
         self.grammars = GrammarCompiler(
@@ -156,7 +134,7 @@ class Engine:
         """Compiles ``GrammarSpec``s for constrained decoding (xgrammar loads on first use)."""
         # NOTE: holds the scheduler, not the engine, so an unreferenced engine is collected.
         self._finalizer = weakref.finalize(
-            self, _shutdown, self.scheduler, self.prefix_cache, self._lock, kv_disk_flush_s
+            self, _shutdown, self.scheduler, self.prefix_cache, self._lock, config.disk_flush_s
         )
         # NOTE: loading ran parallel regions here; their OpenMP workers would stay and throttle
         # the scheduler thread's (runtime.openmp). A server's loading thread then holds none.
@@ -164,98 +142,35 @@ class Engine:
 
     @classmethod
     def from_pretrained(
-        cls,
-        model: str,
-        *,
-        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
-        block_size: int = 16,
-        prefix_cache: bool = True,
-        dtype: str = "float32",
-        device: str = "cpu",
-        revision: str | None = None,
-        scheduler: SchedulerConfig | None = None,
-        forward: ForwardPath = "auto",
-        kv_disk_dir: str | os.PathLike[str] | None = None,
-        kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
-        chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES,
-        weights: WeightsDtype = "float32",
-        kv_disk_policy: DiskPolicy = "write-through",
-        kv_disk_flush_s: float = DEFAULT_KV_DISK_FLUSH_S,
+        cls, model: str, config: EngineConfig | None = None, **options: Any
     ) -> Engine:
         """Load a model and its tokenizer (local path, bundled name, or hub id).
 
         Args:
-            model: local directory, name known to ``runtime.models.resolve_model``, or hub id.
-            kv_cache_bytes: byte budget of the prefix cache's KV pool.
-            block_size: tokens per cached block (prefixes are reused in whole blocks).
-            prefix_cache: False = force-miss (same code path, no reuse).
-            dtype: ``"float32" | "float16" | "bfloat16"``.
-            device: torch device string.
-            scheduler: batching, ordering and admission limits (defaults: ``SchedulerConfig()``).
-            forward: ``"auto"`` (the compact Llama-family forward where it applies, else the
-                model's own), ``"compact"`` or ``"transformers"`` (the reference); see
-                ``forward_path``.
-            kv_disk_dir: directory of the disk tier below the KV pool (None: no disk tier).
-                Blocks written there survive restarts; files are named by model, revision,
-                dtype, tenant salt and a weights fingerprint, so another model or dtype never
-                reuses them.
-            kv_disk_bytes: byte budget of ``kv_disk_dir`` (block files, headers included).
-            kv_disk_policy: ``"write-through"`` (each new whole block is queued for disk as it
-                is cached, deduplicated by block hash, in the background; a full queue drops the
-                write, never the request) or ``"evict"`` (blocks reach disk only when evicted,
-                so a clean restart finds only what memory pressure pushed out).
-            kv_disk_flush_s: most seconds ``close`` (a graceful shutdown: SIGTERM, Ctrl-C)
-                spends writing the blocks still queued; the rest are dropped.
-            chunk_cache_bytes: byte budget of the chunk store (document chunks' KV, used only
-                by requests with ``chunk_reuse``).
-            weights: ``"float32"`` (the reference) or ``"bfloat16"``: a float32 model's linear
-                weights (LM head included) rounded to bfloat16 while activations, the KV cache
-                and arithmetic stay float32. On the compact forward with the native kernels,
-                decode steps then read packed bf16 copies, half the weight bytes (the fp32
-                weights are kept for prefill: 1.5x the weight memory). Answers equal float32 on
-                the rounded weights within float32 rounding; against the unrounded model they
-                differ by the rounding (see the README's figures).
-                ``"float32-packed"``: the weights as loaded plus, on the compact forward with
-                the native kernels, a packed fp32 copy of each linear weight (2x the weight
-                memory) that products of up to 64 rows (decode steps, a hit's few new tokens)
-                stream instead of MKL's (about 1.1x at one row, 1.6-1.8x at 8-16; see the
-                README's figures); the same answers as ``"float32"`` within float32 rounding.
-                With the scalar kernels (``AGENTCACHE_KERNEL_ISA=scalar``) no copy is kept.
-                ``"q8_0"`` / ``"q4_1"``: a quantized model (another model than the fp32 one,
-                labelled so): every linear weight rounded to GGUF's Q8_0 / Q4_1 blocks (LM head
-                and tied embedding Q8_0) and, on the compact forward with vectorized native
-                kernels, the blocks kept for decode steps (8.5 / 5 bits a weight read instead
-                of 32). From a ``.gguf`` file whose tensors are in that format the file's own
-                blocks are kept (``runtime.gguf_blocks``), not quantized again.
+            model: local directory, name known to ``runtime.models.resolve_model``, ``.gguf``
+                file or hub id.
+            config: every engine option (``EngineConfig``: dtype, weights, forward, block size,
+                KV budgets, prefix cache, eviction policy, disk tier, chunk store, scheduler
+                limits); ``EngineConfig()`` when None.
+            **options: ``EngineConfig`` fields replacing ``config``'s (the keyword form:
+                ``from_pretrained("tiny", kv_cache_bytes=1 << 20)``).
 
         Raises:
+            TypeError: an option that is not an ``EngineConfig`` field.
             ModelLoadError: the model or tokenizer cannot be loaded.
             ValueError, OSError: as ``Engine()``.
         """
-        lm, tokenizer = load_model(str(model), dtype=dtype, device=device, revision=revision)
+        config = (config or EngineConfig()).replace(**options)
+        lm, tokenizer = load_model(
+            str(model), dtype=config.dtype, device=config.device, revision=config.revision
+        )
         blocks = None
+        weights = config.weights
         if weights in ("q8_0", "q4_1") and str(model).endswith(".gguf") and Path(model).is_file():
             from runtime.gguf_blocks import gguf_blocks
 
             blocks = gguf_blocks(model, weights)
-        return cls(
-            lm,
-            tokenizer,
-            model_id=str(model),
-            revision=revision,
-            kv_cache_bytes=kv_cache_bytes,
-            block_size=block_size,
-            prefix_cache=prefix_cache,
-            scheduler=scheduler,
-            forward=forward,
-            kv_disk_dir=kv_disk_dir,
-            kv_disk_bytes=kv_disk_bytes,
-            chunk_cache_bytes=chunk_cache_bytes,
-            weights=weights,
-            kv_disk_policy=kv_disk_policy,
-            kv_disk_flush_s=kv_disk_flush_s,
-            weight_blocks=blocks,
-        )
+        return cls(lm, tokenizer, config, model_id=str(model), weight_blocks=blocks)
 
     @property
     def weights(self) -> WeightsDtype:

@@ -9,13 +9,13 @@ every call but ``drain_disk``), and it knows neither requests nor the scheduler.
 from __future__ import annotations
 
 import logging
-import os
 
 from runtime.cache.chunk_store import ChunkStore
-from runtime.cache.disk_tier import DiskPolicy, DiskTier
+from runtime.cache.disk_tier import DiskTier
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.cache.radix_cache import Namespace
+from runtime.config import EngineConfig
 from runtime.model_runner import ModelRunner, reuse_blocker, weights_fingerprint
 from runtime.outputs import CacheStats
 
@@ -27,20 +27,8 @@ logger = logging.getLogger(__name__)
 class KVStores:
     """The prefix cache (with its optional disk tier) and the chunk store of one model."""
 
-    def __init__(
-        self,
-        runner: ModelRunner,
-        *,
-        model_id: str,
-        block_size: int,
-        kv_cache_bytes: int,
-        prefix_cache: bool,
-        kv_disk_dir: str | os.PathLike[str] | None,
-        kv_disk_bytes: int,
-        chunk_cache_bytes: int,
-        kv_disk_policy: DiskPolicy = "write-through",
-    ) -> None:
-        """Allocate both pools (the budgets as ``Engine.from_pretrained`` documents them).
+    def __init__(self, runner: ModelRunner, config: EngineConfig, *, model_id: str) -> None:
+        """Allocate both pools (the budgets and policies of ``config``).
 
         Prefix reuse is off (force-miss, same code path) for ``prefix_cache=False`` and for a
         model whose cache cannot be resumed safely (``reuse_blocker``; logged as a warning);
@@ -51,15 +39,17 @@ class KVStores:
         """
         self.runner = runner
         self.model_id = model_id
-        self.prefix_cache = self._make_prefix_cache(kv_cache_bytes, block_size, prefix_cache)
-        if kv_disk_dir is not None and self.prefix_cache.is_enabled:
-            self.prefix_cache.disk = self._make_disk_tier(kv_disk_dir, kv_disk_bytes)
-        self.prefix_cache.disk_policy = kv_disk_policy
-        self.chunk_store = ChunkStore(self._make_pool(chunk_cache_bytes, block_size))
-        """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunks.assembler``);
-        it spills to the prefix cache's disk tier too (chunk blocks have their own keys)."""
+        block_size = config.block_size
+        self.prefix_cache = self._make_prefix_cache(config, block_size)
+        if config.kv_disk_dir is not None and self.prefix_cache.is_enabled:
+            self.prefix_cache.disk = self._make_disk_tier(config.kv_disk_dir, config.disk_bytes)
+        self.prefix_cache.disk_policy = config.disk_policy
+        pool = self._make_pool(config.chunk_cache_bytes, block_size)
+        self.chunk_store = ChunkStore(pool, policy=config.eviction)
+        """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunks``); it
+        spills to the prefix cache's disk tier too (chunk blocks have their own keys)."""
         self.chunk_store.disk = self.prefix_cache.disk
-        self.chunk_store.write_through = kv_disk_policy == "write-through"
+        self.chunk_store.write_through = config.disk_policy == "write-through"
 
     def stats(self) -> CacheStats:
         """Prefix cache counters and occupancy, with the disk tier's and the chunk store's."""
@@ -118,16 +108,17 @@ class KVStores:
             device=self.runner.device,
         )
 
-    def _make_prefix_cache(self, budget: int, block_size: int, enabled: bool) -> PrefixCache:
-        pool = self._make_pool(budget if enabled else 0, block_size)
+    def _make_prefix_cache(self, config: EngineConfig, block_size: int) -> PrefixCache:
+        enabled = config.prefix_cache
+        pool = self._make_pool(config.kv_cache_bytes if enabled else 0, block_size)
         reason = None if enabled else "prefix_cache=False (force-miss)"
         blocker = reuse_blocker(self.runner.model.config)
         if enabled and blocker is not None:
             logger.warning("prefix cache disabled for %r: %s", self.model_id, blocker)
             reason, enabled = blocker, False
-        return PrefixCache(pool, is_enabled=enabled, disabled_reason=reason)
+        return PrefixCache(pool, is_enabled=enabled, disabled_reason=reason, policy=config.eviction)
 
-    def _make_disk_tier(self, path: str | os.PathLike[str], budget: int) -> DiskTier:
+    def _make_disk_tier(self, path: str, budget: int) -> DiskTier:
         pool = self.prefix_cache.pool
         layout = f"{pool.block_shape}|{self.runner.dtype}"
         fingerprint = f"{weights_fingerprint(self.runner.model)}|{layout}"

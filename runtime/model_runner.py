@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeAlias, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
@@ -21,6 +21,7 @@ from runtime import env
 from runtime.batch_kv import BatchKV
 from runtime.batch_mask import MaskPlan, mask_plan
 from runtime.compact_llama import CompactLlama, Segment, compact_blocker, prefill_mask
+from runtime.config import ForwardPath, WeightsDtype
 from runtime.exceptions import ModelLoadError, one_line
 from runtime.fp32_products import ProductChoice, choose_products
 from runtime.kernels import QUANT_HEAD_FORMAT, dequantize_weight, native_kernels, quantize_weight
@@ -40,22 +41,6 @@ __all__ = [
     "weights_fingerprint",
 ]
 
-ForwardPath: TypeAlias = Literal["auto", "compact", "transformers"]
-"""``compact``: ``runtime.compact_llama`` (Llama family); ``transformers``: the model's own
-forward (every architecture, the reference); ``auto``: compact where supported."""
-
-WeightsDtype: TypeAlias = Literal["float32", "bfloat16", "float32-packed", "q8_0", "q4_1"]
-"""How a float32 model holds its weights: ``float32`` as loaded (the reference);
-``bfloat16``: every linear layer's weight (the LM head and a tied embedding included) rounded to
-bfloat16, nearest even, while activations, the KV cache and all arithmetic stay float32 (see
-``round_weights_bf16``); ``float32-packed``: as loaded, plus a packed fp32 copy of every linear
-weight for the small products of decode steps (the compact forward with the native kernels:
-as many bytes again as those weights; the same answers within float32 rounding); ``q8_0`` /
-``q4_1``: every linear weight rounded to GGUF's Q8_0 / Q4_1 blocks (the LM head and a tied
-embedding to ``QUANT_HEAD_FORMAT``'s, Q8_0; see ``round_weights_quantized``), and on the compact
-forward with vectorized native kernels the blocks themselves kept for decode-step products
-(``linear_quantized``: 8.5 / 5 bits a weight). A quantized model is another model: its answers
-are those of the rounded weights, labelled so (``/v1/models``, usage)."""
 _WEIGHTS: tuple[WeightsDtype, ...] = get_args(WeightsDtype)
 
 logger = logging.getLogger(__name__)

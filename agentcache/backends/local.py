@@ -30,6 +30,7 @@ from agentcache.exceptions import BackendError, BackendUnavailableError, ConfigE
 from agentcache.usage import Usage
 
 if TYPE_CHECKING:
+    from runtime.config import EngineConfig
     from runtime.engine import Engine
     from runtime.outputs import Completion
 
@@ -44,7 +45,9 @@ __all__ = [
 ]
 
 _HINT = "install the local runtime: pip install 'agentcache[local]'"
-_WEIGHTS = ("float32", "bfloat16", "float32-packed", "q8_0", "q4_1")
+_KEYWORD_DEFAULTS: dict[str, Any] = {"prefix_cache": True, "dtype": "float32",
+                                     "weights": "float32", "device": "cpu"}  # fmt: skip
+"""LocalBackend's engine keywords whose defaults are not None (all others default to None)."""
 """``runtime.model_runner.WeightsDtype``'s values, checked before torch is imported (a test keeps
 the two equal)."""
 CHATML_STOPS: tuple[str, ...] = ("<|im_start|>", "<tool_response>", "</tool_response>")
@@ -178,6 +181,27 @@ def _import_runtime() -> ModuleType:
         ) from exc
 
 
+def _engine_config(config: EngineConfig | None, options: dict[str, Any]) -> EngineConfig:
+    """``config``, or the ``EngineConfig`` of LocalBackend's engine keywords (None: unset).
+
+    Raises:
+        ConfigError: ``EngineConfig`` refuses a value, or ``config`` comes with keywords.
+    """
+    from runtime.config import EngineConfig  # NOTE: plain data, no torch
+
+    given = {k: v for k, v in options.items() if v is not None}
+    if config is not None:
+        extra = sorted(k for k, v in given.items() if _KEYWORD_DEFAULTS.get(k, ...) != v)
+        if extra:
+            raise ConfigError(f"give engine options either in config or as keywords, not both: "
+                              f"{extra} set beside config")  # fmt: skip
+        return config
+    try:
+        return EngineConfig(**given)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 class LocalBackend(BaseBackend):
     """Runs prompts on ``runtime.Engine`` in this process, with token-id carry-over.
 
@@ -202,7 +226,8 @@ class LocalBackend(BaseBackend):
         recompute_fraction: float = 0.15,
         kv_disk_dir: str | None = None,
         kv_disk_bytes: int | None = None,
-        kv_disk_policy: Literal["write-through", "evict"] = "write-through",
+        kv_disk_policy: Literal["write-through", "evict"] | None = None,
+        config: EngineConfig | None = None,
     ) -> None:
         """Load the model (or use ``engine``).
 
@@ -230,17 +255,21 @@ class LocalBackend(BaseBackend):
             kv_disk_dir: A disk tier below the KV pool (``serve --kv-disk-dir``): cached blocks
                 are written there and survive restarts; ``None`` (default): none.
             kv_disk_bytes: Its byte budget (engine default, 8 GiB, when ``None``).
-            kv_disk_policy: ``"write-through"`` (default: each new cached block is queued for
-                disk at once, and ``close`` writes back what memory holds, so the next start is
-                warm) or ``"evict"`` (only blocks evicted from memory reach disk).
+            kv_disk_policy: ``"write-through"`` (None, the default: each new cached block is
+                queued for disk at once, and ``close`` writes back what memory holds, so the next
+                start is warm) or ``"evict"`` (only blocks evicted from memory reach disk).
+            config: Every engine option at once (``runtime.config.EngineConfig``: also the
+                eviction policy and the scheduler limits); the engine keywords above (from
+                ``kv_cache_bytes`` to ``kv_disk_policy``, ``chunk_reuse`` aside) are then left
+                unset.
 
         Raises:
-            ConfigError: ``cache_salt`` is an empty string, ``weights`` is not one of the five
-                or not float32 ``dtype``'s, ``chunk_reuse`` /
-                ``recompute_fraction`` is out of range, or the model cannot reuse chunks in that
-                mode (no composable RoPE, sliding windows; blend: no compact forward), or
-                ``kv_disk_policy`` is neither policy or ``kv_disk_bytes`` comes without
-                ``kv_disk_dir``.
+            ConfigError: ``cache_salt`` is an empty string, an engine option is refused by
+                ``EngineConfig`` (``weights`` not one of the five or not float32 ``dtype``'s,
+                ``kv_disk_policy`` neither policy, ``kv_disk_bytes`` without ``kv_disk_dir``),
+                ``config`` comes with engine keywords, ``chunk_reuse`` / ``recompute_fraction``
+                is out of range, or the model cannot reuse chunks in that mode (no composable
+                RoPE, sliding windows; blend: no compact forward).
             BackendUnavailableError: torch/transformers are missing or the model cannot load;
                 a name that is neither bundled, a folder nor a hub id ``owner/name`` is refused
                 at once, before torch loads or the hub is asked, with ``agentcache serve``'s
@@ -250,18 +279,12 @@ class LocalBackend(BaseBackend):
             raise ConfigError(
                 f"cache_salt must be a non-empty str or None (no salt), got {cache_salt!r}"
             )
-        if weights not in _WEIGHTS or (weights != "float32" and dtype != "float32"):
-            raise ConfigError(
-                f"weights must be one of {list(_WEIGHTS)}, and other than float32 only with "
-                f"dtype='float32'; got weights={weights!r}, dtype={dtype!r}"
-            )
-        if kv_disk_policy not in ("write-through", "evict") or (
-            kv_disk_dir is None and kv_disk_bytes is not None
-        ):
-            raise ConfigError(
-                f"kv_disk_policy must be 'write-through' or 'evict' and kv_disk_bytes needs "
-                f"kv_disk_dir; got {kv_disk_policy!r}, kv_disk_bytes={kv_disk_bytes!r}"
-            )
+        options: dict[str, Any] = {"prefix_cache": prefix_cache, "dtype": dtype,
+                                   "weights": weights, "device": device,
+                                   "kv_cache_bytes": kv_cache_bytes, "kv_disk_dir": kv_disk_dir,
+                                   "kv_disk_bytes": kv_disk_bytes,
+                                   "kv_disk_policy": kv_disk_policy}  # fmt: skip
+        engine_config = _engine_config(config, options)
         if chunk_reuse not in (None, "exact", "blend") or not 0.0 <= recompute_fraction <= 1.0:
             raise ConfigError(
                 f"chunk_reuse must be None, 'exact' or 'blend' and recompute_fraction in [0, 1], "
@@ -282,18 +305,11 @@ class LocalBackend(BaseBackend):
         self._model = model
         owns_engine = engine is None
         if engine is None:
-            options: dict[str, Any] = {"prefix_cache": prefix_cache, "dtype": dtype,
-                                       "weights": weights}  # fmt: skip
-            options["device"] = device
-            if kv_cache_bytes is not None:
-                options["kv_cache_bytes"] = kv_cache_bytes
-            if kv_disk_dir is not None:
-                options.update(kv_disk_dir=kv_disk_dir, kv_disk_policy=kv_disk_policy)
-                if kv_disk_bytes is not None:
-                    options["kv_disk_bytes"] = kv_disk_bytes
             try:
                 with _quiet_loading():
-                    engine = runtime.Engine.from_pretrained(runtime.resolve_model(model), **options)
+                    engine = runtime.Engine.from_pretrained(
+                        runtime.resolve_model(model), engine_config
+                    )
             except (runtime.RuntimeEngineError, OSError, ValueError) as exc:
                 raise BackendUnavailableError(f"cannot load local model {model!r}: {exc}") from exc
         self.engine: Engine = engine

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.exceptions import ModelLoadError, one_line
 from runtime.model_names import check_model_name
+from runtime.serve.flags import engine_config
 
 if TYPE_CHECKING:
     from uvicorn import Server
@@ -215,21 +216,12 @@ def _serve(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         _error(str(exc))
         return 2
-    weights = getattr(args, "weights", None)
-    if weights not in (None, "float32") and getattr(args, "dtype", None) not in (None, "float32"):
-        _error(f"--weights {weights} needs --dtype float32, not {args.dtype}")
+    try:
+        config = engine_config(args)  # NOTE: every engine option checked before torch loads.
+    except ValueError as exc:
+        _error(str(exc))
         return 2
-    disk_dir = getattr(args, "kv_disk_dir", None)
-    disk_options = {
-        "kv_disk_bytes": getattr(args, "kv_disk_bytes", None),
-        "kv_disk_policy": getattr(args, "kv_disk_policy", None),
-        "kv_disk_flush_s": getattr(args, "kv_disk_flush_seconds", None),
-    }
-    for name, value in disk_options.items():
-        if value is not None and disk_dir is None:
-            flag = "--" + name.replace("_", "-").replace("flush-s", "flush-seconds")
-            _error(f"{flag} needs --kv-disk-dir")
-            return 2
+    disk_dir = config.kv_disk_dir
     if disk_dir is not None and (problem := _unusable_dir(disk_dir)) is not None:
         _error(f"--kv-disk-dir: {problem}")
         return 2
@@ -244,22 +236,10 @@ def _serve(args: argparse.Namespace) -> int:
         _error(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; {bind_hint(exc)}")
         return 3
     with sock:
-        kwargs: dict[str, Any] = {"prefix_cache": not args.no_prefix_cache}
-        if args.kv_cache_bytes is not None:
-            kwargs["kv_cache_bytes"] = args.kv_cache_bytes
-        if getattr(args, "dtype", None) is not None:
-            kwargs["dtype"] = args.dtype
-        if weights is not None:
-            kwargs["weights"] = weights
-        if getattr(args, "chunk_cache_bytes", None) is not None:
-            kwargs["chunk_cache_bytes"] = args.chunk_cache_bytes
-        if disk_dir is not None:
-            kwargs["kv_disk_dir"] = disk_dir
-            kwargs.update({k: v for k, v in disk_options.items() if v is not None})
         from runtime.engine import Engine  # NOTE: imports torch (seconds).
 
         try:
-            engine = Engine.from_pretrained(args.model, **kwargs)
+            engine = Engine.from_pretrained(args.model, config)
         except ModelLoadError as exc:  # NOTE: its message names the model and the cause
             _error(one_line(exc))
             return 2

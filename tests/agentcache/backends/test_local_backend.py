@@ -252,11 +252,11 @@ def test_document_spans_are_ordered_disjoint_and_tolerate_merged_edges() -> None
 
 
 def test_every_weights_choice_is_the_runtimes() -> None:
-    """The SDK's, ``serve``'s and the benches' ``--weights`` lists are written out (they are
-    checked before torch loads); each must equal ``WeightsDtype``'s values."""
+    """``serve``'s ``--weights`` (derived from ``EngineConfig``) and the benches' (written out;
+    checked before torch loads) must equal ``WeightsDtype``'s values; the SDK's ``LocalBackend``
+    has ``EngineConfig`` check them."""
     from typing import get_args
 
-    from agentcache.backends import local
     from agentcache.cli import build_parser
     from runtime.bench.load import _parser as load_parser
     from runtime.model_runner import WeightsDtype
@@ -266,7 +266,7 @@ def test_every_weights_choice_is_the_runtimes() -> None:
         return tuple(action.choices)
 
     serve = next(a for a in build_parser()._actions if a.dest == "command").choices["serve"]
-    assert local._WEIGHTS == choices(serve) == choices(load_parser()) == get_args(WeightsDtype)
+    assert choices(serve) == choices(load_parser()) == get_args(WeightsDtype)
 
 
 def test_weights_reach_the_engine_and_bad_ones_are_refused(model_dir: Path) -> None:
@@ -288,7 +288,7 @@ def test_weights_reach_the_engine_and_bad_ones_are_refused(model_dir: Path) -> N
     packed.close()
     plain.close()
     for bad in ({"weights": "float16"}, {"weights": "bfloat16", "dtype": "bfloat16"}):
-        with pytest.raises(ConfigError, match="weights must be one of"):
+        with pytest.raises(ConfigError, match="weights (must be one of|bfloat16 needs dtype)"):
             LocalBackend(str(model_dir), **bad)  # type: ignore[arg-type]
 
 
@@ -335,3 +335,16 @@ def test_a_disk_tier_keeps_the_cache_warm_across_backends(model_dir: Path, tmp_p
 
     with pytest.raises(ConfigError, match="kv_disk_bytes needs"):
         LocalBackend(str(model_dir), kv_disk_bytes=1 << 20)
+
+
+def test_an_engine_config_reaches_the_engine_and_excludes_the_keywords(model_dir: Path) -> None:
+    from agentcache.exceptions import ConfigError
+    from runtime.config import EngineConfig
+    from runtime.scheduler.config import SchedulerConfig
+
+    config = EngineConfig(eviction="lru", scheduler=SchedulerConfig(max_batch_size=2))
+    backend = LocalBackend(str(model_dir), config=config)
+    assert backend.engine.config == config and backend.engine.prefix_cache.radix.policy == "lru"
+    backend.close()
+    with pytest.raises(ConfigError, match=r"not both: \['kv_cache_bytes'\]"):
+        LocalBackend(str(model_dir), config=config, kv_cache_bytes=1 << 20)

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from agentcache.cli import build_parser
+from runtime.config import EngineConfig
 from runtime.engine import Engine
 from runtime.serve import cli as server
 from tests.cli_process import ROOT
@@ -96,16 +97,16 @@ def test_a_model_name_typo_is_one_line_before_torch_or_the_port(
 def test_kv_disk_and_budget_flags_reach_the_engine(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """--kv-disk-*, --kv-cache-bytes, --chunk-cache-bytes, --dtype and --weights become the
-    engine's options (and the dtype stays the engine's float32 default when not given);
-    --weights bfloat16 with a 16-bit --dtype is refused before the model loads."""
+    """--kv-disk-*, --kv-cache-bytes, --chunk-cache-bytes, --dtype, --weights, --eviction and
+    the scheduler limits become the engine's ``EngineConfig`` (the dataclass's defaults when not
+    given); --weights bfloat16 with a 16-bit --dtype is refused before the model loads."""
     from agentcache.cli import build_parser
     from runtime.exceptions import ModelLoadError
 
-    seen: dict[str, object] = {}
+    seen: list[EngineConfig] = []
 
-    def record(model: str, **kwargs: object) -> Engine:
-        seen.update(kwargs)
+    def record(model: str, config: EngineConfig) -> Engine:
+        seen.append(config)
         raise ModelLoadError("stop before serving")
 
     monkeypatch.setattr(Engine, "from_pretrained", record)
@@ -115,15 +116,18 @@ def test_kv_disk_and_budget_flags_reach_the_engine(
     argv = ["serve", "--port", port, "--kv-disk-dir", str(tmp_path), "--kv-disk-bytes", "4096",
             "--kv-cache-bytes", "1234567", "--chunk-cache-bytes", "7654321",
             "--dtype", "bfloat16", "--kv-disk-policy", "evict",
-            "--kv-disk-flush-seconds", "2.5"]  # fmt: skip
+            "--kv-disk-flush-seconds", "2.5", "--eviction", "lru",
+            "--max-batch-size", "3", "--prefill-chunk-tokens", "64"]  # fmt: skip
     assert server.run_cli(build_parser().parse_args(argv)) == 2
-    assert seen["kv_disk_dir"] == str(tmp_path) and seen["kv_disk_bytes"] == 4096
-    assert seen["kv_disk_policy"] == "evict" and seen["kv_disk_flush_s"] == 2.5
-    assert (seen["kv_cache_bytes"], seen["chunk_cache_bytes"]) == (1234567, 7654321)
-    assert seen["dtype"] == "bfloat16"
+    [config] = seen
+    assert config.kv_disk_dir == str(tmp_path) and config.kv_disk_bytes == 4096
+    assert config.kv_disk_policy == "evict" and config.kv_disk_flush_s == 2.5
+    assert (config.kv_cache_bytes, config.chunk_cache_bytes) == (1234567, 7654321)
+    assert config.dtype == "bfloat16" and config.eviction == "lru"
+    assert (config.scheduler.max_batch_size, config.scheduler.prefill_chunk_tokens) == (3, 64)
     seen.clear()
     assert server.run_cli(build_parser().parse_args(["serve", "--port", port])) == 2
-    assert "dtype" not in seen and "kv_cache_bytes" not in seen
+    assert seen == [EngineConfig()]  # NOTE: nothing given: the dataclass's defaults
     lone = build_parser().parse_args(["serve", "--port", port, "--kv-disk-bytes", "4096"])
     assert server.run_cli(lone) == 2
     assert "--kv-disk-bytes needs --kv-disk-dir" in capsys.readouterr().err
@@ -131,14 +135,18 @@ def test_kv_disk_and_budget_flags_reach_the_engine(
     assert server.run_cli(lone) == 2
     assert "--kv-disk-policy needs --kv-disk-dir" in capsys.readouterr().err
     for weights in ("bfloat16", "float32-packed"):
+        seen.clear()
         assert server.run_cli(build_parser().parse_args(["serve", "--port", port, "--weights",
                                                          weights])) == 2  # fmt: skip
-        assert seen["weights"] == weights and "dtype" not in seen
+        assert seen[0].weights == weights and seen[0].dtype == "float32"
         seen.clear()
         both = ["serve", "--port", port, "--weights", weights, "--dtype", "float16"]
         assert server.run_cli(build_parser().parse_args(both)) == 2
         assert not seen  # NOTE: refused before the model loads
         assert f"--weights {weights} needs --dtype float32, not float16" in capsys.readouterr().err
+    bad = ["serve", "--port", port, "--max-wait-s", "0"]
+    assert server.run_cli(build_parser().parse_args(bad)) == 2
+    assert "max_wait_s must be > 0" in capsys.readouterr().err and not seen
 
 
 def test_api_keys_from_repeated_flags_and_files(tmp_path: Path) -> None:
