@@ -40,7 +40,7 @@ class ChunkPrefill:
         """The chunk store the jobs read and fill."""
         return self.assembler.store
 
-    def step(self, req: Request, max_tokens: int) -> tuple[int, torch.Tensor | None]:
+    def run(self, req: Request, max_tokens: int) -> tuple[int, torch.Tensor | None]:
         """The next step of ``req``'s assembly (``runtime.chunks``): phase 1 computes missed
         chunks alone (at most ``max_tokens``), phase 2 places every chunk in ``req``'s row, runs
         the rest of the prompt and sets ``req.chunk_usage``. It waits for a whole iteration's
