@@ -18,6 +18,7 @@ from functools import cache
 from typing import Any, Literal, TypeAlias, get_args
 
 from runtime.cache.eviction import EVICTION_POLICIES, EvictionPolicy
+from runtime.cache.records import DISK_POLICIES, DiskPolicy
 from runtime.scheduler.config import SchedulerConfig
 
 __all__ = [
@@ -52,10 +53,6 @@ embedding to ``QUANT_HEAD_FORMAT``'s, Q8_0; see ``round_weights_quantized``), an
 forward with vectorized native kernels the blocks themselves kept for decode-step products
 (``linear_quantized``: 8.5 / 5 bits a weight). A quantized model is another model: its answers
 are those of the rounded weights, labelled so (``/v1/models``, usage)."""
-DiskPolicy: TypeAlias = Literal["write-through", "evict"]
-"""When blocks reach the disk tier (``EngineConfig.kv_disk_policy``)."""
-DISK_POLICIES: tuple[str, ...] = get_args(DiskPolicy)
-
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 """Prefix cache budget when none is given: 1 GiB of KV blocks."""
 DEFAULT_CHUNK_CACHE_BYTES = 256 << 20

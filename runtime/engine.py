@@ -31,7 +31,8 @@ from runtime.kv_stores import KVStores
 from runtime.model_runner import ModelRunner, WeightsDtype, load_model
 from runtime.openmp import release_thread_workers
 from runtime.outputs import CacheStats, Completion, StreamDelta
-from runtime.request.builder import Prompt, RequestBuilder
+from runtime.request.builder import RequestBuilder
+from runtime.request.spec import Prompt, RequestSpec
 from runtime.request.state import Request
 from runtime.sampling.grammar import Grammar, GrammarCompiler, GrammarSpec
 from runtime.sampling.params import SamplingParams
@@ -308,10 +309,20 @@ class Engine:
                 choices than the scheduler decodes at once.
             EngineBusyError: the scheduler's queue is full.
         """
-        head = self.make_request(
-            prompt, params, cache_salt=cache_salt, n=n, grammar=grammar, chunk_reuse=chunk_reuse
-        )
-        return self.run_choices(head)
+        spec = RequestSpec(prompt, params or SamplingParams(), n, cache_salt, grammar, chunk_reuse)
+        return self.submit(spec)
+
+    def submit(self, spec: RequestSpec) -> list[RequestStream]:
+        """Generate ``spec.n`` choices of ``spec.prompt`` from one prefill; one stream per choice
+        (``stream_choices``'s record form: what the server sends).
+
+        Raises:
+            InvalidRequestError, PromptTooLongError, ChunkReuseError: what needs the model
+                (the prompt's ids, its length, chunk reuse here); ``spec``'s own fields were
+                checked when it was built.
+            EngineBusyError: the scheduler's queue is full.
+        """
+        return self.run_choices(self.request_builder.build(spec))
 
     def compile_grammar(self, spec: GrammarSpec) -> Grammar:
         """Compile (or fetch from the cache) the grammar of a constrained request.

@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from runtime.cache.chunk_store import ChunkStoreStats
-from runtime.cache.disk_tier import DiskTierStats
+from runtime.cache.records import ChunkStoreStats, DiskTierStats
 
 __all__ = [
     "CacheStats",

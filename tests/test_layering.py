@@ -86,3 +86,15 @@ def test_runtime_package_import_loads_no_server_stack_or_torch() -> None:
     loaded = _loaded_after("import runtime, runtime.request, runtime.sampling, runtime.scheduler")
     for name in ("fastapi", "uvicorn", "starlette", "runtime.serve", "torch", "transformers"):
         assert not {m for m in loaded if m == name or m.startswith(name + ".")}, name
+
+
+def test_the_serve_engine_contract_loads_no_torch() -> None:
+    # NOTE: the records serve builds and reads: the request, its chunk spans, params, outputs,
+    # the engine's config and the scheduler's stats; none carries a torch type.
+    code = (
+        "import sys\nsys.modules['torch'] = None\n"
+        "import runtime.request.spec, runtime.chunks.spans, runtime.outputs, runtime.config\n"
+        "import runtime.serve.flags, runtime.scheduler.config, runtime.sampling.params"
+    )
+    loaded = _loaded_after(code)
+    assert "runtime.engine" not in loaded and "runtime.model_runner" not in loaded

@@ -27,6 +27,7 @@ from runtime.cache.disk_tier import DiskTier
 from runtime.cache.eviction import EvictionHeap, EvictionPolicy
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.radix_cache import BlockHash, Namespace
+from runtime.cache.records import ChunkStoreStats
 
 __all__ = ["ChunkKey", "ChunkStore", "ChunkStoreStats", "chunk_key"]
 
@@ -44,30 +45,6 @@ def chunk_key(namespace: Namespace, tokens: Sequence[int]) -> ChunkKey:
     assert ids.itemsize == 8, "chunk keys need 8-byte int64 arrays"
     digest = hashlib.sha256(_KEY_VERSION + namespace.encode() + b"\0" + ids.tobytes())
     return ChunkKey(digest.digest())
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkStoreStats:
-    """The chunk store's counters since the engine started, occupancy now (``CacheStats``).
-
-    Lookups count chunks (one per distinct document chunk of a request), not tokens; the tokens
-    a request reused are in its ``Usage.chunk_reuse``.
-    """
-
-    num_entries: int
-    """Chunks stored now."""
-    bytes_used: int
-    """Bytes of the blocks holding stored chunks."""
-    bytes_total: int
-    """The store's byte budget as allocated (whole blocks)."""
-    num_hits: int
-    """Chunk lookups served from the store."""
-    num_misses: int
-    """Chunk lookups not in the store (computed alone, then stored when it fits)."""
-    num_evictions: int
-    """Chunks evicted to make room."""
-    num_disk_hits: int = 0
-    """Of ``num_hits``, chunks loaded back from the disk tier (a miss in memory)."""
 
 
 class _Root:

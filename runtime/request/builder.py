@@ -21,6 +21,7 @@ from runtime.chunks.spans import ChunkReuse
 from runtime.exceptions import ChunkReuseError, InvalidRequestError, PromptTooLongError
 from runtime.model_runner import ModelRunner
 from runtime.request.detokenizer import Detokenizer
+from runtime.request.spec import Prompt, RequestSpec
 from runtime.request.state import Request
 from runtime.sampling.grammar import Grammar
 from runtime.sampling.params import SEED_MAX, SEED_MIN, SamplingParams
@@ -28,7 +29,6 @@ from runtime.sampling.sampler import LogitsProcessor
 
 __all__ = ["Prompt", "RequestBuilder", "choice_seed"]
 
-Prompt = str | Sequence[int] | list[dict[str, Any]]
 """Text (tokenized as is), token ids, or chat messages (rendered with the chat template)."""
 
 
@@ -126,18 +126,38 @@ class RequestBuilder:
             PromptTooLongError: the prompt leaves no room in the context.
             ChunkReuseError: bad chunk spans, or chunk reuse unavailable for this model/mode.
         """
-        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-            raise InvalidRequestError(
-                f"cache_salt must be a non-empty str or None (no salt), got {cache_salt!r}"
-            )
-        params = params or SamplingParams()
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise InvalidRequestError(f"n must be an int >= 1, got {n!r}")
+        spec = RequestSpec(prompt, params or SamplingParams(), n, cache_salt, grammar, chunk_reuse)
+        return self.build(
+            spec,
+            use_prefix_cache=use_prefix_cache,
+            record_logits=record_logits,
+            logits_processors=logits_processors,
+        )
+
+    def build(
+        self,
+        spec: RequestSpec,
+        *,
+        use_prefix_cache: bool = True,
+        record_logits: bool = False,
+        logits_processors: Sequence[LogitsProcessor] = (),
+    ) -> Request:
+        """A waiting Request for ``spec`` (its ``n`` choices as ``forks``), checking only what
+        needs the model: the prompt (tokenized or rendered; caller-given ids against the
+        vocabulary), the context length and chunk reuse on this model. ``spec``'s own fields
+        were checked when it was built (``RequestSpec``).
+
+        Raises:
+            InvalidRequestError, PromptTooLongError, ChunkReuseError: as ``make_request``.
+        """
+        prompt, params, n, grammar, chunk_reuse = (
+            spec.prompt, spec.params, spec.n, spec.grammar, spec.chunk_reuse
+        )  # fmt: skip
         ids = self._prompt_ids(prompt)
         self._check(ids, params)
         if chunk_reuse is not None:
             self._check_chunks(chunk_reuse, ids, params)
-        namespace = self.namespace(cache_salt)
+        namespace = self.namespace(spec.cache_salt)
         choices = [
             Request(
                 prompt_ids=ids,

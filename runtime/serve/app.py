@@ -237,17 +237,8 @@ class _Server:
         """
         streams: list[Iterator[StreamDelta]] = []
         try:
-            for prompt in plan.prompts:
-                streams.extend(
-                    self.engine.stream_choices(
-                        prompt,
-                        plan.params,
-                        n=plan.n,
-                        cache_salt=plan.cache_salt,
-                        grammar=plan.grammar,
-                        chunk_reuse=plan.chunk_reuse,
-                    )
-                )
+            for spec in plan.engine_requests():
+                streams.extend(self.engine.submit(spec))
         except BaseException:
             for stream in streams:
                 close = getattr(stream, "close", None)

@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-from runtime.chunks.spans import ChunkReuse
 from runtime.outputs import CacheStats, StreamDelta
+from runtime.request.spec import RequestSpec
 from runtime.sampling.grammar import Grammar, GrammarSpec
-from runtime.sampling.params import SamplingParams
 from runtime.scheduler.config import SchedulerStats
 
 __all__ = ["ServingEngine"]
@@ -43,16 +42,9 @@ class ServingEngine(Protocol):
 
     def tokenize(self, text: str) -> list[int]: ...
 
-    def stream_choices(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        *,
-        n: int = 1,
-        cache_salt: str | None = None,
-        grammar: Grammar | None = None,
-        chunk_reuse: ChunkReuse | None = None,
-    ) -> Sequence[Iterator[StreamDelta]]: ...
+    def submit(self, spec: RequestSpec) -> Sequence[Iterator[StreamDelta]]:
+        """One stream per choice of ``spec`` (the engine checks only what needs the model)."""
+        ...
 
     def compile_grammar(self, spec: GrammarSpec) -> Grammar: ...
 

@@ -19,6 +19,7 @@ from jinja2 import TemplateError
 
 from runtime.chunks.spans import DEFAULT_RECOMPUTE_FRACTION, ChunkReuse
 from runtime.exceptions import ChunkReuseError, InvalidRequestError
+from runtime.request.spec import RequestSpec
 from runtime.sampling.grammar import Grammar
 from runtime.sampling.params import SamplingParams
 from runtime.serve.api_error import ApiError
@@ -65,6 +66,18 @@ class RequestPlan:
     """The compiled constraint every choice decodes under (``response_format``, tools)."""
     chunk_reuse: ChunkReuse | None = None
     """The prompt's document spans whose KV comes from the chunk store (one prompt only)."""
+
+    def engine_requests(self) -> list[RequestSpec]:
+        """The engine's record of each prompt (``ServingEngine.submit``), prompt-major.
+
+        Raises:
+            InvalidRequestError: never for a plan built here (its fields were validated with
+                the HTTP body); ``RequestSpec`` states the rule.
+        """
+        return [
+            RequestSpec(ids, self.params, self.n, self.cache_salt, self.grammar, self.chunk_reuse)
+            for ids in self.prompts
+        ]
 
 
 def _new_plan(

@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import get_args
 
 import pytest
 
-from runtime.config import DiskPolicy, EngineConfig, field_docs, validate
+from runtime.config import EngineConfig, field_docs, validate
 from runtime.scheduler.config import SchedulerConfig
 from runtime.serve.flags import add_engine_flags, engine_config, flag_of
 
@@ -81,13 +80,6 @@ def test_flags_reach_the_config_and_scheduler_limits() -> None:
     assert (config.scheduler.max_batch_size, config.scheduler.prefill_chunk_tokens) == (2, 32)
     with pytest.raises(ValueError, match="--kv-disk-bytes needs --kv-disk-dir"):
         engine_config(_parse("--kv-disk-bytes", "5"))
-
-
-def test_disk_policy_names_match_the_disk_tier() -> None:
-    pytest.importorskip("torch")
-    from runtime.cache import disk_tier
-
-    assert get_args(DiskPolicy) == get_args(disk_tier.DiskPolicy)
 
 
 def test_the_eviction_policy_reaches_both_caches(tmp_path: Path) -> None:

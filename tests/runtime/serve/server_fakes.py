@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from runtime.chunks.spans import ChunkReuse
 from runtime.exceptions import EngineBusyError, InvalidRequestError, PromptTooLongError
 from runtime.outputs import CacheStats, Completion, FinishReason, Metrics, StreamDelta, Usage
+from runtime.request.spec import RequestSpec
 from runtime.sampling.grammar import Grammar, GrammarSpec
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler.config import SchedulerStats
@@ -126,19 +126,11 @@ class ScriptedEngine:
         self.params.append(params)
         return self._run(ids, params, cache_salt)
 
-    def stream_choices(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        *,
-        n: int = 1,
-        cache_salt: str | None = None,
-        grammar: Grammar | None = None,
-        chunk_reuse: ChunkReuse | None = None,
-    ) -> list[Iterator[StreamDelta]]:
+    def submit(self, spec: RequestSpec) -> list[Iterator[StreamDelta]]:
         """``n`` scripted streams of one prompt (a grammar is recorded; the script ignores it)."""
-        self.grammars.append(grammar)
-        return [self.stream(prompt, params, cache_salt=cache_salt) for _ in range(n)]
+        self.grammars.append(spec.grammar)
+        prompt = spec.prompt if isinstance(spec.prompt, str) else list(spec.prompt)  # type: ignore[arg-type]
+        return [self.stream(prompt, spec.params, cache_salt=spec.cache_salt) for _ in range(spec.n)]
 
     def compile_grammar(self, spec: GrammarSpec) -> Grammar:
         """A placeholder holding ``spec`` (never matched: the fake does not decode)."""
