@@ -22,7 +22,6 @@ import hashlib
 import heapq
 import os
 import queue
-import struct
 import threading
 import time
 from collections import OrderedDict
@@ -32,6 +31,13 @@ from pathlib import Path
 
 import torch
 
+from runtime.cache.disk_files import (
+    DISK_HEADER_BYTES,
+    block_file_name,
+    decode_block,
+    encode_block,
+    list_block_files,
+)
 from runtime.cache.radix_cache import BlockHash
 from runtime.cache.records import DISK_POLICIES, DiskPolicy, DiskStats, DiskTierStats
 
@@ -43,12 +49,6 @@ __all__ = [
     "DiskTier",
     "DiskTierStats",
 ]
-
-_MAGIC = b"ACKVBLK1"
-_HEADER = struct.Struct("<8s32sQ32s")  # magic, key, payload bytes, sha256(payload)
-_SUFFIX = ".kvb"
-DISK_HEADER_BYTES = _HEADER.size
-"""Bytes each block file adds to its payload (size a budget as blocks * (block_bytes + this))."""
 
 
 @dataclass(slots=True)
@@ -323,7 +323,8 @@ class DiskTier:
         with self._lock:
             assert self.stats.bytes_used == sum(f.size for f in self._index.values()), "bytes"
             assert self.stats.bytes_used <= self.budget_bytes, "over the disk budget"
-            on_disk = {key: (p.stat().st_size, g, d) for p, key, g, d in self._files()}
+            files = list_block_files(self.path)
+            on_disk = {key: (p.stat().st_size, g, d) for p, key, g, d in files}
             indexed = {k: (f.size, f.group, f.depth) for k, f in self._index.items()}
             assert on_disk == indexed, "index and directory disagree"
             live = {
@@ -336,21 +337,7 @@ class DiskTier:
     # --- internals -------------------------------------------------------------------------
 
     def _file(self, key: str, f: _File) -> Path:
-        return self.path / f"{f.group}_{f.depth}_{key}{_SUFFIX}"
-
-    def _files(self) -> list[tuple[Path, str, str, int]]:
-        """``(path, key, group, depth)`` of every block file: ``<group>_<depth>_<key>.kvb``
-        (group "" or 16 hex digits), or ``<key>.kvb`` as written before groups (depth 0)."""
-        out = []
-        for p in self.path.iterdir():
-            parts = p.stem.split("_")
-            if p.suffix != _SUFFIX or len(parts[-1]) != 64:
-                continue
-            if len(parts) == 1:
-                out.append((p, parts[0], "", 0))
-            elif len(parts) == 3 and len(parts[0]) in (0, 16) and parts[1].isdigit():
-                out.append((p, parts[2], parts[0], int(parts[1])))
-        return out
+        return self.path / block_file_name(key, f.group, f.depth)
 
     def _scan(self) -> None:
         """Index existing block files (oldest first); delete temp files of interrupted writes."""
@@ -358,7 +345,7 @@ class DiskTier:
             tmp.unlink(missing_ok=True)
         found = sorted(
             (p.stat().st_mtime_ns, key, group, depth, p.stat().st_size)
-            for p, key, group, depth in self._files()
+            for p, key, group, depth in list_block_files(self.path)
         )
         with self._lock:
             for _, key, group, depth, size in found:
@@ -401,10 +388,7 @@ class DiskTier:
         if pending is None:
             return
         block, group, depth = pending
-        payload = block.contiguous().view(torch.uint8).numpy().tobytes()
-        header = _HEADER.pack(
-            _MAGIC, bytes.fromhex(key), len(payload), hashlib.sha256(payload).digest()
-        )
+        header, payload = encode_block(key, block)
         tmp = self.path / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
             with open(tmp, "wb") as f:
@@ -462,7 +446,7 @@ class DiskTier:
             with self._lock:
                 self._forget_locked(key)
             return None
-        block = self._decode(key, data)
+        block = decode_block(key, data, self.block_shape, self.dtype)
         if block is None:
             with self._lock:
                 # NOTE: the prefetch reader and a match can read one bad file at once; the one
@@ -471,19 +455,6 @@ class DiskTier:
                     self.stats.num_corrupt += 1
                     self._remove_locked(key)
         return block
-
-    def _decode(self, key: str, data: bytes) -> torch.Tensor | None:
-        if len(data) < _HEADER.size:
-            return None
-        magic, stored_key, size, digest = _HEADER.unpack_from(data)
-        payload = memoryview(data)[_HEADER.size :]
-        expected = _numel(self.block_shape) * torch.empty((), dtype=self.dtype).element_size()
-        if magic != _MAGIC or stored_key != bytes.fromhex(key) or size != len(payload):
-            return None
-        if size != expected or hashlib.sha256(payload).digest() != digest:
-            return None
-        flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        return flat.view(self.dtype).view(self.block_shape)
 
     def _rank_locked(self, key: str) -> None:
         """Give an indexed file a fresh heap entry (after a use or a residency change)."""
@@ -517,10 +488,3 @@ class DiskTier:
         if entry is not None:
             self.stats.bytes_used -= entry.size
         self._staged.pop(key, None)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for dim in shape:
-        n *= dim
-    return n
