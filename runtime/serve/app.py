@@ -10,9 +10,7 @@ one place that admits or refuses a request (``EngineBusyError``), which the app 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import re
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
@@ -21,7 +19,6 @@ import anyio
 from anyio.to_thread import run_sync
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.types import Receive, Scope, Send
@@ -35,12 +32,20 @@ from runtime.exceptions import (
 )
 from runtime.outputs import Completion, StreamDelta
 from runtime.serve.api_error import ApiError, error_body
-from runtime.serve.auth import KeyRing
+from runtime.serve.auth import KeyRing, tenant_salt
+from runtime.serve.body_checks import (
+    MAX_JSON_DEPTH,
+    SURROGATE_ESCAPE,
+    json_depth,
+    refuse_lone_surrogates,
+    too_deep,
+)
 from runtime.serve.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyTooLargeError, read_body
 from runtime.serve.engine_call import EngineCall
 from runtime.serve.engine_protocol import ServingEngine
 from runtime.serve.failsafe import ErrorShield
 from runtime.serve.metrics import CONTENT_TYPE, Outcome, ServerMetrics
+from runtime.serve.openapi import body_schema, openapi_schema
 from runtime.serve.protocol import (
     CacheResetRequest,
     ChatCompletionRequest,
@@ -59,28 +64,6 @@ __all__ = [
     "create_app",
     "tenant_salt",
 ]
-
-_SALT_DOMAIN = b"agentcache.runtime.tenant.v1"
-
-MAX_JSON_DEPTH = 100
-"""Deepest nesting of arrays/objects accepted in a body (deeper: 400, before any validation)."""
-
-
-def tenant_salt(api_key: str | None, cache_salt: str | None) -> str | None:
-    """The engine's ``cache_salt`` for a request: a hash of the caller's key and its salt.
-
-    The key and the client's ``cache_salt`` are framed (length-prefixed) and hashed together
-    with SHA-256, so the same ``cache_salt`` sent with two keys gives two namespaces, and no key
-    can name another key's namespace. Returns None (the shared namespace) when both are None.
-    """
-    if api_key is None and cache_salt is None:
-        return None
-    digest = hashlib.sha256(_SALT_DOMAIN)
-    for part in (api_key, cache_salt):
-        raw = b"\xff" if part is None else b"\x00" + part.encode()
-        digest.update(len(raw).to_bytes(8, "big") + raw)
-    return digest.hexdigest()
-
 
 WEIGHTS_HEADER = "X-Agentcache-Weights"
 """Response header of completions: the engine's ``weights`` (``"float32"``, ``"q4_1"``, ...)."""
@@ -164,15 +147,15 @@ class _Server:
         try:
             body = json.loads(raw)
         except RecursionError as exc:
-            raise _too_deep() from exc
+            raise too_deep() from exc
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(
                 400, f"request body is not valid JSON: {exc}", code="invalid_json"
             ) from exc
-        if _json_depth(body) > MAX_JSON_DEPTH:
-            raise _too_deep()
-        if _SURROGATE_ESCAPE.search(raw):
-            _refuse_lone_surrogates(body)
+        if json_depth(body) > MAX_JSON_DEPTH:
+            raise too_deep()
+        if SURROGATE_ESCAPE.search(raw):
+            refuse_lone_surrogates(body)
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object", code="invalid_json")
         try:
@@ -277,71 +260,6 @@ class _Server:
         self.metrics.observe_request(choices, outcome)
 
 
-def _too_deep() -> ApiError:
-    return ApiError(
-        400,
-        f"request body is nested deeper than {MAX_JSON_DEPTH} levels of arrays/objects",
-        code="invalid_json",
-    )
-
-
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-"""A JSON ``\\uD800``-``\\uDFFF`` escape: the only way a lone surrogate gets into a body (a
-UTF-8 byte sequence cannot encode one), so bodies without it skip the walk below."""
-
-
-def _refuse_lone_surrogates(body: Any) -> None:
-    """400 naming a string (key or value) that holds a lone UTF-16 surrogate.
-
-    NOTE: ``json.loads`` keeps an unpaired ``\\ud800`` escape as a lone surrogate, which is not
-    Unicode text: the tokenizer then fails (a 500 on ``/v1/completions`` and ``/tokenize``, a
-    ``TextEncodeInput`` message on chat). A valid pair (an emoji) is joined and passes.
-
-    Raises:
-        ApiError: 400 with ``param`` the string's path (``messages[0].content``).
-    """
-    stack: list[tuple[str, Any]] = [("", body)]
-    while stack:
-        path, item = stack.pop()
-        if isinstance(item, str) and not _is_unicode(item):
-            raise ApiError(
-                400,
-                f"{path}: text has a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
-                "which is not valid Unicode; send the pair or drop it",
-                param=path,
-                code="invalid_value",
-            )
-        if isinstance(item, dict):
-            for key, value in item.items():
-                stack.append((f"{path}.{key}" if path else key, value))
-                stack.append((path or "body", key))
-        elif isinstance(item, list):
-            stack.extend((f"{path}[{i}]", value) for i, value in enumerate(item))
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _json_depth(value: Any) -> int:
-    """Nesting depth of a parsed JSON value (a scalar is 0, ``[]`` is 1), without recursion."""
-    depth, level = 0, [value]
-    while True:
-        containers = [item for item in level if isinstance(item, (dict, list))]
-        if not containers:
-            return depth
-        depth += 1
-        level = [
-            child
-            for item in containers
-            for child in (item.values() if isinstance(item, dict) else item)
-        ]
-
-
 class _Disconnected(Exception):
     """The client went away before the response started."""
 
@@ -416,7 +334,7 @@ def create_app(
     app = FastAPI(
         title="agentcache runtime", version="1", docs_url=None, redoc_url=None, openapi_url=None
     )
-    app.openapi = partial(_openapi, app)  # type: ignore[method-assign]
+    app.openapi = partial(openapi_schema, app)  # type: ignore[method-assign]
     app.state.server = server
     _add_error_handlers(app, server)
     _add_generation_routes(app, server, default_max_tokens=default_max_tokens)
@@ -456,7 +374,7 @@ def _add_error_handlers(app: FastAPI, server: _Server) -> None:
 def _add_generation_routes(app: FastAPI, server: _Server, *, default_max_tokens: int) -> None:
     engine = server.engine
 
-    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
+    @app.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         key = server.keys.check_api(request)
         req = await server.parse(request, ChatCompletionRequest)
@@ -464,7 +382,7 @@ def _add_generation_routes(app: FastAPI, server: _Server, *, default_max_tokens:
         plan = await chat_plan(engine, req, salt, default_max_tokens=default_max_tokens)
         return await server.serve(request, plan)
 
-    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+    @app.post("/v1/completions", openapi_extra=body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
         key = server.keys.check_api(request)
         req = await server.parse(request, CompletionRequest)
@@ -488,13 +406,13 @@ def _add_utility_routes(app: FastAPI, server: _Server) -> None:
             raise _unknown_model(model_id, engine.model_id)
         return JSONResponse(_model_card(engine))
 
-    @app.post("/tokenize", openapi_extra=_body_schema(TokenizeRequest))
+    @app.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))
     async def tokenize(request: Request) -> Response:
         server.keys.check_api(request)
         req = await server.parse(request, TokenizeRequest)
         return JSONResponse(await run_sync(tokenize_body, engine, req))
 
-    @app.post("/detokenize", openapi_extra=_body_schema(DetokenizeRequest))
+    @app.post("/detokenize", openapi_extra=body_schema(DetokenizeRequest))
     async def detokenize(request: Request) -> Response:
         server.keys.check_api(request)
         req = await server.parse(request, DetokenizeRequest)
@@ -561,23 +479,3 @@ def _unknown_model(name: str, served: str) -> ApiError:
         param="model",
         code="model_not_found",
     )
-
-
-_SCHEMA_DEFS: dict[str, Any] = {}
-"""Models referenced by the request bodies' schemas (filled as routes are declared)."""
-
-
-def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """OpenAPI ``requestBody`` for a route that reads and validates its JSON body itself."""
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    _SCHEMA_DEFS.update(schema.pop("$defs", {}))
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
-def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema plus the request models our bodies refer to (cached on the app)."""
-    if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        schema.setdefault("components", {}).setdefault("schemas", {}).update(_SCHEMA_DEFS)
-        app.openapi_schema = schema
-    return app.openapi_schema

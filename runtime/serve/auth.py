@@ -1,13 +1,14 @@
 """Bearer keys of the server: API keys (each its own tenant), the admin key, who may call what.
 
-Keys are compared in constant time and never appear in error messages or logs (only their
-position in the list or file). It knows request headers and the OpenAI error shape; how a key
-becomes a prefix-cache namespace is ``app.tenant_salt``'s business; reading key files is the
-CLI's (``cli.read_key_file``, which must not import torch as this module does).
+Keys are compared in constant time and never appear in error messages or logs (only their position
+in the list or file). It knows request headers and the OpenAI error shape; how a key becomes a
+prefix-cache namespace is ``tenant_salt`` (a hash of key and salt); reading key files is the CLI's
+(``cli.read_key_file``, which must not import torch as this module does).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Callable, Sequence
 from typing import Literal
@@ -16,7 +17,7 @@ from starlette.requests import Request
 
 from runtime.serve.api_error import ApiError
 
-__all__ = ["KeyRing", "ResetScope"]
+__all__ = ["KeyRing", "ResetScope", "tenant_salt"]
 
 
 def _bearer(request: Request) -> str | None:
@@ -139,3 +140,22 @@ class KeyRing:
         raise ApiError(
             401, "invalid or missing API key", type="authentication_error", code="invalid_api_key"
         )
+
+
+_SALT_DOMAIN = b"agentcache.runtime.tenant.v1"
+
+
+def tenant_salt(api_key: str | None, cache_salt: str | None) -> str | None:
+    """The engine's ``cache_salt`` for a request: a hash of the caller's key and its salt.
+
+    The key and the client's ``cache_salt`` are framed (length-prefixed) and hashed together
+    with SHA-256, so the same ``cache_salt`` sent with two keys gives two namespaces, and no key
+    can name another key's namespace. Returns None (the shared namespace) when both are None.
+    """
+    if api_key is None and cache_salt is None:
+        return None
+    digest = hashlib.sha256(_SALT_DOMAIN)
+    for part in (api_key, cache_salt):
+        raw = b"\xff" if part is None else b"\x00" + part.encode()
+        digest.update(len(raw).to_bytes(8, "big") + raw)
+    return digest.hexdigest()

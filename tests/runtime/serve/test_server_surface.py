@@ -16,7 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 from openai import NotFoundError, OpenAI
 
-from runtime.serve.app import MAX_JSON_DEPTH, create_app
+from runtime.serve.app import create_app
+from runtime.serve.body_checks import MAX_JSON_DEPTH
 from runtime.serve.server_thread import ServerThread
 from tests.runtime.serve.server_fakes import ScriptedEngine
 
