@@ -28,8 +28,8 @@ from runtime.config import (
 )
 from runtime.exceptions import InvalidRequestError
 from runtime.kv_stores import KVStores
+from runtime.model.openmp import release_thread_workers
 from runtime.model_runner import ModelRunner, WeightsDtype, load_model
-from runtime.openmp import release_thread_workers
 from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.request.builder import RequestBuilder
 from runtime.request.spec import Prompt, RequestSpec
@@ -138,7 +138,7 @@ class Engine:
             self, _shutdown, self.scheduler, self.prefix_cache, self._lock, config.disk_flush_s
         )
         # NOTE: loading ran parallel regions here; their OpenMP workers would stay and throttle
-        # the scheduler thread's (runtime.openmp). A server's loading thread then holds none.
+        # the scheduler thread's (runtime.model.openmp). A server's loading thread then holds none.
         release_thread_workers()
 
     @classmethod

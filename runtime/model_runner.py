@@ -18,15 +18,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from runtime import env
-from runtime.batch_kv import BatchKV
-from runtime.batch_mask import MaskPlan, mask_plan
 from runtime.compact_llama import CompactLlama, Segment, compact_blocker, prefill_mask
 from runtime.config import ForwardPath, WeightsDtype
 from runtime.exceptions import ModelLoadError, one_line
 from runtime.fp32_products import ProductChoice, choose_products
 from runtime.kernels import QUANT_HEAD_FORMAT, dequantize_weight, native_kernels, quantize_weight
-from runtime.kv_cache import RequestKVCache
-from runtime.model_names import HUB_ID, is_local_path, no_such_folder
+from runtime.model.batch_kv import BatchKV
+from runtime.model.batch_mask import MaskPlan, mask_plan
+from runtime.model.kv_cache import RequestKVCache
+from runtime.model.names import HUB_ID, is_local_path, no_such_folder
 
 __all__ = [
     "ForwardPath",

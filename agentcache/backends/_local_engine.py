@@ -72,7 +72,7 @@ def turn_stops(tokenizer: Any) -> tuple[list[str], list[int]]:
 def check_model_name(model: str) -> None:
     """Fail fast on a local model name that cannot load: microseconds, no torch, no network.
 
-    The rule is the runtime's (``runtime.model_names``, also used by ``agentcache serve``):
+    The rule is the runtime's (``runtime.model.names``, also used by ``agentcache serve``):
     a bundled short name, an existing folder, or a hub id ``owner/name``.
 
     Raises:
@@ -87,7 +87,7 @@ def unloadable(model: str) -> str | None:
     """Why ``model`` cannot name a loadable model (the runtime's message), or None when it can."""
     # NOTE: imports neither torch nor transformers.
     from runtime.exceptions import ModelLoadError
-    from runtime.model_names import check_model_name as check
+    from runtime.model.names import check_model_name as check
 
     try:
         check(model)

@@ -33,7 +33,7 @@ __all__ = ["KVBuffer", "PrefixCache", "PrefixHit", "namespace_of"]
 
 
 class KVBuffer(Protocol):
-    """A live request's KV buffer as the prefix cache sees it (``runtime.kv_cache`` implements it).
+    """A live request's KV buffer as the prefix cache sees it (``model.kv_cache`` implements it).
 
     Defined here, not imported, so the cache layer never depends on the engine layer above it.
     """

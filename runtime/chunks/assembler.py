@@ -36,7 +36,7 @@ from runtime.chunks.job import ChunkJob
 from runtime.chunks.rotation import rerotate, rotation_blocker
 from runtime.chunks.rows import RowForward
 from runtime.chunks.spans import ChunkMode, ChunkReuse, Span
-from runtime.kv_cache import RequestKVCache
+from runtime.model.kv_cache import RequestKVCache
 from runtime.model_runner import ModelRunner
 from runtime.outputs import ChunkReuseUsage
 

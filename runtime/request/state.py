@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from runtime.cache.radix_cache import Namespace, TreeNode
-from runtime.kv_cache import RequestKVCache
+from runtime.model.kv_cache import RequestKVCache
 from runtime.outputs import (
     ChunkReuseUsage,
     Completion,

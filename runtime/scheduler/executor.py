@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from runtime.batch_kv import BatchKV
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.chunks.assembler import ChunkAssembler
 from runtime.exceptions import RuntimeEngineError, SamplingError
-from runtime.kv_cache import RequestKVCache
+from runtime.model.batch_kv import BatchKV
+from runtime.model.kv_cache import RequestKVCache
 from runtime.model_runner import ModelRunner
 from runtime.outputs import StreamDelta
 from runtime.request.state import Request, RequestStatus

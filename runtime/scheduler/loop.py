@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.chunks.assembler import ChunkAssembler
 from runtime.exceptions import EngineBusyError, RuntimeEngineError
+from runtime.model.openmp import release_thread_workers
 from runtime.model_runner import ModelRunner
-from runtime.openmp import release_thread_workers
 from runtime.request.state import Request, RequestStatus
 from runtime.scheduler.admission import is_all_cancelled
 from runtime.scheduler.config import SchedulerConfig, SchedulerStats
@@ -85,7 +85,7 @@ class Scheduler(Executor):
             RuntimeEngineError: the engine was closed.
         """
         # NOTE: the submitting thread's OpenMP workers (a model loaded or a reference forward
-        # run on it) would otherwise throttle the loop thread's: see runtime.openmp.
+        # run on it) would otherwise throttle the loop thread's: see runtime.model.openmp.
         release_thread_workers()
         for req in reqs:
             check_group(req, max_batch_size=self.max_batch_size,
@@ -207,7 +207,7 @@ class Scheduler(Executor):
     # --- the loop ------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        has_workers = False  # NOTE: this thread's OpenMP pool is live (runtime.openmp)
+        has_workers = False  # NOTE: this thread's OpenMP pool is live (runtime.model.openmp)
         while True:
             # NOTE: read unlocked: a stale answer only costs rebuilding the pool
             if has_workers and not (self.waiting or self.running):

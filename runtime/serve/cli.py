@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.exceptions import ModelLoadError, one_line
-from runtime.model_names import check_model_name
+from runtime.model.names import check_model_name
 from runtime.serve.flags import engine_config
 
 if TYPE_CHECKING:

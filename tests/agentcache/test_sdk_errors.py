@@ -24,7 +24,7 @@ from agentcache.exceptions import (
 from agentcache.prompt import Document, PromptBuilder
 from agentcache.rag import DocumentIndex
 from runtime.exceptions import ModelLoadError
-from runtime.model_names import check_model_name
+from runtime.model.names import check_model_name
 from runtime.models import BUNDLED_MODELS
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from runtime.batch_kv import BatchKV
+from runtime.model.batch_kv import BatchKV
 
 
 def make_batch() -> BatchKV:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from runtime.batch_mask import MaskPlan, mask_plan
+from runtime.model.batch_mask import MaskPlan, mask_plan
 from tests.conftest import VOCAB_SIZE
 
 TINY = {

@@ -19,7 +19,7 @@ import torch
 
 from runtime.chunks.spans import ChunkMode, ChunkReuse
 from runtime.engine import Engine
-from runtime.kv_cache import RequestKVCache
+from runtime.model.kv_cache import RequestKVCache
 from runtime.request.state import Request, RequestStatus
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler.loop import SchedulerConfig

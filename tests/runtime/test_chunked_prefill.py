@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from runtime.engine import Engine
-from runtime.kv_cache import RequestKVCache
+from runtime.model.kv_cache import RequestKVCache
 from runtime.outputs import StreamDelta
 from runtime.request.state import Request, RequestStatus
 from runtime.sampling.params import SamplingParams

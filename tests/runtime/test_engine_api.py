@@ -270,7 +270,7 @@ def test_decode_does_not_reallocate_per_token(engine: Engine) -> None:
 def test_kv_buffer_grows_geometrically() -> None:
     import torch
 
-    from runtime.kv_cache import RequestKVCache
+    from runtime.model.kv_cache import RequestKVCache
 
     kv = RequestKVCache(
         num_layers=1,

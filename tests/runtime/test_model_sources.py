@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from runtime.exceptions import ModelLoadError
-from runtime.model_names import check_model_name
+from runtime.model.names import check_model_name
 from runtime.model_runner import load_model
 from runtime.models import resolve_model
 from runtime.models.pull import sha256_of

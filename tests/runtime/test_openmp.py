@@ -1,4 +1,4 @@
-"""Releasing a thread's OpenMP workers (``runtime.openmp``): the right runtime is found, the
+"""Releasing a thread's OpenMP workers (``runtime.model.openmp``): the right runtime is found, the
 calling thread's workers go, results do not change, and the scheduler releases the submitting
 thread's and, once idle, its own."""
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from runtime import engine as engine_module
-from runtime import openmp
 from runtime.engine import Engine
+from runtime.model import openmp
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler import loop as scheduler
 from tests.conftest import save_tiny_model
@@ -74,7 +74,7 @@ def test_torchs_runtime_beside_sentencepieces_copy() -> None:
 
 _RELEASE_SCRIPT = """
 import json, os, threading, time, torch
-from runtime import openmp
+from runtime.model import openmp
 count = lambda: len(os.listdir("/proc/self/task"))
 work = lambda: torch.mm(a, a)
 def settle(target):  # a joined thread's /proc entry may outlive the join a moment

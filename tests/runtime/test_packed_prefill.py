@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from runtime.engine import Engine
-from runtime.kv_cache import RequestKVCache
+from runtime.model.kv_cache import RequestKVCache
 from runtime.request.state import Request
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler.loop import SchedulerConfig

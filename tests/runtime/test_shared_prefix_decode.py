@@ -13,8 +13,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from runtime import compact_llama
-from runtime.batch_kv import BatchKV
 from runtime.engine import Engine
+from runtime.model.batch_kv import BatchKV
 from runtime.sampling.params import SamplingParams
 from tests.conftest import EOS_ID, VOCAB_SIZE, make_tokenizer
 from tests.runtime.kernel_isas import chosen_kernels

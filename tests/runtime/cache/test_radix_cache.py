@@ -10,7 +10,7 @@ import torch
 from runtime.cache.kv_pool import KVPool, contiguous_runs
 from runtime.cache.prefix_cache import PrefixCache, namespace_of
 from runtime.cache.radix_cache import EvictedBlock, RadixCache, TreeNode, root_hash
-from runtime.kv_cache import RequestKVCache
+from runtime.model.kv_cache import RequestKVCache
 
 BS = 4
 NS = namespace_of("m", None, "float32", None)

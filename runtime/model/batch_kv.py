@@ -15,7 +15,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from runtime.compact_llama import StepSlots
-from runtime.kv_cache import OwnedLayer, RequestKVCache
+from runtime.model.kv_cache import OwnedLayer, RequestKVCache
 
 __all__ = ["BatchKV"]
 
