@@ -167,10 +167,15 @@ def load_model(model: str, *, dtype: str, device: str, revision: str | None) -> 
 
         gguf_lm, gguf_tokenizer = load_gguf(Path(path), dtype=torch_dtype(dtype))
         return _placed(gguf_lm, device), gguf_tokenizer
+    # NOTE: huggingface_hub reads HF_HUB_OFFLINE once, at import; asking per call honours a value
+    # set after that (by a caller or a test) instead of waiting on the network's timeouts.
+    local_only = env.hub_offline()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, revision=revision, local_files_only=local_only
+        )
         lm: Any = AutoModelForCausalLM.from_pretrained(
-            path, revision=revision, dtype=torch_dtype(dtype)
+            path, revision=revision, dtype=torch_dtype(dtype), local_files_only=local_only
         )
     except Exception as exc:  # noqa: BLE001 - NOTE: loaders raise their own types (safetensors'
         # SafetensorError for a damaged file, RuntimeError for mismatched shapes, ...)

@@ -2,7 +2,8 @@
 
 transformers reads the GGUF (the ``gguf`` package; quantized tensors are dequantized to float32)
 but refuses ``save_pretrained`` on a model loaded that way, so the weights are written with
-``safetensors.torch.save_model`` (tied embeddings kept once) and the config without its
+safetensors (a tied LM head kept once, under the input embedding's name as ``save_pretrained``
+writes it, which llama.cpp's ``convert_hf_to_gguf.py`` needs) and the config without its
 ``quantization_config``. The tokenizer, chat template included, is saved as read. Knows nothing
 of where the file came from.
 """
@@ -64,6 +65,18 @@ def gguf_to_folder(gguf: Path, out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
-    safetensors.torch.save_model(model, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    state = _untied_state(model)
+    safetensors.torch.save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     tokenizer.save_pretrained(out)
     return sorted(p.name for p in out.iterdir() if p.is_file())
+
+
+def _untied_state(model: Any) -> dict[str, Any]:
+    """``model``'s state dict, contiguous, with each tied weight (transformers'
+    ``all_tied_weights_keys``: e.g. ``lm_head.weight`` -> ``model.embed_tokens.weight``) left to
+    its source name, as ``save_pretrained`` does."""
+    state = model.state_dict()
+    for tied, source in (getattr(model, "all_tied_weights_keys", None) or {}).items():
+        if tied in state and source in state and state[tied].data_ptr() == state[source].data_ptr():
+            del state[tied]
+    return {name: tensor.contiguous() for name, tensor in state.items()}

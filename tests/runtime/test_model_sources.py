@@ -80,6 +80,21 @@ def test_a_gguf_file_loads_as_the_same_model(
     _same_model(str(tiny_gguf), reference)
 
 
+def test_a_gguf_folder_keeps_a_tied_head_under_the_embedding_name(
+    tmp_path: Path, tiny_gguf: Path, reference: tuple[list[int], torch.Tensor]
+) -> None:
+    # NOTE: llama.cpp's convert_hf_to_gguf.py needs token_embd from model.embed_tokens.weight.
+    from safetensors import safe_open
+
+    from runtime.models.convert import WEIGHTS_FILE, gguf_to_folder
+
+    gguf_to_folder(tiny_gguf, tmp_path / "folder")
+    with safe_open(str(tmp_path / "folder" / WEIGHTS_FILE), "pt") as weights:
+        names = set(weights.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    _same_model(str(tmp_path / "folder"), reference)
+
+
 def test_a_missing_gguf_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="no such model file .*missing.gguf"):
         check_model_name(str(tmp_path / "missing.gguf"))
