@@ -27,11 +27,12 @@ def _get(name: str) -> str | None:
 def cache_dir() -> Path:
     """Directory of the persistent tool/retrieval caches.
 
-    ``AGENTCACHE_CACHE_DIR`` if set, else the platform's user cache dir + ``agentcache``
-    (``$XDG_CACHE_HOME`` or ``~/.cache`` on Linux, ``~/Library/Caches`` on macOS,
+    ``AGENTCACHE_CACHE_DIR`` if set, else ``AGENTCACHE_HOME`` if set (the one root of all of
+    agentcache's state: pulled models, kernels, these caches), else the platform's user cache dir
+    + ``agentcache`` (``$XDG_CACHE_HOME`` or ``~/.cache`` on Linux, ``~/Library/Caches`` on macOS,
     ``%LOCALAPPDATA%`` on Windows). The directory is not created here.
     """
-    explicit = _get("AGENTCACHE_CACHE_DIR")
+    explicit = _get("AGENTCACHE_CACHE_DIR") or _get("AGENTCACHE_HOME")
     if explicit:
         return Path(explicit).expanduser()
     if sys.platform == "darwin":

@@ -35,6 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import NamedTuple
 
+from runtime.env import agentcache_home
 from runtime.kernels._isa import Isa, isa_flags
 
 __all__ = [
@@ -102,9 +103,10 @@ class Build(NamedTuple):
 
 
 def kernel_dir() -> Path:
-    """``$AGENTCACHE_KERNEL_DIR``, or ``~/.cache/agentcache/kernels``."""
+    """``$AGENTCACHE_KERNEL_DIR``, or ``kernels`` in ``runtime.env.agentcache_home()``
+    (``$AGENTCACHE_HOME``, default ``~/.cache/agentcache``)."""
     configured = os.environ.get(KERNEL_DIR_ENV)
-    return Path(configured) if configured else Path.home() / ".cache" / "agentcache" / "kernels"
+    return Path(configured) if configured else agentcache_home() / "kernels"
 
 
 def compiler() -> str:

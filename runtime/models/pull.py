@@ -25,6 +25,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column
 
 from runtime import env
 from runtime.exceptions import ModelLoadError, one_line
@@ -205,7 +206,10 @@ def sha256_of(path: Path) -> str:
 
 @contextmanager
 def _progress(quiet: bool) -> Iterator[Progress]:
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
+    # NOTE: fold, not ellipsis: a log (stderr not a terminal, 80 columns) must keep the whole
+    # reason a source was skipped.
+    columns = (TextColumn("{task.description}", table_column=Column(overflow="fold")), BarColumn(),
+               TextColumn("{task.fields[note]}", table_column=Column(overflow="fold")),
                TimeElapsedColumn())  # fmt: skip
     with Progress(*columns, console=Console(stderr=True), disable=quiet, transient=False) as bar:
         yield bar

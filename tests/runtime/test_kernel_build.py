@@ -288,3 +288,15 @@ def test_an_isa_this_cpu_lacks_is_never_built_or_loaded(tmp_path: Path) -> None:
     status = native_status(other)  # type: ignore[arg-type]
     assert not status.loaded and status.reason.startswith("native kernels: this CPU cannot run")
     assert not build_of(other).folder.exists()  # type: ignore[arg-type]
+
+
+def test_the_kernel_dir_follows_agentcache_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from runtime.kernels._build import kernel_dir
+
+    monkeypatch.delenv("AGENTCACHE_KERNEL_DIR", raising=False)
+    monkeypatch.setenv("AGENTCACHE_HOME", str(tmp_path / "home"))
+    assert kernel_dir() == tmp_path / "home" / "kernels"
+    monkeypatch.setenv("AGENTCACHE_KERNEL_DIR", str(tmp_path / "k"))  # NOTE: the explicit one wins
+    assert kernel_dir() == tmp_path / "k"

@@ -61,6 +61,9 @@ def test_env_cache_dir_override_and_default(
     monkeypatch.setenv("AGENTCACHE_CACHE_DIR", str(tmp_path / "c"))
     assert env.cache_dir() == tmp_path / "c"
     monkeypatch.delenv("AGENTCACHE_CACHE_DIR")
+    monkeypatch.setenv("AGENTCACHE_HOME", str(tmp_path / "home"))
+    assert env.cache_dir() == tmp_path / "home"  # NOTE: the one root of all state when set
+    monkeypatch.delenv("AGENTCACHE_HOME")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert env.cache_dir().name == "agentcache"
     monkeypatch.setenv("AGENTCACHE_API_KEY", "k1")
