@@ -459,6 +459,9 @@ class RadixCache:
     def _shared_blocks(self, key: tuple[int, ...], tokens: Sequence[int], pos: int) -> int:
         """Number of whole blocks of ``key`` equal to ``tokens[pos:]``."""
         bs, n = self.block_size, 0
+        end = min(len(key), len(tokens) - pos) // bs * bs
+        if tuple(tokens[pos : pos + end]) == key[:end]:
+            return end // bs  # NOTE: one slice compare for the common case, a whole-edge match.
         while (n + 1) * bs <= len(key) and pos + (n + 1) * bs <= len(tokens):
             if key[n * bs : (n + 1) * bs] != tuple(tokens[pos + n * bs : pos + (n + 1) * bs]):
                 break
