@@ -97,10 +97,12 @@ class EngineConfig:
     prefix_cache: bool = field(default=True, metadata={"flag": "--no-prefix-cache"})
     """Reuse prefix-cache KV; off is force-miss (the same code path, never a hit). Requests that
     send chunk_reuse still reuse their documents from the chunk store."""
-    eviction: EvictionPolicy = "shared"
-    """Which unpinned cached blocks go first when a budget is full, in the prefix cache and the
-    chunk store: shared (sharing-aware GreedyDual: blocks many requests used stay longer) or lru
-    (least recently used leaf first)."""
+    eviction: EvictionPolicy = "adaptive"
+    """Which unpinned cached blocks of the prefix cache go first when its budget is full:
+    adaptive (follows whichever of shared and lru wins on the current workload, scored by two
+    metadata-only virtual caches), shared (sharing-aware GreedyDual: prefixes many requests
+    extended stay longer) or lru (least recently used leaf first). The chunk store, a flat store
+    without the virtual caches, ranks by shared under adaptive (``chunk_eviction``)."""
     chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES
     """Chunk store budget for requests with chunk_reuse, bytes."""
     kv_disk_dir: str | None = None
@@ -126,6 +128,11 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         validate({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+    @property
+    def chunk_eviction(self) -> EvictionPolicy:
+        """The chunk store's policy: ``eviction``, or ``"shared"`` under ``"adaptive"``."""
+        return "shared" if self.eviction == "adaptive" else self.eviction
 
     @property
     def disk_bytes(self) -> int:
@@ -174,7 +181,7 @@ def validate(values: Mapping[str, Any], spell: Callable[[str], str] = str) -> No
     get = values.get
     _choice("dtype", get("dtype", "float32"), get_args(Dtype), spell)
     _choice("forward", get("forward", "auto"), get_args(ForwardPath), spell)
-    _choice("eviction", get("eviction", "shared"), EVICTION_POLICIES, spell)
+    _choice("eviction", get("eviction", "adaptive"), EVICTION_POLICIES, spell)
     weights, dtype = get("weights", "float32"), get("dtype", "float32")
     if weights not in get_args(WeightsDtype):
         raise ValueError(

@@ -45,7 +45,7 @@ class KVStores:
             self.prefix_cache.disk = self._make_disk_tier(config.kv_disk_dir, config.disk_bytes)
         self.prefix_cache.disk_policy = config.disk_policy
         pool = self._make_pool(config.chunk_cache_bytes, block_size)
-        self.chunk_store = ChunkStore(pool, policy=config.eviction)
+        self.chunk_store = ChunkStore(pool, policy=config.chunk_eviction)
         """Document chunks' KV for requests that ask for chunk reuse (``runtime.chunks``); it
         spills to the prefix cache's disk tier too (chunk blocks have their own keys)."""
         self.chunk_store.disk = self.prefix_cache.disk

@@ -4,9 +4,10 @@ Rows: full KV budget, a quarter of it, the quarter plus a disk tier of four time
 the cache off; each with the pool fill and, for the quarter budget, the offline-optimal (Belady)
 hit rate of the same trace and capacity. Then the quarter budget's trace replayed (no model) with a
 disk tier of 1-4x the pool under each disk policy, next to Belady for pool + disk, and a
-multi-session agent trace replayed at 1/8, 1/4 and 1/2 budget under LRU and the default
-sharing-aware policy. Random-weight models
-built from configs (no downloads), CPU by default. A script, never a timed test.
+multi-session agent trace (seeds 2-6) replayed at 1/8, 1/4 and 1/2 budget under each eviction
+policy (``lru``, ``shared``, the default ``adaptive``), next to Belady. Random-weight models
+built from configs (no downloads), CPU by default; the agent trace's replays need no model.
+A script, never a timed test.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich import box
+from rich.table import Table
 
 from runtime.bench._argtypes import positive_int
 from runtime.bench._common import (
@@ -40,6 +43,7 @@ from runtime.bench._replay import (
     make_disk,
     replay,
 )
+from runtime.cache.eviction import EvictionPolicy
 from runtime.engine import Engine
 
 __all__ = ["trace_main"]
@@ -51,8 +55,8 @@ interleaved. Reports the token hit rate, pool fill and mean TTFT vs the cache of
 that holds everything, one that holds about a quarter of it (eviction at work), and the quarter
 with a disk tier of 4x the pool; the Belady (offline-optimal) hit rate for the quarter budget; the
 trace replayed with a disk tier of 1-4x the pool (write-through and evict, next to Belady for pool
-and disk together); and a replayed multi-session agent trace at 1/8, 1/4, 1/2 budget, LRU vs the
-sharing-aware policy."""
+and disk together); and a replayed multi-session agent trace (seeds 2-6) at 1/8, 1/4, 1/2 budget
+under each eviction policy (lru, shared, adaptive: the default) next to the optimal hit rate."""
 
 
 def _conversations(args: argparse.Namespace) -> list[tuple[list[int], list[list[int]]]]:
@@ -120,7 +124,7 @@ def _disk_rows(steps: list[Step], capacity: int, block_size: int) -> dict[str, f
             with tempfile.TemporaryDirectory(prefix="agentcache-bench-replay-") as path:
                 disk = make_disk(Path(path), k * capacity, block_size)
                 r = replay(steps, capacity_blocks=capacity, block_size=block_size,
-                           policy="shared", disk=disk, disk_policy=disk_policy)  # fmt: skip
+                           policy="adaptive", disk=disk, disk_policy=disk_policy)  # fmt: skip
                 disk.close()
             name = disk_policy.replace("-", "_")
             out[f"quarter_disk{k}x_replayed_{name}_hit_rate"] = r.hit_rate
@@ -130,20 +134,49 @@ def _disk_rows(steps: list[Step], capacity: int, block_size: int) -> dict[str, f
     return out
 
 
+AGENT_SEEDS = (2, 3, 4, 5, 6)
+"""Seeds of the agent-sessions trace replayed (2 is the default trace)."""
+BUDGETS = (("eighth", 8), ("quarter", 4), ("half", 2))
+POLICIES: tuple[EvictionPolicy, ...] = ("lru", "shared", "adaptive")
+
+
+def _agents_key(seed: int, budget: str, policy: str) -> str:
+    """JSON key of one replay (seed 2 keeps the keys it had before other seeds were added)."""
+    return f"agents_{budget}_{policy}_hit_rate" if seed == 2 else (
+        f"agents_seed{seed}_{budget}_{policy}_hit_rate")  # fmt: skip
+
+
 def _agent_sessions_rows(block_size: int) -> dict[str, float]:
-    """Replayed multi-session agent trace: hit rates per budget fraction and policy, and Belady."""
-    steps = agent_sessions()
-    total = distinct_blocks(steps, block_size)
-    full = replay(steps, capacity_blocks=total, block_size=block_size, policy="lru")
-    out: dict[str, float] = {"agents_full_hit_rate": full.hit_rate}
-    for name, frac in (("eighth", 8), ("quarter", 4), ("half", 2)):
-        cap = total // frac
-        for policy in ("lru", "shared"):
-            r = replay(steps, capacity_blocks=cap, block_size=block_size, policy=policy)
-            out[f"agents_{name}_{policy}_hit_rate"] = r.hit_rate
-        out[f"agents_{name}_belady_hit_rate"] = belady(steps, capacity_blocks=cap,
-                                                       block_size=block_size)  # fmt: skip
+    """Replayed multi-session agent trace: hit rates per seed, budget fraction and policy, and
+    Belady (no model: the trace is synthetic)."""
+    out: dict[str, float] = {}
+    for seed in AGENT_SEEDS:
+        steps = agent_sessions(seed=seed)
+        total = distinct_blocks(steps, block_size)
+        if seed == 2:
+            full = replay(steps, capacity_blocks=total, block_size=block_size, policy="lru")
+            out["agents_full_hit_rate"] = full.hit_rate
+        for name, frac in BUDGETS:
+            cap = total // frac
+            for policy in POLICIES:
+                r = replay(steps, capacity_blocks=cap, block_size=block_size, policy=policy)
+                out[_agents_key(seed, name, policy)] = r.hit_rate
+            out[_agents_key(seed, name, "belady")] = belady(steps, capacity_blocks=cap,
+                                                            block_size=block_size)  # fmt: skip
     return out
+
+
+def _agents_table(result: dict[str, Any]) -> Table:
+    """Seed x budget rows, a column per eviction policy and Belady (prompt tokens hit, %)."""
+    table = Table(title="multi-session agent trace replayed: prompt tokens hit (%)",
+                  box=box.SIMPLE_HEAD, title_justify="left")  # fmt: skip
+    for name in ("seed", "budget", *POLICIES[:2], "adaptive (default)", "Belady"):
+        table.add_column(name, justify="right")
+    for seed in AGENT_SEEDS:
+        for name, frac in BUDGETS:
+            cells = [result[_agents_key(seed, name, p)] for p in (*POLICIES, "belady")]
+            table.add_row(str(seed), f"1/{frac}", *(f"{100 * c:.1f}" for c in cells))
+    return table
 
 
 @restores_torch_threads
@@ -193,7 +226,7 @@ def _trace(args: argparse.Namespace) -> int:
     result["cache_off_mean_ttft_s"] = off["mean_ttft_s"]
     result["quarter_belady_hit_rate"] = belady(steps, capacity_blocks=capacity,
                                                block_size=block_size)  # fmt: skip
-    for policy in ("lru", "shared"):
+    for policy in POLICIES:
         sim = replay(steps, capacity_blocks=capacity, block_size=block_size, policy=policy)
         result[f"quarter_replayed_{policy}_hit_rate"] = sim.hit_rate
     result.update(_disk_rows(steps, capacity, block_size))
@@ -229,7 +262,7 @@ def _print_trace(
         Spread(key.replace("_", " "), "%", (100 * value,))
         for key, value in result.items()
         if key.endswith("hit_rate")
-        and not key.startswith(("full_", "quarter_hit", "quarter_disk4x_hit"))
+        and not key.startswith(("full_", "quarter_hit", "quarter_disk4x_hit", "agents_"))
     ]
     title = f"bench trace: W3, {args.layers} layers, {args.system_len}-token system prompts"
     warnings = [
@@ -242,6 +275,7 @@ def _print_trace(
         [
             spread_table(f"{title} (spread over the trace's requests)", [*hits, *ttfts, *ratios]),
             spread_table("replayed traces and optimal (Belady) hit rates", others),
+            _agents_table(result),
         ],
         warnings,
     )

@@ -87,10 +87,18 @@ class ChunkStore:
 
     Args:
         pool: Block storage of this store alone (its ``budget_bytes`` is the store's budget).
-        policy: Eviction policy name (``runtime.cache.eviction.EVICTION_POLICIES``).
+        policy: ``"shared"`` or ``"lru"`` (``runtime.cache.eviction``); ``"adaptive"`` needs a
+            radix tree's virtual caches, which this flat store has not.
+
+    Raises:
+        ValueError: another policy.
     """
 
     def __init__(self, pool: KVPool, *, policy: EvictionPolicy = "shared") -> None:
+        if policy not in ("shared", "lru"):
+            raise ValueError(
+                f"the chunk store's eviction policy is 'shared' or 'lru', not {policy!r}"
+            )
         self.pool = pool
         self._entries: dict[ChunkKey, _Entry] = {}
         self._heap: EvictionHeap[_Entry] = EvictionHeap(policy)

@@ -83,12 +83,12 @@ class PrefixCache:
         *,
         is_enabled: bool,
         disabled_reason: str | None,
-        policy: EvictionPolicy = "shared",
+        policy: EvictionPolicy = "adaptive",
         disk: DiskTier | None = None,
         disk_policy: DiskPolicy = "write-through",
     ) -> None:
         self.pool = pool
-        self.radix = RadixCache(pool.block_size, policy=policy)
+        self.radix = RadixCache(pool.block_size, policy=policy, capacity_blocks=pool.num_blocks)
         self.is_enabled = is_enabled and pool.num_blocks > 0
         self.disabled_reason = disabled_reason
         if is_enabled and pool.num_blocks == 0:
@@ -116,7 +116,7 @@ class PrefixCache:
         self.queried_tokens += len(tokens)
         if not (use_cache and self.is_enabled and tokens):
             return PrefixHit(0, None)
-        found = self.radix.match(namespace, tokens)
+        found = self.radix.match(namespace, tokens, is_request=True)
         self.radix.lock(found.node)
         from_memory = min(found.cached_len, len(tokens) - 1)
         if self.disk is not None:
@@ -205,7 +205,7 @@ class PrefixCache:
         Evicted blocks spill to the disk tier as any eviction does, unless ``include_disk``,
         which also removes every block file.
         """
-        evicted = self.radix.evict(self.radix.num_blocks)
+        evicted = self.radix.evict_all()
         if self.disk is not None and not include_disk:
             self._spill(evicted)
         self.pool.free([e.block_id for e in evicted])

@@ -4,7 +4,9 @@ It maps tokens to block ids and never touches tensors (``kv_pool`` does). Edges 
 (``block_size`` tokens each), so every split lands on a block boundary. Each namespace (model,
 revision, dtype, cache_salt) has its own root: two namespaces never share a node. Every block
 also carries a chained hash (``block_hash``) that names it outside the tree (the disk tier).
-Eviction is block-granular: it trims the tail of the leaf that ``eviction`` ranks first.
+Eviction is block-granular: it trims the tail of the leaf that ``eviction`` ranks first; under
+the ``"adaptive"`` policy the tree also runs one metadata-only virtual cache per simple policy
+(a shadow ``RadixCache``, no block ids of the pool) and follows the one that hits more.
 A root exists only while its namespace holds blocks: a lookup never creates one, and
 eviction (so ``flush``) drops a root whose last block went, so unique salts or keys cannot
 grow memory for good.
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, NewType
 
-from runtime.cache.eviction import EvictionHeap, EvictionPolicy
+from runtime.cache.eviction import EXPERTS, EvictionHeap, EvictionPolicy, Expert, ExpertScores
 
 __all__ = [
     "BlockHash",
@@ -98,14 +100,44 @@ class MatchResult(NamedTuple):
 class RadixCache:
     """Token-id radix tree with per-node refcounts and block-granular eviction of unpinned leaves.
 
+    Under ``policy="adaptive"`` (``runtime.cache.eviction``) two shadow trees, one per simple
+    policy, see every insert and every request's lookup (``match(..., is_request=True)``) and
+    keep at most ``capacity_blocks`` blocks each (making room before each insert as the prefix
+    cache does, the cached part pinned meanwhile; no other pins); their hit tokens on each lookup
+    are scored and the ranking here follows the leader. Cost per request: a few more walks of
+    the prompt (a lookup and, per insert, a match and an insert in each shadow) and the shadows'
+    O(log n) heap work; memory: the shadows' nodes (keys and hashes, no KV), at most
+    ``capacity_blocks`` blocks each.
+
+    Args:
+        block_size: Tokens per block.
+        policy: One of ``runtime.cache.eviction.EVICTION_POLICIES``.
+        capacity_blocks: Blocks the cache can hold (the pool's); sizes the shadows. None: the
+            most blocks this tree has held so far.
+
     Not thread-safe: the engine calls it under its lock.
     """
 
-    def __init__(self, block_size: int, *, policy: EvictionPolicy = "shared") -> None:
+    def __init__(
+        self,
+        block_size: int,
+        *,
+        policy: EvictionPolicy = "adaptive",
+        capacity_blocks: int | None = None,
+    ) -> None:
         self.block_size = block_size
         self._roots: dict[Namespace, TreeNode] = {}
         self._tick = 0
         self._heap: EvictionHeap[TreeNode] = EvictionHeap(policy)
+        self.capacity_blocks = capacity_blocks
+        self._peak_blocks = 0
+        self._shadows: dict[Expert, RadixCache] = {}
+        self.scores: ExpertScores | None = None
+        """``"adaptive"``: the shadows' forgetful hit scores and the leader (else None)."""
+        if policy == "adaptive":
+            self._shadows = {e: RadixCache(block_size, policy=e) for e in EXPERTS}
+            self.scores = ExpertScores(8 * max(1, capacity_blocks or 1) * block_size)
+        self._num_shadow_ids = 0
         self._num_nodes = 0
         self.num_blocks = 0
         """Blocks referenced by the tree (in use + evictable)."""
@@ -127,14 +159,25 @@ class RadixCache:
         """Blocks in unpinned nodes (evictable leaf by leaf)."""
         return self.num_blocks - self.num_in_use_blocks
 
-    def match(self, namespace: Namespace, tokens: Sequence[int]) -> MatchResult:
+    def match(
+        self, namespace: Namespace, tokens: Sequence[int], *, is_request: bool = False
+    ) -> MatchResult:
         """Find the longest cached prefix of ``tokens`` made of whole blocks.
+
+        Args:
+            is_request: A request's prompt lookup (once per request): under ``"adaptive"`` the
+                shadows look it up too and are scored on their hits.
 
         Side effects: bumps the access time (and eviction priority) of every node on the path,
         and splits a node when the match ends inside it (so the returned node covers exactly the
         matched tokens). A namespace with
         nothing cached gets no root: its (empty) match ends at a detached node.
         """
+        if is_request and self.scores is not None:
+            hits = {e: t.match(namespace, tokens).cached_len for e, t in self._shadows.items()}
+            leader = self.scores.record(len(tokens), hits)
+            if leader != self._heap.follow:
+                self._heap.follow = leader
         node = self._roots.get(namespace) or TreeNode(
             key=(), block_ids=[], parent=None, namespace=namespace
         )
@@ -212,7 +255,28 @@ class RadixCache:
             self._heap.update(node)
             self._heap.update(new)
             node = new
+        self._peak_blocks = max(self._peak_blocks, self.num_blocks)
+        self._insert_shadows(namespace, tokens)
         return node, unused
+
+    def _insert_shadows(self, namespace: Namespace, tokens: Sequence[int]) -> None:
+        """Mirror an insert into the shadows as the prefix cache does it: the cached part pinned
+        while room is made (its own tail first evicted when nothing else is left), then as many
+        new blocks as fit, with fresh ids."""
+        capacity = self.capacity_blocks or self._peak_blocks
+        for shadow in self._shadows.values():
+            found = shadow.match(namespace, tokens)
+            num_new = len(tokens) // self.block_size - found.cached_len // self.block_size
+            shadow.lock(found.node)
+            shadow.evict(shadow.num_blocks + num_new - capacity)
+            shadow.unlock(found.node)
+            num_new = min(num_new, capacity - shadow.num_blocks)
+            if num_new <= 0:
+                continue
+            end = found.cached_len + num_new * self.block_size
+            ids = list(range(self._num_shadow_ids, self._num_shadow_ids + num_new))
+            self._num_shadow_ids += num_new
+            shadow.insert(namespace, tokens[:end], found.block_ids + ids)
 
     def lock(self, node: TreeNode) -> None:
         """Pin ``node`` and its ancestors so eviction skips them."""
@@ -268,6 +332,13 @@ class RadixCache:
         self._heap.compact(self._num_nodes)
         return freed
 
+    def evict_all(self) -> list[EvictedBlock]:
+        """Free every unpinned block (a reset, not a policy choice: the shadows are emptied too,
+        so the policies are compared from the same empty start). Returns them as ``evict``."""
+        for shadow in self._shadows.values():
+            shadow.evict_all()
+        return self.evict(self.num_blocks)
+
     def nodes_by_depth(self) -> list[tuple[TreeNode, int]]:
         """Every node but the roots, breadth first (a parent before its children), each with
         the depth of its first block (blocks before it in its chain)."""
@@ -295,6 +366,8 @@ class RadixCache:
         Returns:
             The freed blocks (in no particular order).
         """
+        for shadow in self._shadows.values():
+            shadow.evict_namespace(namespace)
         root = self._roots.get(namespace)
         freed: list[EvictedBlock] = []
         stack = [root] if root is not None else []
@@ -348,6 +421,9 @@ class RadixCache:
         assert num_in_use == self.num_in_use_blocks, "in-use block count drifted"
         assert num_nodes == self._num_nodes, "node count drifted"
         assert self._heap.num_live() == num_evictable_leaves, "heap misses an evictable leaf"
+        for shadow in self._shadows.values():
+            shadow.check_integrity()
+            assert shadow.num_blocks <= (self.capacity_blocks or self._peak_blocks), "shadow size"
 
     def _check_node(self, node: TreeNode) -> None:
         bs = self.block_size
@@ -383,6 +459,9 @@ class RadixCache:
     def _shared_blocks(self, key: tuple[int, ...], tokens: Sequence[int], pos: int) -> int:
         """Number of whole blocks of ``key`` equal to ``tokens[pos:]``."""
         bs, n = self.block_size, 0
+        end = min(len(key), len(tokens) - pos) // bs * bs
+        if tuple(tokens[pos : pos + end]) == key[:end]:
+            return end // bs  # NOTE: one slice compare for the common case, a whole-edge match.
         while (n + 1) * bs <= len(key) and pos + (n + 1) * bs <= len(tokens):
             if key[n * bs : (n + 1) * bs] != tuple(tokens[pos + n * bs : pos + (n + 1) * bs]):
                 break

@@ -31,7 +31,7 @@ def test_belady_bounds_every_policy_and_a_full_budget_keeps_everything() -> None
         assert belady(steps, capacity_blocks=total, block_size=BS) == full
         for cap in (total // 8, total // 4, total // 2):
             bound = belady(steps, capacity_blocks=cap, block_size=BS)
-            for policy in ("lru", "shared"):
+            for policy in ("lru", "shared", "adaptive"):
                 got = replay(steps, capacity_blocks=cap, block_size=BS, policy=policy)
                 assert got.hit_rate <= bound + 1e-12 <= full + 1e-12, (seed, cap, policy)
                 assert 0 < got.mean_fill <= 1

@@ -131,7 +131,7 @@ def test_prefix_match_continues_into_disk_with_exact_kv(tmp_path: Path) -> None:
     assert tier.num_blocks == 0 and pc.match(NS, tokens, make_kv([]), use_cache=True)[0] == 0
 
 
-@pytest.mark.parametrize("policy", ["lru", "shared"])
+@pytest.mark.parametrize("policy", ["lru", "shared", "adaptive"])
 def test_bounded_memory_and_disk_under_a_long_random_trace(tmp_path: Path, policy: str) -> None:
     rng = random.Random(7)
     prefixes = [[rng.randrange(50) for _ in range(BS * rng.randrange(2, 8))] for _ in range(6)]
