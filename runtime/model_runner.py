@@ -267,7 +267,9 @@ class ModelRunner:
                 ``packed``); elsewhere it changes nothing (the start line says why).
                 ``"q8_0"`` / ``"q4_1"`` round the linear weights to GGUF's blocks
                 (``round_weights_quantized``) and, on the compact forward with vectorized
-                native kernels, keep the blocks for products of up to 64 rows.
+                native kernels, keep the blocks for every product of those weights and free
+                their fp32 copies (``CompactLlama``'s ``drop_fp32``: the weight memory is the
+                blocks', and ``model``'s own forward no longer runs).
             blocks: With a quantized ``weights``, GGUF blocks by module name to keep as they
                 are (a ``.gguf`` file's own tensors: ``runtime.gguf_blocks``); see
                 ``CompactLlama``'s ``blocks``.
@@ -311,6 +313,10 @@ class ModelRunner:
         if why is None and is_fp32_cpu:
             rows = native.linear_rows if native is not None and native.is_vectorized else None
             self.products = choose_products(_largest_linear(model), rows_kernel=rows)
+        # NOTE: read while every weight is there: a quantized compact forward frees the fp32
+        # copies of the weights its blocks hold (CompactLlama's drop_fp32)
+        self.fingerprint = weights_fingerprint(model)
+        """``weights_fingerprint`` of the model as loaded (and rounded): names KV on disk."""
         self.compact = (
             CompactLlama(
                 model,
@@ -318,6 +324,7 @@ class ModelRunner:
                 packed=_PACKED.get(weights),
                 products=self.products,
                 blocks=blocks,
+                drop_fp32=weights in ("q8_0", "q4_1"),
             )  # fmt: skip
             if why is None
             else None
