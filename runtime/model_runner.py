@@ -6,6 +6,7 @@ It also decides, from the model's layer types, whether resuming from a cached pr
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib
 import logging
@@ -329,6 +330,8 @@ class ModelRunner:
             if why is None
             else None
         )
+        if self.compact is not None and self.compact.fp32_dropped:
+            _return_freed_memory()
         self.path: Literal["compact", "transformers"] = (
             "compact" if self.compact else "transformers"
         )
@@ -496,6 +499,18 @@ class ModelRunner:
             raise ModelLoadError(f"layers with different KV shapes are not supported: {shapes}")
         heads, head_dim = shapes.pop()
         return KVShape(len(layers), int(heads), int(head_dim))
+
+
+def _return_freed_memory() -> None:
+    """Hand the C heap's free pages back to the OS (glibc's ``malloc_trim``; nothing elsewhere).
+
+    NOTE: the freed fp32 weights (a few MB each) sit in glibc's heap, which keeps freed memory
+    for reuse: SmolLM2-135M with ``q4_1`` held 1,534 MB resident after load, 1,101 MB after the
+    trim (float32: 1,522 and 1,518)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # NOTE: not glibc: its allocator returns memory its own way
+        pass
 
 
 def _largest_linear(model: Any) -> torch.Tensor:
