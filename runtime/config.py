@@ -38,7 +38,7 @@ __all__ = [
 
 Dtype: TypeAlias = Literal["float32", "bfloat16", "float16"]
 ForwardPath: TypeAlias = Literal["auto", "compact", "transformers"]
-"""``compact``: ``runtime.compact_llama`` (Llama family); ``transformers``: the model's own
+"""``compact``: ``runtime.model.compact_llama`` (Llama family); ``transformers``: the model's own
 forward (every architecture, the reference); ``auto``: compact where supported."""
 
 WeightsDtype: TypeAlias = Literal["float32", "bfloat16", "float32-packed", "q8_0", "q4_1"]

@@ -29,7 +29,7 @@ from runtime.config import (
 from runtime.exceptions import InvalidRequestError
 from runtime.kv_stores import KVStores
 from runtime.model.openmp import release_thread_workers
-from runtime.model_runner import ModelRunner, WeightsDtype, load_model
+from runtime.model.runner import ModelRunner, WeightsDtype, load_model
 from runtime.outputs import CacheStats, Completion, StreamDelta
 from runtime.request.builder import RequestBuilder
 from runtime.request.spec import Prompt, RequestSpec
@@ -76,12 +76,12 @@ class Engine:
         """Wrap an already loaded model; prefer ``from_pretrained``.
 
         NOTE: on the compact forward the model's projection and LM-head weights become
-        transposed views of input-major storage (``runtime.compact_llama``; one copy of each
+        transposed views of input-major storage (``runtime.model.compact_llama``; one copy of each
         weight). Its HF forward still gives the same logits, but ``model.save_pretrained``
         needs ``state_dict={k: v.contiguous() for k, v in model.state_dict().items()}``.
         ``weights="bfloat16"`` rounds the model's linear weights in place (see
         ``EngineConfig.weights``), as do ``"q8_0"`` / ``"q4_1"`` to GGUF's blocks;
-        ``weight_blocks`` (module name -> uint8 blocks, ``runtime.gguf_blocks``) are a GGUF
+        ``weight_blocks`` (module name -> uint8 blocks, ``runtime.model.gguf_blocks``) are a GGUF
         file's own blocks for those, kept as they are.
 
         Args:
@@ -168,7 +168,7 @@ class Engine:
         blocks = None
         weights = config.weights
         if weights in ("q8_0", "q4_1") and str(model).endswith(".gguf") and Path(model).is_file():
-            from runtime.gguf_blocks import gguf_blocks
+            from runtime.model.gguf_blocks import gguf_blocks
 
             blocks = gguf_blocks(model, weights)
         return cls(lm, tokenizer, config, model_id=str(model), weight_blocks=blocks)

@@ -16,7 +16,7 @@ from runtime.cache.kv_pool import KVPool
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.cache.radix_cache import Namespace
 from runtime.config import EngineConfig
-from runtime.model_runner import ModelRunner, reuse_blocker
+from runtime.model.runner import ModelRunner, reuse_blocker
 from runtime.outputs import CacheStats
 
 __all__ = ["KVStores"]

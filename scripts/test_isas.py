@@ -1,12 +1,12 @@
 """`make test-isas`: the native kernels proven on the paths this machine does not pick itself.
 
-`make test` runs the suite on the default path (the best ISA the CPU has; the kernel tests also
-run every ISA it can, ``tests/runtime/kernel_isas.py``). This runs the kernel and engine-exactness
-tests once more under ``AGENTCACHE_KERNEL_ISA=<isa>`` for each other ISA the CPU runs (an
-AVX-512 CI machine proves its AVX2 and scalar paths end to end: cache on equals cache off on
-each), then compiles every kernel source for aarch64 with Debian's cross compiler
-(``python -m runtime.kernels build --isa neon --compile-only``), so a source that does not compile
-for ARM fails CI on an x86 machine. Exit status: the first failure's, else 0.
+`make test` runs the suite on the default path (the best ISA the CPU has; the kernel tests also run
+every ISA it can, ``tests/runtime/kernel_isas.py``). This runs the kernel and engine-exactness tests
+once more under ``AGENTCACHE_KERNEL_ISA=<isa>`` for each other ISA the CPU runs (an AVX-512 CI
+machine proves its AVX2 and scalar paths end to end: cache on equals cache off on each), then
+compiles every kernel source for aarch64 with Debian's cross compiler (``python -m
+runtime.model.kernels build --isa neon --compile-only``), so a source that does not compile for ARM
+fails CI on an x86 machine. Exit status: the first failure's, else 0.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 
-from runtime.kernels._isa import choose_isa, missing_features
+from runtime.model.kernels._isa import choose_isa, missing_features
 
 TESTS = [
     "tests/runtime/test_native_kernels.py",
@@ -41,7 +41,7 @@ def run(command: list[str], **env: str) -> int:
 
 def main() -> int:
     python = sys.executable
-    if (code := run([python, "-m", "runtime.kernels", "info"])) != 0:
+    if (code := run([python, "-m", "runtime.model.kernels", "info"])) != 0:
         return code
     default = choose_isa({}).isa
     for isa in ("avx2", "neon", "scalar"):
@@ -58,7 +58,7 @@ def main() -> int:
         print(f"== {CROSS} not found: the aarch64 compile is skipped (Debian: "
               "g++-aarch64-linux-gnu; .ci/run installs it)")  # fmt: skip
         return 0
-    return run([python, "-m", "runtime.kernels", "build", "--isa", "neon", "--cxx", CROSS,
+    return run([python, "-m", "runtime.model.kernels", "build", "--isa", "neon", "--cxx", CROSS,
                 "--compile-only"])  # fmt: skip
 
 

@@ -232,13 +232,13 @@ def byte_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def native_kernels_built() -> None:
-    """Build the native kernels (``runtime.kernels``) once, in this process, before any test
+    """Build the native kernels (``runtime.model.kernels``) once, in this process, before any test
     starts a server subprocess: on a cold machine each child would otherwise build its own copy
     (about 35 s) inside its start-up timeout."""
     try:
         import torch  # noqa: F401
     except ImportError:
         return
-    from runtime.kernels import native_kernels
+    from runtime.model.kernels import native_kernels
 
     native_kernels()

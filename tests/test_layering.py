@@ -97,4 +97,4 @@ def test_the_serve_engine_contract_loads_no_torch() -> None:
         "import runtime.serve.flags, runtime.scheduler.config, runtime.sampling.params"
     )
     loaded = _loaded_after(code)
-    assert "runtime.engine" not in loaded and "runtime.model_runner" not in loaded
+    assert "runtime.engine" not in loaded and "runtime.model.runner" not in loaded

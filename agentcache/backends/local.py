@@ -117,7 +117,7 @@ class LocalBackend(BaseBackend):
                 float32), ``float32-packed`` (plus a packed copy for decode steps: the weight
                 memory again, the same answers within float32 rounding), ``q8_0`` or ``q4_1``
                 (a quantized model: GGUF's blocks, read directly by decode steps); see
-                ``runtime.model_runner.WeightsDtype``.
+                ``runtime.model.runner.WeightsDtype``.
             device: torch device string.
             chunk_reuse: Opt-in reuse of each ``Document``'s KV in any order (the engine's chunk
                 store, ``runtime.chunks.assembler``): ``"exact"`` answers as under a block attention

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from runtime.bench._argtypes import positive_int
 from runtime.engine import Engine
-from runtime.model_runner import (
+from runtime.model.runner import (
     ForwardPath,
     WeightsDtype,
     load_model,
@@ -113,7 +113,7 @@ def kernels_record() -> tuple[str, dict[str, str | bool | None]]:
     """The native kernels this process runs, for a bench's header: the line to print
     (``"native kernels: avx2 (native: avx2 (this CPU lacks avx512f, ...))"``) and the same as
     JSON (``isa``: the ISA, None when off; ``loaded``; ``reason``). Builds them if needed."""
-    from runtime.kernels import chosen_isa, native_status
+    from runtime.model.kernels import chosen_isa, native_status
 
     choice, status = chosen_isa(), native_status()
     isa = choice.isa if status.loaded else None

@@ -33,7 +33,7 @@ from runtime.bench.llama_cpp_peer import (
     peer_python,
 )
 from runtime.engine import Engine
-from runtime.model_runner import ForwardPath
+from runtime.model.runner import ForwardPath
 
 __all__ = [
     "PEER_PATHS",

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from runtime.fp32_products import onednn_linear, onednn_problem
+from runtime.model.products import onednn_linear, onednn_problem
 
 __all__ = ["Hardware", "W1Shape", "batching_floor_ratio", "measure_hardware"]
 
@@ -35,7 +35,7 @@ def measure_hardware(
     """Time a square fp32 matmul and a large sum; best of ``repeats`` (after one warm-up).
 
     The matmul runs on MKL (``torch.matmul``) and, where it can (``onednn_problem``), on oneDNN,
-    which the compact forward may use instead (``runtime.fp32_products``); the faster sets the
+    which the compact forward may use instead (``runtime.model.products``); the faster sets the
     peak. NOTE: on an AMD EPYC host MKL reached 122-179 GFLOP/s, while the forward's oneDNN
     products of 512 rows ran about twice as fast: a floor from MKL alone was no floor there.
     """

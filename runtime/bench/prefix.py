@@ -40,7 +40,7 @@ from runtime.bench.llama_cpp_peer import (
     peer_python,
 )
 from runtime.engine import Engine
-from runtime.model_runner import WeightsDtype
+from runtime.model.runner import WeightsDtype
 
 __all__ = ["agreement_warnings", "prefix_main"]
 

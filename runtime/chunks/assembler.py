@@ -37,7 +37,7 @@ from runtime.chunks.rotation import rerotate, rotation_blocker
 from runtime.chunks.rows import RowForward
 from runtime.chunks.spans import ChunkMode, ChunkReuse, Span
 from runtime.model.kv_cache import RequestKVCache
-from runtime.model_runner import ModelRunner
+from runtime.model.runner import ModelRunner
 from runtime.outputs import ChunkReuseUsage
 
 __all__ = [

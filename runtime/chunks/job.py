@@ -17,7 +17,7 @@ import torch
 from runtime.cache.chunk_store import ChunkStore
 from runtime.cache.radix_cache import Namespace
 from runtime.model.kv_cache import RequestKVCache
-from runtime.model_runner import ModelRunner
+from runtime.model.runner import ModelRunner
 
 __all__ = ["Chunk", "ChunkJob"]
 

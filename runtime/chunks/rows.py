@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from runtime.compact_llama import CompactLlama
+from runtime.model.compact_llama import CompactLlama
 
 __all__ = ["RowForward"]
 

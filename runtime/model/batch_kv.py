@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 from transformers.cache_utils import Cache
 
-from runtime.compact_llama import StepSlots
+from runtime.model.attention import StepSlots
 from runtime.model.kv_cache import OwnedLayer, RequestKVCache
 
 __all__ = ["BatchKV"]

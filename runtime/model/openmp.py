@@ -1,15 +1,15 @@
 """Release a thread's OpenMP worker threads, so the engine's compute thread keeps spinning ones.
 
-torch's CPU kernels (its own ``at::parallel_for``, MKL, oneDNN and ``runtime.kernels``) run their
-parallel regions on OpenMP (GNU libgomp in torch's Linux wheels). Each thread that starts a
-parallel region gets its own pool of worker threads, kept after the region for the next one.
-Between regions libgomp's workers spin for a while before sleeping, so the next region starts at
-once; but once the process holds more OpenMP threads than CPUs, libgomp "throttles" that spin to
-almost nothing (its ``gomp_throttled_spin_count``), and every region then wakes its workers
-through the kernel. A decode step runs about 150 regions. A process that loaded a model on its
-main thread (a pool there) and computes on the engine's scheduler thread (a second pool) is over
-that count on a 2-CPU machine (libgomp counts the main thread and both pools' workers: 3), and
-every forward paid for it.
+torch's CPU kernels (its own ``at::parallel_for``, MKL, oneDNN and ``runtime.model.kernels``) run
+their parallel regions on OpenMP (GNU libgomp in torch's Linux wheels). Each thread that starts a
+parallel region gets its own pool of worker threads, kept after the region for the next one. Between
+regions libgomp's workers spin for a while before sleeping, so the next region starts at once; but
+once the process holds more OpenMP threads than CPUs, libgomp "throttles" that spin to almost
+nothing (its ``gomp_throttled_spin_count``), and every region then wakes its workers through the
+kernel. A decode step runs about 150 regions. A process that loaded a model on its main thread (a
+pool there) and computes on the engine's scheduler thread (a second pool) is over that count on a
+2-CPU machine (libgomp counts the main thread and both pools' workers: 3), and every forward paid
+for it.
 
 ``release_thread_workers`` frees the calling thread's pool (OpenMP 5.0's
 ``omp_pause_resource_all(omp_pause_soft)``, which libgomp implements for the calling thread's

@@ -19,7 +19,7 @@ from runtime.cache.radix_cache import Namespace
 from runtime.chunks.assembler import chunk_reuse_blocker
 from runtime.chunks.spans import ChunkReuse
 from runtime.exceptions import ChunkReuseError, InvalidRequestError, PromptTooLongError
-from runtime.model_runner import ModelRunner
+from runtime.model.runner import ModelRunner
 from runtime.request.detokenizer import Detokenizer
 from runtime.request.spec import Prompt, RequestSpec
 from runtime.request.state import Request

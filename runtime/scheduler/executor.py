@@ -23,7 +23,7 @@ from runtime.chunks.assembler import ChunkAssembler
 from runtime.exceptions import RuntimeEngineError, SamplingError
 from runtime.model.batch_kv import BatchKV
 from runtime.model.kv_cache import RequestKVCache
-from runtime.model_runner import ModelRunner
+from runtime.model.runner import ModelRunner
 from runtime.outputs import StreamDelta
 from runtime.request.state import Request, RequestStatus
 from runtime.sampling.sampler import Sampled, sample_batch

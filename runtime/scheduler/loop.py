@@ -18,7 +18,7 @@ from runtime.cache.prefix_cache import PrefixCache
 from runtime.chunks.assembler import ChunkAssembler
 from runtime.exceptions import EngineBusyError, RuntimeEngineError
 from runtime.model.openmp import release_thread_workers
-from runtime.model_runner import ModelRunner
+from runtime.model.runner import ModelRunner
 from runtime.request.state import Request, RequestStatus
 from runtime.scheduler.admission import is_all_cancelled
 from runtime.scheduler.config import SchedulerConfig, SchedulerStats

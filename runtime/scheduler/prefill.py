@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from runtime.exceptions import RuntimeEngineError
-from runtime.model_runner import ModelRunner
+from runtime.model.runner import ModelRunner
 from runtime.request.state import Request
 from runtime.scheduler.chunk_prefill import ChunkPrefill
 from runtime.scheduler.scoring import prefill_scored

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.model_runner import ModelRunner
+from runtime.model.runner import ModelRunner
 from runtime.outputs import TokenLogprob
 from runtime.request.state import Request
 from runtime.sampling.sampler import prompt_logprobs

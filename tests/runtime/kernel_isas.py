@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from runtime.kernels import (
+from runtime.model.kernels import (
     DISABLE_ENV,
     ISA_ENV,
     ISAS,
@@ -24,7 +24,7 @@ from runtime.kernels import (
     native_kernels,
     native_status,
 )
-from runtime.kernels._isa import missing_features
+from runtime.model.kernels._isa import missing_features
 
 KERNEL_ISAS = [pytest.param(isa, id=isa) for isa in ISAS]
 """``@pytest.mark.parametrize("isa", KERNEL_ISAS)``: one case per ISA the source has."""

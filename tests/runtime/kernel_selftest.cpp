@@ -1,4 +1,4 @@
-// Runs the torch-free kernel cores (runtime/kernels/attention.cpp, products.cpp, quantized.cpp)
+// Runs the torch-free kernel cores (runtime/model/kernels/attention.cpp, products.cpp, quantized.cpp)
 // of one ISA's build against float64 loops written here, serially (vec.h's default threads). Built by
 // tests/runtime/test_kernel_cores.py for each ISA this machine runs, and for NEON with an aarch64
 // cross compiler, run under qemu: so the NEON path is executed, not only compiled, on x86.

@@ -95,7 +95,7 @@ def test_decode_attention_equals_sdpa_over_rows_of_different_lengths(
     """One query per row (the decode step's torch products, and the C++ kernel) against SDPA
     with expanded KV heads: rows of different lengths under one boolean mask, and the additive
     form of the same mask (the boolean one always takes the torch products)."""
-    from runtime.compact_llama import CompactLlama
+    from runtime.model.compact_llama import CompactLlama
 
     torch.manual_seed(0)
     self = CompactLlama.__new__(CompactLlama)  # NOTE: ``attend`` reads only these two
@@ -128,7 +128,7 @@ def test_weights_are_stored_once_input_major_and_the_hf_forward_still_reads_them
     the rebound model equals a freshly loaded one."""
     from transformers import AutoModelForCausalLM
 
-    from runtime.compact_llama import CompactLlama
+    from runtime.model.compact_llama import CompactLlama
 
     path = save_tiny_model(arch, tmp_path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()

@@ -17,9 +17,9 @@ from runtime import (
     ModelLoadError,
     PromptTooLongError,
     SamplingParams,
-    model_runner,
 )
-from runtime.model_runner import reuse_blocker
+from runtime.model import loading
+from runtime.model.runner import reuse_blocker
 from runtime.sampling.params import SEED_MAX, SEED_MIN
 from tests.conftest import EOS_ID, VOCAB_SIZE, make_config, save_tiny_model
 
@@ -53,7 +53,7 @@ def _no_hub(*args: object, **kwargs: object) -> None:
 def test_missing_local_path_is_a_load_error_without_the_hub(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(model_runner.AutoTokenizer, "from_pretrained", _no_hub)
+    monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", _no_hub)
     with pytest.raises(ModelLoadError, match="no such model directory .*bundled name: tiny"):
         Engine.from_pretrained(name)
 
@@ -64,8 +64,8 @@ def _raise_os_error(*args: object, **kwargs: object) -> None:
 
 @pytest.mark.parametrize("name", ["org/name", "gpt2"])
 def test_hub_ids_still_go_to_from_pretrained(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not model_runner.is_local_path(name)
-    monkeypatch.setattr(model_runner.AutoTokenizer, "from_pretrained", _raise_os_error)
+    assert not loading.is_local_path(name)
+    monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", _raise_os_error)
     with pytest.raises(ModelLoadError, match="cannot load model .*not a model folder"):
         Engine.from_pretrained(name)
 

@@ -1,4 +1,4 @@
-"""The compact forward's fp32 products on MKL or oneDNN (``runtime.fp32_products``): both are
+"""The compact forward's fp32 products on MKL or oneDNN (``runtime.model.products``): both are
 float32 products, so either gives the model's answers within float32 tolerance; the choice is
 made per load (measured, or ``AGENTCACHE_FP32_PRODUCTS``) and every product follows it, the C++
 layer loop's included."""
@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime import fp32_products
-from runtime.compact_llama import CompactLlama
 from runtime.engine import Engine
-from runtime.fp32_products import (
+from runtime.model import products as fp32_products
+from runtime.model.compact_llama import CompactLlama
+from runtime.model.products import (
     FEW_ROWS,
     MKL_ONLY,
     PRODUCTS_ENV,
@@ -381,7 +381,7 @@ def test_prefix_attention_is_measured_against_torch_flash(setting: pytest.Monkey
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
 def test_prefix_attention_choice_on_real_kernels(isa: str, setting: pytest.MonkeyPatch) -> None:
     """Timed for real, either answer can win here; the compact forward records it and why."""
-    from runtime.compact_llama import CompactLlama
+    from runtime.model.compact_llama import CompactLlama
 
     kernels = isa_kernels(isa)
     setting.setattr(fp32_products, "_PREFIX_MEASURED", {})

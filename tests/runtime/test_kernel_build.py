@@ -1,6 +1,6 @@
-"""Choosing, building and loading the native kernels (``runtime.kernels``): the ISA from the
+"""Choosing, building and loading the native kernels (``runtime.model.kernels``): the ISA from the
 switch and the CPU, one folder per ISA, a damaged library rebuilt, a failed build remembered once
-per machine, no compiler at all, and ``python -m runtime.kernels``.
+per machine, no compiler at all, and ``python -m runtime.model.kernels``.
 
 The build tests never compile: a recording script stands in for the compiler (it logs each call
 and fails), so they show what the loader tries, in milliseconds; the real builds are the ones
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.kernels import _isa
-from runtime.kernels._build import MARKER, build_of
-from runtime.kernels._isa import ISAS, choose_isa, isa_flags
+from runtime.model.kernels import _isa
+from runtime.model.kernels._build import MARKER, build_of
+from runtime.model.kernels._isa import ISAS, choose_isa, isa_flags
 from tests.conftest import save_tiny_model
 
 AVX512_CPU = frozenset({"sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
@@ -120,7 +120,7 @@ def _child(code: str, env: dict[str, str], *args: str) -> subprocess.CompletedPr
                           env={**os.environ, **env}, timeout=600, check=False)  # fmt: skip
 
 
-STATUS = ("from runtime.kernels import native_kernels, native_status; "
+STATUS = ("from runtime.model.kernels import native_kernels, native_status; "
           "print(native_kernels() is None, native_status().reason)")  # fmt: skip
 
 
@@ -191,7 +191,7 @@ def test_switches_and_an_unusable_kernel_dir_leave_the_torch_path(tmp_path: Path
 ENGINE = (
     "import sys; from runtime.engine import Engine\n"
     "from runtime.sampling.params import SamplingParams\n"
-    "from runtime.kernels import native_status\n"
+    "from runtime.model.kernels import native_status\n"
     "e = Engine.from_pretrained(sys.argv[1])\n"
     "c = e.generate([5, 9, 12], SamplingParams(ignore_eos=True, max_tokens=4))\n"
     "print(e.runner.decode_attention, c.usage.completion_tokens, native_status().reason)\n"
@@ -202,7 +202,7 @@ def test_a_broken_compiler_fails_once_per_machine(tmp_path: Path) -> None:
     """A compiler that fails (``CXX`` set to one): the first process compiles, fails, writes the
     marker with the compiler's error and runs the torch path; the next one does not compile
     again, warns once naming the marker and how to retry, and its engine answers; ``python -m
-    runtime.kernels build`` or removing the marker tries again."""
+    runtime.model.kernels build`` or removing the marker tries again."""
     cxx, log = _recording_compiler(tmp_path)
     model = str(save_tiny_model("llama", tmp_path / "model"))
     env = {"AGENTCACHE_KERNEL_DIR": str(tmp_path / "k"), "CXX": str(cxx),
@@ -218,8 +218,9 @@ def test_a_broken_compiler_fails_once_per_machine(tmp_path: Path) -> None:
     assert log.read_text() == calls  # nothing compiled
     warnings = [line for line in second.stderr.splitlines() if line.startswith("agentcache: ")]
     assert len(warnings) == 1 and str(markers[0]) in warnings[0]
-    assert "python -m runtime.kernels build --isa scalar" in warnings[0]
-    retry = subprocess.run([sys.executable, "-m", "runtime.kernels", "build", "--isa", "scalar"],
+    assert "python -m runtime.model.kernels build --isa scalar" in warnings[0]
+    kernel_cli = [sys.executable, "-m", "runtime.model.kernels"]
+    retry = subprocess.run([*kernel_cli, "build", "--isa", "scalar"],
                            capture_output=True, text=True, env={**os.environ, **env},
                            timeout=600, check=False)  # fmt: skip
     assert retry.returncode == 1 and "simulated" in retry.stderr
@@ -248,7 +249,7 @@ def test_no_compiler_at_all_still_runs_on_the_torch_path(tmp_path: Path) -> None
 
 
 def _kernels_command(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "runtime.kernels", *args]
+    command = [sys.executable, "-m", "runtime.model.kernels", *args]
     return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env},
                           timeout=600, check=False)  # fmt: skip
 
@@ -281,7 +282,7 @@ def test_an_isa_this_cpu_lacks_is_never_built_or_loaded(tmp_path: Path) -> None:
     """Asked for by name (``native_kernels("neon")`` on x86, say), an ISA this CPU cannot run
     gives None at once: building it would cost a minute, and loading it would kill the process
     at its first vector instruction."""
-    from runtime.kernels import native_kernels, native_status
+    from runtime.model.kernels import native_kernels, native_status
 
     other = next(isa for isa in ("neon", "avx512", "avx2") if _isa.missing_features(isa))
     assert native_kernels(other) is None  # type: ignore[arg-type]
@@ -293,7 +294,7 @@ def test_an_isa_this_cpu_lacks_is_never_built_or_loaded(tmp_path: Path) -> None:
 def test_the_kernel_dir_follows_agentcache_home(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from runtime.kernels._build import kernel_dir
+    from runtime.model.kernels._build import kernel_dir
 
     monkeypatch.delenv("AGENTCACHE_KERNEL_DIR", raising=False)
     monkeypatch.setenv("AGENTCACHE_HOME", str(tmp_path / "home"))

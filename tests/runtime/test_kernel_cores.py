@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.kernels import _build
-from runtime.kernels._isa import isa_flags, missing_features
+from runtime.model.kernels import _build
+from runtime.model.kernels._isa import isa_flags, missing_features
 from tests.runtime.kernel_isas import KERNEL_ISAS
 
 HERE = Path(__file__).parent

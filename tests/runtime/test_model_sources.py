@@ -16,7 +16,7 @@ import torch
 
 from runtime.exceptions import ModelLoadError
 from runtime.model.names import check_model_name
-from runtime.model_runner import load_model
+from runtime.model.runner import load_model
 from runtime.models import resolve_model
 from runtime.models.pull import sha256_of
 from tests.runtime.model_files import write_gguf, write_wheel

@@ -1,4 +1,4 @@
-"""The C++ kernels of the compact forward (``runtime.kernels``), on every ISA this CPU runs
+"""The C++ kernels of the compact forward (``runtime.model.kernels``), on every ISA this CPU runs
 (``kernel_isas.py``): the decode attention against a float64 reference over every shape class it
 has code for, the prefix attention against torch's flash kernel, and the C++ layer loop against
 the Python one (within float32 rounding). The loader: ``test_kernel_build.py``."""
@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from runtime.compact_llama import CompactLlama, StepSlots
+from runtime.model.attention import StepSlots
+from runtime.model.compact_llama import CompactLlama
 from tests.runtime.kernel_isas import KERNEL_ISAS, isa_kernels
 
 NEG_INF = float("-inf")
@@ -294,7 +295,7 @@ def test_prefix_attention_matches_torch_flash(
     outputs and log-sum-exp within float32 rounding, on K/V that are views into a larger cache
     (row strides, an offset), partial key blocks and tiles, and scores large enough (``spread``)
     that an unshifted softmax would overflow."""
-    from runtime.compact_llama import _lse_attention
+    from runtime.model.attention import lse_attention as _lse_attention
 
     kernels = isa_kernels(isa)
     torch.manual_seed(queries + keys)

@@ -22,12 +22,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime import compact_llama
-from runtime.compact_llama import CompactLlama, StepSlots, prefill_mask
 from runtime.engine import Engine
-from runtime.fp32_products import PRODUCTS_ENV
-from runtime.kernels import PACKED_COLUMNS, pack_weight
-from runtime.model_runner import WeightsDtype, round_weights_bf16
+from runtime.model import compact_llama
+from runtime.model.attention import StepSlots, prefill_mask
+from runtime.model.compact_llama import CompactLlama
+from runtime.model.kernels import PACKED_COLUMNS, pack_weight
+from runtime.model.products import PRODUCTS_ENV
+from runtime.model.runner import WeightsDtype, round_weights_bf16
 from runtime.serve.cli import _runs
 from tests.conftest import save_tiny_model
 from tests.runtime.kernel_isas import KERNEL_ISAS, chosen_kernels, isa_kernels

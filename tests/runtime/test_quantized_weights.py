@@ -1,11 +1,11 @@
 """Quantized weights (``weights="q8_0"`` / ``"q4_1"``): GGUF's blocks, kept packed.
 
-The blocks are GGUF's own bytes (``quantize_weight`` through ``gguf.quants``; a ``.gguf``
-file's tensors read raw by ``runtime.gguf_blocks``, q/k rows un-permuted as transformers does);
-the products over them (``linear_quantized``) equal a float64 product over the dequantized
-values on every ISA this CPU runs, for the direct register tiles (1-4 rows) and the widened path
-(more); decode steps read the blocks; and a quantized engine answers the same with the prefix
-cache on and off, as a model of its own (it differs from the fp32 one and says so)."""
+The blocks are GGUF's own bytes (``quantize_weight`` through ``gguf.quants``; a ``.gguf`` file's
+tensors read raw by ``runtime.model.gguf_blocks``, q/k rows un-permuted as transformers does); the
+products over them (``linear_quantized``) equal a float64 product over the dequantized values on
+every ISA this CPU runs, for the direct register tiles (1-4 rows) and the widened path (more);
+decode steps read the blocks; and a quantized engine answers the same with the prefix cache on and
+off, as a model of its own (it differs from the fp32 one and says so)."""
 
 from __future__ import annotations
 
@@ -18,18 +18,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime import compact_llama
-from runtime.compact_llama import CompactLlama
 from runtime.engine import Engine
-from runtime.gguf_blocks import gguf_blocks
-from runtime.kernels import (
+from runtime.model import compact_llama
+from runtime.model.compact_llama import CompactLlama
+from runtime.model.gguf_blocks import gguf_blocks
+from runtime.model.kernels import (
     QUANT_FORMATS,
     QUANT_HEAD_FORMAT,
     dequantize_weight,
     quant_format_of,
     quantize_weight,
 )
-from runtime.model_runner import round_weights_quantized
+from runtime.model.runner import round_weights_quantized
 from runtime.serve.cli import _runs
 from tests.conftest import save_tiny_model
 from tests.runtime.kernel_isas import KERNEL_ISAS, chosen_kernels, isa_kernels

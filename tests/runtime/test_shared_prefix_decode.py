@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from runtime import compact_llama
 from runtime.engine import Engine
+from runtime.model import compact_llama
 from runtime.model.batch_kv import BatchKV
 from runtime.sampling.params import SamplingParams
 from tests.conftest import EOS_ID, VOCAB_SIZE, make_tokenizer

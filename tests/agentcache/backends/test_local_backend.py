@@ -259,7 +259,7 @@ def test_every_weights_choice_is_the_runtimes() -> None:
 
     from agentcache.cli import build_parser
     from runtime.bench.load import _parser as load_parser
-    from runtime.model_runner import WeightsDtype
+    from runtime.model.runner import WeightsDtype
 
     def choices(parser: Any) -> tuple[str, ...]:
         (action,) = [a for a in parser._actions if a.dest == "weights"]

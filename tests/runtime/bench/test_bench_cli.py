@@ -9,7 +9,7 @@ import pytest
 
 from runtime.bench import load as loadtest
 from runtime.bench import prefix, rag, stall, trace
-from runtime.kernels import chosen_isa
+from runtime.model.kernels import chosen_isa
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from runtime.bench.load import _decode_batch, main
-from runtime.kernels import chosen_isa
+from runtime.model.kernels import chosen_isa
 from runtime.serve.app import create_app
 from runtime.serve.server_thread import ServerThread
 from tests.runtime.serve.server_fakes import ScriptedEngine

@@ -2,7 +2,7 @@
 
 The same math as transformers' modelling code with fewer, larger ops per layer: one fused QKV
 projection and one fused gate-up projection, every projection and the LM head stored input-major
-(``_fuse``: MKL's faster product for a few rows; the HF modules' weights become views into these
+(``fuse``: MKL's faster product for a few rows; the HF modules' weights become views into these
 tensors, so no weight is stored twice and the HF forward stays a valid reference), grouped-query
 attention through ``scaled_dot_product_attention(enable_gqa=True)`` without materializing
 expanded K/V, and no per-layer ``Cache`` bookkeeping beyond one write per layer. Rotary embeddings
@@ -14,26 +14,45 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from runtime.fp32_products import (
+from runtime.model.attention import (
+    CASCADE_MIN_SHARED,
+    HAS_LSE_ATTENTION,
+    KVWrite,
+    Segment,
+    StepSlots,
+    attend_cascade,
+    cascade_masks,
+    decode_attention,
+    decode_mask,
+    lse_attention,
+    sdpa,
+)
+from runtime.model.compact_weights import (
+    compact_blocker,
+    fused_layer,
+    given,
+    input_major_head,
+    quantized_copies,
+    to_meta,
+)
+from runtime.model.kernels import (
+    QUANT_FORMATS,
+    QUANT_HEAD_FORMAT,
+    NativeKernels,
+    pack_weight,
+)
+from runtime.model.products import (
     FEW_ROWS,
     MKL_ONLY,
     ProductChoice,
     choose_prefix_attention,
     onednn_linear,
-)
-from runtime.kernels import (
-    QUANT_FORMATS,
-    QUANT_HEAD_FORMAT,
-    NativeKernels,
-    pack_weight,
-    quant_format_of,
-    quantize_weight,
 )
 
 __all__ = [
@@ -44,45 +63,6 @@ __all__ = [
     "StepSlots",
     "compact_blocker",
 ]
-
-KVWrite = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-"""``(layer_idx, keys, values) -> (all_keys, all_values)``: store ``[B, H_kv, q, D]`` new K/V of a
-layer and return ``[B, H_kv, kv_len, D]`` views of everything attended to (a cache layer's
-``update``)."""
-
-
-class Segment(NamedTuple):
-    """One sequence's run of tokens inside a packed forward (``CompactLlama.forward_packed``)."""
-
-    length: int
-    """Tokens of this sequence in the packed row."""
-    write_kv: KVWrite
-    """Stores its ``[1, H_kv, length, D]`` K/V per layer; returns all K/V it attends to."""
-    mask: torch.Tensor | None
-    """``[1, 1, length, kv_len]`` boolean mask (True = attend), None for one token."""
-
-
-class StepSlots(NamedTuple):
-    """Where a decode step's ``write_kv`` stores K/V (``BatchKV.step_slots``), so that the C++
-    layer loop can write and read them itself: layer ``i``'s keys are ``buffer[i, 0]``, row
-    ``rows[j]`` writes at ``pos[j]`` and keys ``[0, kv_len)`` are read."""
-
-    buffer: torch.Tensor
-    """``[L, 2, R, H_kv, capacity, D]``."""
-    rows: torch.Tensor
-    """``[B]`` int64."""
-    pos: torch.Tensor
-    """``[B]`` int64."""
-    kv_len: int
-    src: torch.Tensor | None = None
-    """``[B]`` int64 with ``shared``: row ``j``'s keys ``[0, shared[j])`` are byte for byte row
-    ``src[j]``'s (a prefix both copied from the same pinned cache blocks), so the native kernel
-    reads them once for all such rows; None: every row reads its own."""
-    shared: torch.Tensor | None = None
-    """``[B]`` int64 shared lengths (positions), see ``src``."""
-
-
-_FAMILY = frozenset({"llama", "qwen2", "mistral"})
 
 PACKED_MAX_ROWS = FEW_ROWS
 """With packed weights (``CompactLlama``'s ``packed``), products of at most this many rows
@@ -95,129 +75,13 @@ fp32 ``F.linear``: bf16: 1 row 11.1-11.5 vs 22.4-22.8, 8 rows 10.3-10.7 vs 33.6-
 (session 9, 8-row tiles) the LM head (49,152 x 576) in bf16: 1.3 vs 5.0 ms for one row."""
 
 
-def compact_blocker(model: Any) -> str | None:
-    """Why ``CompactLlama`` cannot run ``model`` (so it stays on transformers), or None."""
-    config = getattr(model, "config", None)
-    kind = getattr(config, "model_type", None)
-    if kind not in _FAMILY:
-        return f"model type {kind!r} is not in the compact family {sorted(_FAMILY)}"
-    act = getattr(config, "hidden_act", "silu")
-    if act != "silu":
-        return f"activation {act!r} (the compact MLP is SiLU-gated)"
-    window = getattr(config, "sliding_window", None)
-    if window is not None and (kind == "mistral" or getattr(config, "use_sliding_window", False)):
-        return f"sliding_window={window} (the compact path has no window mask)"
-    if getattr(config, "mlp_bias", False):
-        return "MLP projections with bias"
-    inner = getattr(model, "model", None)
-    if not hasattr(inner, "rotary_emb") or not hasattr(inner, "layers"):
-        return "no model.rotary_emb / model.layers (not the transformers Llama layout)"
-    return None
-
-
-class _Layer(NamedTuple):
-    ln1: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
-    ln2: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
-
-
-def _fuse(modules: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the projections' weights (and biases) and rebind each module to a view.
-
-    The weight is stored input-major: ``[sum(out), in]`` is a transposed view of one contiguous
-    ``[in, sum(out)]`` tensor, so ``F.linear`` runs MKL's plain (NN) product. NOTE: measured on
-    W1's layer weights (2 threads, this CPU, same run): 4 to 16 rows (a batched decode step)
-    took 20-27% less time than with the usual ``[out, in]`` storage, 512 rows (a prefill
-    chunk) 17% less, one row about the same (21.6 vs 23.2 ms per 30 layers).
-    """
-    weight = torch.cat([m.weight.detach().t() for m in modules], dim=1).t()  # [sum(out), in]
-    biases = [m.bias for m in modules]
-    bias = None
-    if any(b is not None for b in biases):
-        parts = [b.detach() if b is not None else torch.zeros_like(m.weight[:, 0])
-                 for m, b in zip(modules, biases, strict=True)]  # fmt: skip
-        bias = torch.cat(parts)
-    start = 0
-    for m in modules:  # NOTE: the HF modules now read the fused storage: one copy of each weight.
-        end = start + m.weight.shape[0]
-        m.weight = torch.nn.Parameter(weight[start:end], requires_grad=False)
-        if m.bias is not None and bias is not None:
-            m.bias = torch.nn.Parameter(bias[start:end], requires_grad=False)
-        start = end
-    return weight, bias
-
-
-def _input_major_head(model: Any) -> torch.Tensor:
-    """Store the LM head input-major (as ``_fuse`` does) and rebind it, and a tied input
-    embedding, to the ``[vocab, hidden]`` view; returns the view (detached).
-
-    NOTE: the LM head is the largest single product of a decode step (W1: 49,152 x 576); 8 rows
-    took 13.8 ms against 26.1 ms with ``[vocab, hidden]`` storage, one row 5.6 vs 6.6 ms (same
-    run, 2 threads). An embedding lookup reads a few strided rows of the view, which is cheap.
-    """
-    head, embed = model.lm_head, model.model.embed_tokens
-    is_tied = head.weight is embed.weight
-    view: torch.Tensor = head.weight.detach().t().contiguous().t()  # [vocab, hidden], input-major
-    param = torch.nn.Parameter(view, requires_grad=head.weight.requires_grad)
-    head.weight = param
-    if is_tied:
-        embed.weight = param
-    return view
-
-
-_FUSED_PARTS = (
-    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
-    ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",),
-)  # fmt: skip
-"""The modules whose rows make up each fused weight of a layer: qkv, o, gate_up, down."""
-
-
-def _quantize(weight: torch.Tensor, fmt: str) -> torch.Tensor:
-    out: torch.Tensor = quantize_weight(weight, fmt)
-    return out
-
-
-def _given(
-    blocks: Mapping[str, torch.Tensor],
-    names: tuple[str, ...],
-    weight: torch.Tensor,
-    fmt: str,
-    *,
-    fused: bool = False,
-) -> torch.Tensor:
-    """``weight`` in ``fmt``'s GGUF blocks: ``blocks[name]`` for each name (``fused``: all of
-    them, rows concatenated; else the first present) where given in ``fmt``, else quantized.
-
-    Raises:
-        ValueError: the given blocks do not match ``weight``'s shape.
-    """
-    found = [blocks[n] for n in names if n in blocks]
-    if not fused:
-        found = found[:1]
-    if not found or (fused and len(found) != len(names)):
-        return _quantize(weight, fmt)
-    if any(quant_format_of(b) != fmt for b in found):
-        return _quantize(weight, fmt)
-    out = torch.cat(found) if len(found) > 1 else found[0].contiguous()
-    n, k = weight.shape
-    if out.dtype != torch.uint8 or out.shape[:2] != (n, k // 32):
-        raise ValueError(f"GGUF blocks of {names[0]!r} are {tuple(out.shape)}, the weight "
-                         f"[{n}, {k}] needs [{n}, {k // 32}, bytes]")  # fmt: skip
-    return out
-
-
 class CompactLlama:
     """The compact forward of one loaded transformers model of the Llama family.
 
     Args:
         model: A ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``MistralForCausalLM`` (eval mode)
             for which ``compact_blocker`` returns None.
-        native: The C++ kernels (``runtime.kernels.native_kernels()``) for one-query steps, or
+        native: The C++ kernels (``runtime.model.kernels.native_kernels()``) for one-query steps, or
             None for the torch path. Used only for fp32 weights on the CPU.
         packed: With vectorized ``native`` kernels (``is_vectorized``), keep a packed copy
             (``pack_weight``) of each projection and of the LM head in this dtype, on top of the
@@ -236,7 +100,7 @@ class CompactLlama:
             ``F.linear``) for all. Either computes in float32: the same answers within float32
             rounding.
         blocks: With ``packed`` a quantized format, GGUF blocks to use as they are (a
-            ``.gguf`` file's own tensors, ``runtime.gguf_blocks``), by module name
+            ``.gguf`` file's own tensors, ``runtime.model.gguf_blocks``), by module name
             (``model.layers.0.self_attn.q_proj``, ``lm_head``; a tied head may come as
             ``model.embed_tokens``); a weight whose blocks are absent or in another format is
             quantized from its fp32 values.
@@ -278,11 +142,11 @@ class CompactLlama:
         self.eps = float(config.rms_norm_eps)
         self.scale = self.head_dim**-0.5
         inner = model.model
-        self.lm_head = _input_major_head(model)  # [vocab, hidden]
+        self.lm_head = input_major_head(model)  # [vocab, hidden]
         self.embed = inner.embed_tokens.weight.detach()  # [vocab, hidden]
         self.rotary = inner.rotary_emb
         self.norm = inner.norm.weight  # [hidden]
-        self.layers = [self._layer(layer) for layer in inner.layers]
+        self.layers = [fused_layer(layer) for layer in inner.layers]
         fits = self.embed.dtype == torch.float32 and self.embed.device.type == "cpu"
         self.native = native if fits else None
         """The C++ kernels this forward uses (None: the torch path); see ``attend`` and
@@ -293,7 +157,7 @@ class CompactLlama:
             (False, "no native kernels")
             if self.native is None
             else choose_prefix_attention(
-                self.native.prefix_attention, _lse_attention, self.num_kv_heads, self.head_dim,
+                self.native.prefix_attention, lse_attention, self.num_kv_heads, self.head_dim,
                 self.native.isa,
             )
         )  # fmt: skip
@@ -311,11 +175,11 @@ class CompactLlama:
         self._packed_max_rows = 0
         vectorized = self.native is not None and self.native.is_vectorized
         if vectorized and isinstance(packed, str):
-            copies = self._quantized(packed, blocks or {})
+            copies = quantized_copies(self.layers, packed, blocks or {})
             # NOTE: a GGUF file stores a tied head once, as the embedding (token_embd)
             tied = model.lm_head.weight is model.model.embed_tokens.weight
             head_names = ("lm_head", "model.embed_tokens") if tied else ("lm_head",)
-            self._head_packed = _given(blocks or {}, head_names, self.lm_head,
+            self._head_packed = given(blocks or {}, head_names, self.lm_head,
                                        QUANT_HEAD_FORMAT[packed])  # fmt: skip
             self._packed_max_rows = PACKED_MAX_ROWS
         elif vectorized and packed is not None:
@@ -343,24 +207,9 @@ class CompactLlama:
         in ``model``'s modules; every product then reads the blocks (``_packed_max_rows``
         unbounded, no fp32 library path)."""
         assert self._head_packed is not None, "drop_fp32 needs the head's blocks"
-
-        def meta(module: Any) -> torch.Tensor:
-            weight = torch.empty_like(module.weight.detach(), device="meta")
-            module.weight = torch.nn.Parameter(weight, requires_grad=False)
-            return weight
-
-        for i, hf in enumerate(model.model.layers):
-            for path in itertools.chain(*_FUSED_PARTS):
-                meta(hf.get_submodule(path))
-            layer = self.layers[i]
-            fused = {name: torch.empty_like(getattr(layer, name), device="meta")
-                     for name in ("qkv", "o", "gate_up", "down")}  # fmt: skip
-            self.layers[i] = layer._replace(**fused)
-        head, embed = model.lm_head, model.model.embed_tokens
-        tied = head.weight is embed.weight
-        self.lm_head = meta(head)
+        self.layers, self.lm_head, tied = to_meta(model, self.layers)
         if tied:
-            embed.weight = head.weight
+            model.model.embed_tokens.weight = model.lm_head.weight
             self._embed_blocks = self._head_packed
             self.embed = self.lm_head
         self._packed_max_rows = sys.maxsize
@@ -394,30 +243,6 @@ class CompactLlama:
         copies = [*self._packed, *([] if self._head_packed is None else [self._head_packed])]
         return sum(c.numel() * c.element_size() for c in copies)
 
-    def _quantized(self, fmt: str, blocks: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-        """Per layer the GGUF blocks of qkv, o, gate_up and down in ``fmt``: the given ones
-        (fused weights concatenate their parts' rows) where every part is given in ``fmt``, else
-        ``quantize_weight`` of the fp32 weight."""
-        copies = []
-        for i, layer in enumerate(self.layers):
-            fused = (layer.qkv, layer.o, layer.gate_up, layer.down)
-            for parts, weight in zip(_FUSED_PARTS, fused, strict=True):
-                names = tuple(f"model.layers.{i}.{part}" for part in parts)
-                copies.append(_given(blocks, names, weight, fmt, fused=True))
-        return copies
-
-    @staticmethod
-    def _layer(layer: Any) -> _Layer:
-        attn, mlp = layer.self_attn, layer.mlp
-        qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-        gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])
-        o, o_bias = _fuse([attn.o_proj])
-        down, _ = _fuse([mlp.down_proj])
-        return _Layer(
-            layer.input_layernorm.weight.detach(), qkv, qkv_bias, o, o_bias,
-            layer.post_attention_layernorm.weight.detach(), gate_up, down,
-        )  # fmt: skip
-
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
@@ -425,7 +250,7 @@ class CompactLlama:
 
         One query per row (a decode step) takes the native kernel when there is one and the
         mask is additive ``[B, 1, 1, kv_len]`` or None, else two batched matrix products and a
-        softmax (``_decode_attention``); longer queries take SDPA. ``mask``: boolean (True =
+        softmax (``decode_attention``); longer queries take SDPA. ``mask``: boolean (True =
         attend) or additive float, broadcast to ``[B, 1, q, kv_len]``.
 
         NOTE: torch's bf16 attention on CPU runs about 6x slower than fp32 (measured in issue
@@ -443,9 +268,9 @@ class CompactLlama:
             flat = None if mask is None else mask.reshape(mask.shape[0], -1)
             out = self.native.decode_attention(q[:, :, 0], k, v, flat, self.scale).unsqueeze(2)
         elif q.shape[2] == 1:
-            out = _decode_attention(q, k, v, mask, self.scale)
+            out = decode_attention(q, k, v, mask, self.scale)
         else:
-            out = _sdpa(q, k, v, mask, self.scale)
+            out = sdpa(q, k, v, mask, self.scale)
         return out if dtype == torch.float32 else out.to(dtype)
 
     def _native_fits(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -561,7 +386,7 @@ class CompactLlama:
         h = self.embed_tokens(ids)  # [B, q, hidden]
         cos, sin = self.rope(h, positions)
         if mask is not None and ids.shape[1] == 1 and mask.dtype == torch.bool:
-            mask = _decode_mask(mask)
+            mask = decode_mask(mask)
         if slots is not None and ids.shape[1] == 1 and self._layers_native is not None:
             h = self._layers_native.run(
                 h, cos, sin, slots.buffer, slots.rows, slots.pos, slots.kv_len, mask,
@@ -607,8 +432,9 @@ class CompactLlama:
         assert sum(s.length for s in segments) == ids.shape[1], "segments must cover ids"
         h = self.embed_tokens(ids)  # [1, N, hidden]
         cos, sin = self.rope(h, positions)
-        cascade = shared_len >= CASCADE_MIN_SHARED and len(segments) > 1 and _HAS_LSE_ATTENTION
-        own_masks = self._cascade_masks(segments, shared_len) if cascade else []
+        cascade = shared_len >= CASCADE_MIN_SHARED and len(segments) > 1 and HAS_LSE_ATTENTION
+        group = self.num_heads // self.num_kv_heads
+        own_masks = cascade_masks(segments, shared_len, group) if cascade else []
         for i in range(len(self.layers)):
             qs, ks, vs = self.qkv(i, h, cos, sin)
             parts, start = [], 0
@@ -625,23 +451,6 @@ class CompactLlama:
         ends = list(itertools.accumulate(s.length for s in segments))
         return self.logits(h[:, [end - 1 for end in ends]])[0]  # [G, vocab]
 
-    def _cascade_masks(
-        self, segments: Sequence[Segment], shared_len: int
-    ) -> list[torch.Tensor | None]:
-        """Each segment's additive mask over its keys past ``shared_len``, rows folded as
-        ``_attend_cascade`` folds queries: ``[1, 1, G * length, kv_len - shared_len]`` (None for
-        one token). Built once per forward; every layer uses them."""
-        g = self.num_heads // self.num_kv_heads
-        masks: list[torch.Tensor | None] = []
-        for seg in segments:
-            if seg.mask is None:
-                masks.append(None)
-                continue
-            rest = seg.mask[0, 0, :, shared_len:].repeat(g, 1)  # bool, True = attend
-            own = torch.zeros(rest.shape, device=rest.device).masked_fill_(~rest, float("-inf"))
-            masks.append(own.view(1, 1, g * seg.length, -1))
-        return masks
-
     def _attend_prefix(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -654,7 +463,7 @@ class CompactLlama:
         if native is not None and d % 16 == 0 and d <= 128 and v.stride(-1) == 1:
             out, lse = native.prefix_attention(q[0], k[0], v[0], self.scale)
             return out.unsqueeze(0), lse.unsqueeze(0)
-        return _lse_attention(q, k, v, None, self.scale)
+        return lse_attention(q, k, v, None, self.scale)
 
     def _attend_cascade(
         self,
@@ -663,103 +472,6 @@ class CompactLlama:
         shared_len: int,
         own_masks: list[torch.Tensor | None],
     ) -> torch.Tensor:
-        """``forward_packed``'s attention with a shared prefix: ``[1, H, N, D]`` queries, each
-        part ``(its query slice, its keys and values [1, H_kv, kv_len, D], its mask)`` and its
-        folded mask past the prefix (``_cascade_masks``).
-
-        The ``G = H / H_kv`` query heads of a KV head are folded into the query length, so each
-        product is one plain attention per KV head (K/V never expanded).
-        """
-        _, nh, n, d = qs.shape
-        nkv = parts[0][1].shape[1]
-        g = nh // nkv
-        folded = qs.reshape(1, nkv, g * n, d)  # rows (g, token)
-        k0, v0 = parts[0][1][:, :, :shared_len], parts[0][2][:, :, :shared_len]
-        out, lse = self._attend_prefix(folded, k0, v0)
-        out, lse = out.view(1, nkv, g, n, d), lse.view(1, nkv, g, n)
-        own_out, own_lse = torch.empty_like(out), torch.empty_like(lse)
-        for (part, keys, values, _), own_mask in zip(parts, own_masks, strict=True):
-            m = part.stop - part.start
-            o2, l2 = _lse_attention(
-                qs[:, :, part].reshape(1, nkv, g * m, d),
-                keys[:, :, shared_len:], values[:, :, shared_len:], own_mask, self.scale,
-            )  # fmt: skip
-            own_out[:, :, :, part] = o2.view(1, nkv, g, m, d)
-            own_lse[:, :, :, part] = l2.view(1, nkv, g, m)
-        top = torch.maximum(lse, own_lse)
-        w_shared, w_own = torch.exp(lse - top), torch.exp(own_lse - top)
-        total = w_shared + w_own
-        w_shared, w_own = (w_shared / total).unsqueeze(-1), (w_own / total).unsqueeze(-1)
-        merged = out * w_shared + own_out * w_own
-        return merged.view(1, nh, n, d)
-
-
-CASCADE_MIN_SHARED = 512
-"""Shared positions from which ``forward_packed`` attends to the prefix once for all segments.
-NOTE: measured with 16 segments of 20-35 tokens, 2 threads. W1 (30 layers) over 1,250 shared:
-the attention 511-652 against 773-865 ms per segment, the prefill step 1.06-1.07x faster
-(median). The bundled ``tiny`` (4 layers), where per-call overhead dominates: over 300 shared
-the step was 10% slower (91 against 81 ms median), over 2,000 10% faster (151 against 168)."""
-
-_HAS_LSE_ATTENTION = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
-
-
-def _lse_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention ``[B, H, L, D]`` and its log-sum-exp ``[B, H, L]`` (torch's CPU flash kernel,
-    what SDPA itself calls on CPU; ``mask`` additive float or None)."""
-    # NOTE: the overload itself: the packet resolves its schema from the arguments per call.
-    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-    out, lse = op(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
-    return out, lse
-
-
-def _decode_mask(allowed: torch.Tensor) -> torch.Tensor | None:
-    """A decode step's boolean mask as what ``_decode_attention`` reads fastest: None when every
-    row attends to every key (one sequence, or rows of equal length), else additive (0 / -inf),
-    built once per step instead of once per layer."""
-    if bool(allowed.all()):
-        return None
-    return torch.zeros(allowed.shape, device=allowed.device).masked_fill_(~allowed, float("-inf"))
-
-
-def _sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
-) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-
-
-def _decode_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
-) -> torch.Tensor:
-    """One query per row over grouped KV heads: ``[B, H, 1, D]`` -> ``[B, H, 1, D]``.
-
-    The ``H / H_kv`` queries sharing a KV head form one ``[G, D] x [D, kv_len]`` product, so K/V
-    are read once per KV head and never expanded. NOTE: measured on W1 (30 layers, 2,000 cached
-    tokens, 2 threads) at ~125 us per layer against ~245 us for SDPA's CPU flash kernel, which
-    blocks a single query poorly.
-    """
-    b, nh, _, d = q.shape
-    nkv = k.shape[1]
-    scores = torch.matmul(q.reshape(b, nkv, nh // nkv, d), k.transpose(-1, -2))  # [B, H_kv, G, T]
-    scores.mul_(scale)
-    if mask is not None:  # [B, 1, 1, T] -> one row per KV head group
-        if mask.dtype == torch.bool:
-            scores.masked_fill_(~mask, float("-inf"))
-        else:
-            scores.add_(mask)
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, v).view(b, nh, 1, d)
-
-
-def prefill_mask(start: int, q: int, device: torch.device) -> torch.Tensor | None:
-    """``[1, 1, q, start + q]`` causal mask for ``q`` new tokens after ``start`` cached ones.
-
-    None when ``q == 1`` (one query attends to everything before it: no mask needed).
-    """
-    if q == 1:
-        return None
-    rows = torch.arange(q, device=device).unsqueeze(1) + start  # [q, 1]
-    cols = torch.arange(start + q, device=device).unsqueeze(0)  # [1, start + q]
-    return (cols <= rows).view(1, 1, q, start + q)
+        """``forward_packed``'s attention with a shared prefix (``attention.attend_cascade``),
+        the prefix attended by ``_attend_prefix``."""
+        return attend_cascade(qs, parts, shared_len, own_masks, self.scale, self._attend_prefix)

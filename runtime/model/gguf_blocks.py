@@ -79,7 +79,7 @@ def gguf_blocks(path: str | Path, fmt: str) -> dict[str, torch.Tensor]:
     """
     from gguf import GGMLQuantizationType, GGUFReader
 
-    from runtime.kernels import QUANT_HEAD_FORMAT
+    from runtime.model.kernels import QUANT_HEAD_FORMAT
 
     if fmt not in _FORMATS:
         raise ValueError(f"unknown quantized format {fmt!r}; valid: {', '.join(_FORMATS)}")

@@ -1,6 +1,6 @@
 // The portable vector layer of agentcache's native kernels: one source for every instruction set.
 //
-// The build (runtime/kernels/_build.py) defines exactly one AGENTCACHE_ISA_* macro and passes the
+// The build (runtime/model/kernels/_build.py) defines exactly one AGENTCACHE_ISA_* macro and passes the
 // matching compiler flags; this header turns it into the native vector width (kW floats), the
 // number of vector registers (kRegs) that the kernels size their register tiles by, and `vf`, a
 // GCC/Clang vector-extension type of that width (plain `float` for the scalar path), so that one
@@ -64,7 +64,7 @@
 #define AGENTCACHE_VEC_FLOATS 1
 #define AGENTCACHE_VEC_REGS 16
 #else
-#error "build with one of -DAGENTCACHE_ISA_{AVX512,AVX2,NEON,SCALAR} (runtime/kernels/_build.py)"
+#error "build with one of -DAGENTCACHE_ISA_{AVX512,AVX2,NEON,SCALAR} (runtime/model/kernels/_build.py)"
 #endif
 
 // Loop hints: `omp simd` (honoured with -fopenmp) on vector paths, nothing on the scalar one.

@@ -2,7 +2,7 @@
 // source for every ISA (vec.h).
 //
 // A weight [N, K] is N rows of K / 32 blocks, each block 32 consecutive inputs of one output,
-// exactly as GGUF stores it (ggml's block_q8_0 / block_q4_1; runtime.kernels.quantize_weight):
+// exactly as GGUF stores it (ggml's block_q8_0 / block_q4_1; runtime.model.kernels.quantize_weight):
 // - Q8_0, 34 bytes: fp16 scale d, then 32 int8 q; weight i = d * q[i].
 // - Q4_1, 20 bytes: fp16 scale d, fp16 minimum m, then 16 bytes of nibbles: byte j holds weight
 //   j in its low nibble and weight 16 + j in its high one; weight i = d * q[i] + m.

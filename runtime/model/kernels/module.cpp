@@ -1,6 +1,6 @@
 // The Python module of agentcache's native kernels: the ops (ops.h) and DecodeLayers (layers.h)
 // bound with pybind11, the GIL released while they run, and the cores' threads (vec.h) pointed at
-// torch's intra-op pool. Built by runtime/kernels/_build.py, once per ISA.
+// torch's intra-op pool. Built by runtime/model/kernels/_build.py, once per ISA.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 

@@ -7,11 +7,10 @@ compiler or source never reuses a wrong build. A build goes to a private tempora
 renamed into place, so concurrent first builds never read a half-written library and a killed
 build leaves no lock behind (its folder is removed by a later build after an hour).
 
-A failed build (no compiler, a compiler or linker error, no OpenMP, a library that does not
-load) writes ``build-failed.txt`` into the ISA's folder with the compiler's error: later
-processes read it, warn once and run the torch path at once instead of compiling again; removing
-the file, ``python -m runtime.kernels build``, or any change of the key (source, flags, compiler)
-tries again.
+A failed build (no compiler, a compiler or linker error, no OpenMP, a library that does not load)
+writes ``build-failed.txt`` into the ISA's folder with the compiler's error: later processes read
+it, warn once and run the torch path at once instead of compiling again; removing the file, ``python
+-m runtime.model.kernels build``, or any change of the key (source, flags, compiler) tries again.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from types import ModuleType
 from typing import NamedTuple
 
 from runtime.env import agentcache_home
-from runtime.kernels._isa import Isa, isa_flags
+from runtime.model.kernels._isa import Isa, isa_flags
 
 __all__ = [
     "KERNEL_DIR_ENV",
@@ -72,7 +71,7 @@ infinities keep their meaning (no ``-ffinite-math-only``): masked keys are ``-in
 _LDFLAGS = ("-fopenmp",)
 _STALE_BUILD_S = 3600.0  # NOTE: a first build takes about 40-90 s on 2 cores
 
-_log = logging.getLogger("runtime.kernels")
+_log = logging.getLogger("runtime.model.kernels")
 
 
 class BuildFailed(RuntimeError):
@@ -162,7 +161,7 @@ def _write_marker(b: Build, reason: str, detail: str) -> None:
     text = (
         f"agentcache native kernels: the {b.isa} build failed ({stamp}).\n"
         f"reason: {reason}\n"
-        f"retry: remove this file, or run: python -m runtime.kernels build --isa {b.isa}\n"
+        f"retry: remove this file, or run: python -m runtime.model.kernels build --isa {b.isa}\n"
         f"compiler: {compiler()}\n"
         f"flags: {' '.join((*_CFLAGS, *isa_flags(b.isa)))}\n\n{detail[-20_000:]}\n"
     )

@@ -1,4 +1,5 @@
-"""``python -m runtime.kernels info|build``: what the native kernels run on here, and building them.
+"""``python -m runtime.model.kernels info|build``: what the native kernels run on here, and building
+them.
 
 ``info`` prints the CPU's vector features, the ISA chosen and why, the build folder, and whether
 the build exists, loads, or failed earlier (it never compiles). ``build`` builds one ISA's
@@ -20,9 +21,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from runtime.kernels._build import BuildFailed, build, build_of, compile_only, compiler
-from runtime.kernels._build import marker_reason as _marker_reason
-from runtime.kernels._isa import ISA_ENV, ISAS, Isa, choose_isa, cpu_features, missing_features
+from runtime.model.kernels._build import BuildFailed, build, build_of, compile_only, compiler
+from runtime.model.kernels._build import marker_reason as _marker_reason
+from runtime.model.kernels._isa import (
+    ISA_ENV,
+    ISAS,
+    Isa,
+    choose_isa,
+    cpu_features,
+    missing_features,
+)
 
 _SHOWN = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx2", "fma", "f16c",
           "asimd", "sve")  # fmt: skip
@@ -55,11 +63,11 @@ def _library_state(isa: Isa) -> str:
     failed = _marker_reason(b)
     if failed is not None:
         return f"an earlier build failed: {failed}\n  marker: {b.marker} (remove it, or run " \
-               f"`python -m runtime.kernels build --isa {isa}`, to retry)"  # fmt: skip
+               f"`python -m runtime.model.kernels build --isa {isa}`, to retry)"  # fmt: skip
     if not b.library.is_file():
         return "not built yet (the first engine to load a model builds it, or run " \
-               f"`python -m runtime.kernels build --isa {isa}`)"  # fmt: skip
-    from runtime.kernels import native_status
+               f"`python -m runtime.model.kernels build --isa {isa}`)"  # fmt: skip
+    from runtime.model.kernels import native_status
 
     status = native_status(isa)
     return f"built and loaded: {status.reason}" if status.loaded else f"not loaded: {status.reason}"
@@ -119,7 +127,7 @@ def _build(isa: Isa, cxx: str | None, only: bool, out: Path | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m runtime.kernels",
+        prog="python -m runtime.model.kernels",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

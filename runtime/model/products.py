@@ -17,7 +17,7 @@ is expected to keep MKL.
 
 The products of a very few rows (a decode step of one to ``ROWS_MAX`` requests, where every
 weight is read for little arithmetic) have a third candidate where the native kernels are
-vectorized (any ISA but scalar): ``runtime.kernels``' ``linear_rows``, which streams the same
+vectorized (any ISA but scalar): ``runtime.model.kernels``' ``linear_rows``, which streams the same
 input-major weights (no copy) and is chosen for up to ``ROWS_MAX`` rows when it took under 90% of
 the few-row library's time at 4 rows, else for one row when it did so at 1 row. NOTE: measured
 on W1's 30 layers of products (AMD EPYC host with AVX-512, 2 threads,
@@ -315,7 +315,7 @@ def choose_prefix_attention(
 
     Args:
         native: ``NativeKernels.prefix_attention``.
-        flash: ``compact_llama._lse_attention`` (torch's CPU flash kernel, with the LSE).
+        flash: ``attention.lse_attention`` (torch's CPU flash kernel, with the LSE).
         num_kv_heads, head_dim: The model's.
         isa: ``NativeKernels.isa`` (part of the key: each ISA's build is measured on its own).
 

@@ -1,7 +1,7 @@
 // Matrix products of few rows (a decode step's) for agentcache's compact forward, fp32 inputs,
 // accumulation and outputs, one source for every ISA (vec.h).
 //
-// linear_packed: y = x . W^T + bias with W packed by runtime.kernels.pack_weight into blocks of
+// linear_packed: y = x . W^T + bias with W packed by runtime.model.kernels.pack_weight into blocks of
 // kPackedCols (32) output columns, [ceil(N / 32), K, 32], zero padded past N, so a block is one
 // contiguous stream of K lines of 32 values, read once per row tile of x (again from cache for
 // the next tile). Two element types:

@@ -17,17 +17,17 @@ to the prefix their segments share, flash-style with register tiles.
 
 NOTE: measured on W1 (30 layers, 3 KV heads of 64, 2 threads, same process, AVX-512 host):
 the attention over 2,001 cached tokens took 7.9 ms per decode step against 14.6 ms for the two
-``torch.matmul`` of ``compact_llama._decode_attention``; the whole decode step after 2,000
+``torch.matmul`` of ``attention.decode_attention``; the whole decode step after 2,000
 tokens, 6 rounds alternating, was 1.37-1.53x faster than the torch path.
 
-``AGENTCACHE_KERNEL_ISA`` picks the path: ``native`` (default: the best this CPU has),
-``avx512``, ``avx2``, ``neon``, ``scalar`` or ``off`` (the torch path); ``_isa.py`` has the
-rules and flags. ``AGENTCACHE_NATIVE_KERNELS=0`` is the older ``off``. Each ISA is built once per
-machine into its own folder of ``$AGENTCACHE_KERNEL_DIR`` (default ``~/.cache/agentcache/
-kernels``); a failed build is remembered there so later processes take the torch path at once
-(``_build.py``). ``python -m runtime.kernels info`` says what was chosen and why; ``python -m
-runtime.kernels build`` builds (or retries) one ISA, or only compiles it with another compiler.
-No compiler at all (a bare macOS or Windows machine) still imports and runs: on the torch path.
+``AGENTCACHE_KERNEL_ISA`` picks the path: ``native`` (default: the best this CPU has), ``avx512``,
+``avx2``, ``neon``, ``scalar`` or ``off`` (the torch path); ``_isa.py`` has the rules and flags.
+``AGENTCACHE_NATIVE_KERNELS=0`` is the older ``off``. Each ISA is built once per machine into its
+own folder of ``$AGENTCACHE_KERNEL_DIR`` (default ``~/.cache/agentcache/kernels``); a failed build
+is remembered there so later processes take the torch path at once (``_build.py``). ``python -m
+runtime.model.kernels info`` says what was chosen and why; ``python -m runtime.model.kernels build``
+builds (or retries) one ISA, or only compiles it with another compiler. No compiler at all (a bare
+macOS or Windows machine) still imports and runs: on the torch path.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Literal, NamedTuple, TypeAlias
 
-from runtime.kernels import _build, _isa
-from runtime.kernels._build import KERNEL_DIR_ENV
-from runtime.kernels._isa import DISABLE_ENV, ISA_ENV, ISAS, Isa, IsaChoice
+from runtime.model.kernels import _build, _isa
+from runtime.model.kernels._build import KERNEL_DIR_ENV
+from runtime.model.kernels._isa import DISABLE_ENV, ISA_ENV, ISAS, Isa, IsaChoice
 
 __all__ = [
     "DISABLE_ENV",
@@ -111,7 +111,7 @@ class NativeKernels(NamedTuple):
     """``(q [H_kv, M, D], k [H_kv, S, D], v, scale) -> [out [H_kv, M, D], lse [H_kv, M]]``, fp32
     CPU, ``D`` a multiple of 16 up to 128, K and V rows contiguous: unmasked attention of many
     queries to one run of keys and the log-sum-exp of their scaled scores, as torch's CPU flash
-    kernel returns them (``compact_llama._lse_attention``), equal within float32 rounding."""
+    kernel returns them (``attention.lse_attention``), equal within float32 rounding."""
 
     @property
     def is_vectorized(self) -> bool:
@@ -155,7 +155,8 @@ def _load(isa: Isa) -> tuple[ModuleType | None, str]:
         failed = _build.marker_reason(b)
         if failed is not None:
             _log.warning("agentcache: native kernels (%s): an earlier build failed (%s); see %s; "
-                         "to retry, remove it or run `python -m runtime.kernels build --isa %s`; "
+                         "to retry, remove it or run "
+                         "`python -m runtime.model.kernels build --isa %s`; "
                          "decode runs on the torch path", isa, failed, b.marker, isa)  # fmt: skip
             return None, f"{failed} (remembered in {b.marker})"
         if b.library.exists() and not b.library.is_file():  # NOTE: a build could never replace it
@@ -182,7 +183,7 @@ def native_kernels(isa: Isa | None = None) -> NativeKernels | None:
     Builds them on first use in this machine's kernel cache (about 40-90 s once per ISA); never
     raises: a failure leaves the torch path and ``native_status()`` says why. An ``isa`` this CPU
     cannot run gives None without building (its first vector instruction would kill the process;
-    ``python -m runtime.kernels build --compile-only`` compiles it anyway).
+    ``python -m runtime.model.kernels build --compile-only`` compiles it anyway).
 
     Raises:
         ValueError: ``isa`` is not one of ``ISAS``.
