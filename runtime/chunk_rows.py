@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from runtime.compact_llama import CompactLlama
 
@@ -78,7 +77,7 @@ class RowForward:
 
     def _embed(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Hidden states ``[1, r, hidden]`` of ``rows`` and their ``[1, r, 1, D]`` RoPE pair."""
-        h = F.embedding(self.ids[:, rows], self.model.embed)
+        h = self.model.embed_tokens(self.ids[:, rows])
         cos, sin = self.model.rope(h, self.positions[rows].unsqueeze(0))
         return h, cos, sin
 

@@ -13,6 +13,7 @@ kept. It knows tensors and KV layers, never requests, sampling or the prefix cac
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -239,6 +240,16 @@ class CompactLlama:
             (``model.layers.0.self_attn.q_proj``, ``lm_head``; a tied head may come as
             ``model.embed_tokens``); a weight whose blocks are absent or in another format is
             quantized from its fp32 values.
+        drop_fp32: With ``packed`` a quantized format and the blocks kept (vectorized
+            ``native``), free the fp32 weights the blocks hold: every projection, the LM head
+            and a tied embedding (the model's modules then hold ``meta`` tensors of their
+            shapes, so the model's own transformers forward no longer runs: read everything it
+            needs, e.g. ``weights_fingerprint``, first). Every product of those weights then
+            reads the blocks at any row count (``linear_quantized``'s direct tiles for a
+            decode step, its dequantized panels for a prefill), and a tied embedding's rows are
+            dequantized from the head's Q8_0 blocks (exact: ``d * q`` fits float32). The
+            weights are the blocks' values either way, so the answers are the same within
+            float32 rounding. Ignored where no blocks are kept.
 
     Raises:
         ValueError: ``compact_blocker(model)`` names a reason, ``packed`` is another dtype or
@@ -253,6 +264,7 @@ class CompactLlama:
         packed: torch.dtype | str | None = None,
         products: ProductChoice | None = None,
         blocks: Mapping[str, torch.Tensor] | None = None,
+        drop_fp32: bool = False,
     ) -> None:
         why = compact_blocker(model)
         if why is not None:
@@ -313,11 +325,56 @@ class CompactLlama:
             self._packed_max_rows = PACKED_MAX_ROWS
         self._packed = copies
         """Per layer the packed qkv, o, gate_up and down weights (``pack_weight``), or empty."""
+        self._embed_blocks: torch.Tensor | None = None
+        """The tied embedding's Q8_0 blocks (the head's) once its fp32 rows are freed."""
+        self.fp32_dropped = bool(drop_fp32 and copies and isinstance(packed, str))
+        """Whether the fp32 copies of the quantized weights were freed (``drop_fp32``)."""
+        if self.fp32_dropped:
+            self._drop_fp32(model)
         self._layers_native = None if self.native is None else self.native.decode_layers(
             *(list(parts) for parts in zip(*self.layers, strict=True)),
             self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale,
             copies, self._packed_max_rows, self._onednn_lo, self._onednn_hi, self._rows_max,
         )  # fmt: skip
+
+    def _drop_fp32(self, model: Any) -> None:
+        """Free the fp32 weights the blocks hold (``drop_fp32``): projections, LM head and a
+        tied embedding become ``meta`` tensors (shapes and strides kept, no storage) here and
+        in ``model``'s modules; every product then reads the blocks (``_packed_max_rows``
+        unbounded, no fp32 library path)."""
+        assert self._head_packed is not None, "drop_fp32 needs the head's blocks"
+
+        def meta(module: Any) -> torch.Tensor:
+            weight = torch.empty_like(module.weight.detach(), device="meta")
+            module.weight = torch.nn.Parameter(weight, requires_grad=False)
+            return weight
+
+        for i, hf in enumerate(model.model.layers):
+            for path in itertools.chain(*_FUSED_PARTS):
+                meta(hf.get_submodule(path))
+            layer = self.layers[i]
+            fused = {name: torch.empty_like(getattr(layer, name), device="meta")
+                     for name in ("qkv", "o", "gate_up", "down")}  # fmt: skip
+            self.layers[i] = layer._replace(**fused)
+        head, embed = model.lm_head, model.model.embed_tokens
+        tied = head.weight is embed.weight
+        self.lm_head = meta(head)
+        if tied:
+            embed.weight = head.weight
+            self._embed_blocks = self._head_packed
+            self.embed = self.lm_head
+        self._packed_max_rows = sys.maxsize
+        self._rows_max, self._onednn_lo, self._onednn_hi = 0, 1, 0
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of ``ids`` (any shape): ``[*ids.shape, hidden]`` fp32 (with the
+        fp32 embedding freed, its rows dequantized from the tied head's blocks)."""
+        if self._embed_blocks is None:
+            return F.embedding(ids, self.embed)
+        assert self.native is not None
+        rows = self._embed_blocks[ids.reshape(-1)]  # [n, hidden / 32, 34]
+        out: torch.Tensor = self.native.dequantize_blocks(rows)
+        return out.view(*ids.shape, -1)
 
     @property
     def packed_products(self) -> bool:
@@ -501,7 +558,7 @@ class CompactLlama:
         Returns:
             ``[B, logits_to_keep, vocab]`` logits.
         """
-        h = F.embedding(ids, self.embed)  # [B, q, hidden]
+        h = self.embed_tokens(ids)  # [B, q, hidden]
         cos, sin = self.rope(h, positions)
         if mask is not None and ids.shape[1] == 1 and mask.dtype == torch.bool:
             mask = _decode_mask(mask)
@@ -548,7 +605,7 @@ class CompactLlama:
             ``[len(segments), vocab]`` logits of each segment's last token.
         """
         assert sum(s.length for s in segments) == ids.shape[1], "segments must cover ids"
-        h = F.embedding(ids, self.embed)  # [1, N, hidden]
+        h = self.embed_tokens(ids)  # [1, N, hidden]
         cos, sin = self.rope(h, positions)
         cascade = shared_len >= CASCADE_MIN_SHARED and len(segments) > 1 and _HAS_LSE_ATTENTION
         own_masks = self._cascade_masks(segments, shared_len) if cascade else []

@@ -16,7 +16,7 @@ from runtime.cache.disk_tier import DiskPolicy, DiskTier
 from runtime.cache.kv_pool import KVPool
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.cache.radix_cache import Namespace
-from runtime.model_runner import ModelRunner, reuse_blocker, weights_fingerprint
+from runtime.model_runner import ModelRunner, reuse_blocker
 from runtime.outputs import CacheStats
 
 __all__ = ["KVStores"]
@@ -130,6 +130,6 @@ class KVStores:
     def _make_disk_tier(self, path: str | os.PathLike[str], budget: int) -> DiskTier:
         pool = self.prefix_cache.pool
         layout = f"{pool.block_shape}|{self.runner.dtype}"
-        fingerprint = f"{weights_fingerprint(self.runner.model)}|{layout}"
+        fingerprint = f"{self.runner.fingerprint}|{layout}"
         return DiskTier(path, budget_bytes=budget, fingerprint=fingerprint,
                         block_shape=pool.block_shape, dtype=self.runner.dtype)  # fmt: skip

@@ -6,6 +6,7 @@ It also decides, from the model's layer types, whether resuming from a cached pr
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib
 import logging
@@ -272,7 +273,9 @@ class ModelRunner:
                 ``packed``); elsewhere it changes nothing (the start line says why).
                 ``"q8_0"`` / ``"q4_1"`` round the linear weights to GGUF's blocks
                 (``round_weights_quantized``) and, on the compact forward with vectorized
-                native kernels, keep the blocks for products of up to 64 rows.
+                native kernels, keep the blocks for every product of those weights and free
+                their fp32 copies (``CompactLlama``'s ``drop_fp32``: the weight memory is the
+                blocks', and ``model``'s own forward no longer runs).
             blocks: With a quantized ``weights``, GGUF blocks by module name to keep as they
                 are (a ``.gguf`` file's own tensors: ``runtime.gguf_blocks``); see
                 ``CompactLlama``'s ``blocks``.
@@ -316,6 +319,10 @@ class ModelRunner:
         if why is None and is_fp32_cpu:
             rows = native.linear_rows if native is not None and native.is_vectorized else None
             self.products = choose_products(_largest_linear(model), rows_kernel=rows)
+        # NOTE: read while every weight is there: a quantized compact forward frees the fp32
+        # copies of the weights its blocks hold (CompactLlama's drop_fp32)
+        self.fingerprint = weights_fingerprint(model)
+        """``weights_fingerprint`` of the model as loaded (and rounded): names KV on disk."""
         self.compact = (
             CompactLlama(
                 model,
@@ -323,10 +330,13 @@ class ModelRunner:
                 packed=_PACKED.get(weights),
                 products=self.products,
                 blocks=blocks,
+                drop_fp32=weights in ("q8_0", "q4_1"),
             )  # fmt: skip
             if why is None
             else None
         )
+        if self.compact is not None and self.compact.fp32_dropped:
+            _return_freed_memory()
         self.path: Literal["compact", "transformers"] = (
             "compact" if self.compact else "transformers"
         )
@@ -494,6 +504,18 @@ class ModelRunner:
             raise ModelLoadError(f"layers with different KV shapes are not supported: {shapes}")
         heads, head_dim = shapes.pop()
         return KVShape(len(layers), int(heads), int(head_dim))
+
+
+def _return_freed_memory() -> None:
+    """Hand the C heap's free pages back to the OS (glibc's ``malloc_trim``; nothing elsewhere).
+
+    NOTE: the freed fp32 weights (a few MB each) sit in glibc's heap, which keeps freed memory
+    for reuse: SmolLM2-135M with ``q4_1`` held 1,534 MB resident after load, 1,101 MB after the
+    trim (float32: 1,522 and 1,518)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # NOTE: not glibc: its allocator returns memory its own way
+        pass
 
 
 def _largest_linear(model: Any) -> torch.Tensor:

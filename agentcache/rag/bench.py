@@ -71,12 +71,18 @@ class ModeRecord:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentcache bench qa", description=DESCRIPTION)
-    p.add_argument("--model", default="tiny", help="bundled name or model folder (default: tiny)")
+    p.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="bundled or named model, or a model folder (default: smollm2-135m, pulled on first "
+        "use; tiny: the offline toy, whose answers are noise)",
+    )
     p.add_argument(
         "--weights",
-        choices=("float32", "bfloat16", "float32-packed"),
+        choices=("float32", "bfloat16", "float32-packed", "q8_0", "q4_1"),
         default="float32",
-        help="LocalBackend weights (default: float32, the reference)",
+        help="LocalBackend weights (default: float32, the reference; q8_0 / q4_1: a quantized "
+        "model, another model whose accuracy this measures)",
     )
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads")
     p.add_argument("--limit", type=positive_int, default=None, help="first N questions only")
@@ -89,7 +95,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run only cache off and prefix cache (half the time: enough for accuracy)",
     )
     p.add_argument("--show-answers", action="store_true", help="print every answer per mode")
-    p.add_argument("--json", action="store_true", help="only JSON: a line per mode, a summary")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="only JSON: one line, the summary (accuracy in prefix-cache mode, weights, ...) "
+        "with each mode's figures under 'modes'",
+    )
     return p
 
 
@@ -263,8 +274,7 @@ def _print(
     summary: dict[str, Any],
 ) -> None:
     if args.json:
-        for line in [*lines, summary]:
-            print(json.dumps(line, sort_keys=True))
+        print(json.dumps({**summary, "modes": lines}, sort_keys=True))
         return
     n = len(questions)
     print(

@@ -6,6 +6,7 @@ No downloads: models are built from configs. It knows nothing about HTTP or the 
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import time
@@ -17,7 +18,13 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from runtime.bench._argtypes import positive_int
 from runtime.engine import Engine
-from runtime.model_runner import ForwardPath, WeightsDtype, load_model, round_weights_bf16
+from runtime.model_runner import (
+    ForwardPath,
+    WeightsDtype,
+    load_model,
+    round_weights_bf16,
+    round_weights_quantized,
+)
 from runtime.sampling import SamplingParams
 
 __all__ = [
@@ -124,6 +131,13 @@ def bench_engine(
 ) -> Engine:  # fmt: skip
     disk: dict[str, Any] = {} if disk_dir is None else {"kv_disk_dir": disk_dir,
                                                          "kv_disk_bytes": disk_bytes}  # fmt: skip
+    if weights == "q8_0" or weights == "q4_1":
+        # NOTE: a quantized engine frees its model's fp32 weights (CompactLlama's drop_fp32),
+        # while the bench shares ``model`` among engines and its HF reference forwards: each
+        # engine gets a copy of the rounded model (rounding is idempotent), ``model`` keeps the
+        # same rounded values for the references.
+        round_weights_quantized(model, weights)
+        model = copy.deepcopy(model)
     return Engine(model, NullTokenizer(), model_id="bench-w1", kv_cache_bytes=kv_bytes,
                   prefix_cache=prefix_cache, forward=forward, weights=weights,
                   **disk)  # fmt: skip

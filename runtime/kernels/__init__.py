@@ -97,6 +97,10 @@ class NativeKernels(NamedTuple):
     ``[N, K / 32, 20]``); fp32 multiply-adds, so it equals ``F.linear`` over
     ``dequantize_weight(blocks)`` within float32 rounding. ``linear_packed`` takes the same
     blocks (with ``n = N``). Raises ``RuntimeError`` on another layout, dtype or K."""
+    dequantize_blocks: Callable[..., Any]
+    """``(blocks) -> [N, K] fp32``: the values of GGUF Q8_0 / Q4_1 blocks (uint8 ``[N, K / 32,
+    34 | 20]``), equal to ``dequantize_weight(blocks)`` (both compute ``d * q (+ m)`` in
+    float32); rows split over threads. Raises ``RuntimeError`` on another layout or dtype."""
     linear_rows: Callable[..., Any]
     """``(x [..., K] fp32, w [N, K] fp32 input-major, bias [N] fp32 or None) -> [..., N]``:
     ``x . w^T + bias`` for few rows straight from the compact forward's input-major weights
@@ -194,7 +198,8 @@ def native_kernels(isa: Isa | None = None) -> NativeKernels | None:
         return None
     return NativeKernels(
         module.decode_attention, module.DecodeLayers, module.isa, module.linear_packed,
-        module.linear_quantized, module.linear_rows, module.prefix_attention,
+        module.linear_quantized, module.dequantize_blocks, module.linear_rows,
+        module.prefix_attention,
     )  # fmt: skip
 
 

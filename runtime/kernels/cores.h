@@ -38,6 +38,10 @@ constexpr int64_t kPackedCols = 32;
 // uint16) in `blocks` blocks of kPackedCols columns ([blocks, K, 32]); bias [n] or nullptr.
 void linear_packed_f32(const float* x, int64_t m, int64_t K, const float* packed, int64_t blocks,
                        float* out, int64_t n, const float* bias);
+// One fp32 block of linear_packed_f32, serially: out [m, ncols] (row stride ldo) = x [m, K] .
+// panel ([K, 32], columns past ncols ignored) + bias [ncols] or nullptr.
+void packed_panel_f32(const float* x, int64_t m, int64_t K, const float* panel, float* out,
+                      int64_t ldo, int64_t ncols, const float* bias);
 void linear_packed_bf16(const float* x, int64_t m, int64_t K, const uint16_t* packed,
                         int64_t blocks, float* out, int64_t n, const float* bias);
 

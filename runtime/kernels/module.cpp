@@ -42,6 +42,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "and out (see quantized.cpp)",
              py::arg("x"), py::arg("blocks"), py::arg("bias"),
              py::call_guard<py::gil_scoped_release>());
+  module.def("dequantize_blocks", &agentcache::ops::dequantize_blocks,
+             "the fp32 [N, K] values of GGUF Q8_0 / Q4_1 blocks [N, K / 32, bytes] (see "
+             "quantized.cpp)",
+             py::arg("blocks"), py::call_guard<py::gil_scoped_release>());
   module.def("linear_rows", &agentcache::ops::linear_rows,
              "x . w^T + bias for few rows over an input-major fp32 weight, no copy (see "
              "products.cpp)",

@@ -159,6 +159,26 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& blocks,
   return out.view(shape);
 }
 
+at::Tensor dequantize_blocks(const at::Tensor& blocks) {
+  TORCH_CHECK(blocks.device().is_cpu(), "dequantize_blocks: CPU tensors only");
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 3 && blocks.is_contiguous() &&
+                  (blocks.size(2) == kQ8_0Bytes || blocks.size(2) == kQ4_1Bytes),
+              "dequantize_blocks: blocks must be contiguous uint8 [N, K / 32, 34] (Q8_0) or "
+              "[N, K / 32, 20] (Q4_1) (quantize_weight)");
+  const int64_t N = blocks.size(0), K = blocks.size(1) * kQuantBlock, bytes = blocks.size(2);
+  auto out = at::empty({N, K}, blocks.options().dtype(at::kFloat));
+  if (N == 0 || K == 0) return out;
+  const auto rows = bytes == kQ8_0Bytes ? dequantize_q8_0 : dequantize_q4_1;
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  constexpr int64_t kChunk = 16;  // rows per task
+  parallel_for((N + kChunk - 1) / kChunk, [&](int64_t first, int64_t last) {
+    const int64_t r0 = first * kChunk, r1 = std::min(N, last * kChunk);
+    rows(w + r0 * (K / kQuantBlock) * bytes, r1 - r0, K, o + r0 * K);
+  });
+  return out;
+}
+
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w,
                        const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "linear_rows: CPU tensors only");

@@ -34,6 +34,10 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
 at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& blocks,
                             const std::optional<at::Tensor>& bias);
 
+// blocks uint8 [N, K / 32, 34 | 20] (as linear_quantized) -> fp32 [N, K], the blocks' values
+// (rows split over threads).
+at::Tensor dequantize_blocks(const at::Tensor& blocks);
+
 // x fp32 [..., K]; w fp32 [N, K] with strides (1, N) (an input-major view of a contiguous [K, N]
 // tensor); bias fp32 [N] or None. Returns [..., N].
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w,

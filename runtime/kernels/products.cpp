@@ -229,6 +229,11 @@ void linear_packed_bf16(const float* x, int64_t m, int64_t K, const uint16_t* pa
   packed_columns<uint16_t>(x, m, K, packed, blocks, out, n, bias);
 }
 
+void packed_panel_f32(const float* x, int64_t m, int64_t K, const float* panel, float* out,
+                      int64_t ldo, int64_t ncols, const float* bias) {
+  packed_block<float>(x, m, K, panel, out, ldo, ncols, bias);
+}
+
 void linear_rows(const float* x, int64_t m, int64_t K, const float* wt, int64_t N,
                  const float* bias, float* out) {
   std::fill(out, out + m * N, 0.f);

@@ -14,9 +14,10 @@
 // Few rows (a decode step's): register tiles of up to kQuantRows rows of x by 2-4 outputs read
 // each weight block once per tile, straight from the packed bytes (prefetched ahead along each
 // row); threads take chunks of 16 outputs.
-// More rows (a batch, a prefill): each thread dequantizes 4 outputs' rows at a time into an fp32
-// scratch and runs every row of x against them in register tiles, so the integer widening is paid
-// once per output, not once per tile of rows.
+// More rows (a batch, a short prefill): each thread dequantizes 4 outputs' rows at a time into an
+// fp32 scratch and runs every row of x against them in register tiles, so the integer widening is
+// paid once per output, not once per tile of rows. From kPanelMinRows rows (a prefill chunk):
+// 32 outputs at a time into a [K, 32] panel run through linear_packed's fp32 register tiles.
 #include <vector>
 
 #if defined(__F16C__) || defined(__AVX2__)
@@ -155,7 +156,13 @@ template <int MR>
 constexpr int direct_outs() {
   return MR <= 2 ? 4 : 2;
 }
-constexpr int64_t kAheadBytes = 1024;  // software prefetch distance along each weight row
+// Software prefetch distance past a direct tile's rows. NOTE: measured at one row, one thread,
+// AVX-512 (standalone loop over the cores, min / median / max of 9 passes, same run as fp32's
+// linear_rows; the host shared with other jobs): SmolLM2's LM head (49,152 x 576) in Q8_0 0.80 /
+// 0.86 / 17.0 ms against fp32 3.49 / 19.7 / 27.8 ms; with the earlier prefetch 1,024 bytes ahead
+// along each row (inside the tile's next row for K = 576: useless) 2.97 / 15.0 / 29.7 ms.
+// 2,048 / 4,096 bytes: 1.08 / 0.99 ms (min); AVX2: Q8_0 head 1.40 against 2.73-3.04 before.
+constexpr int64_t kAheadBytes = 8192;
 
 // Rows [0, MR) of x (row stride K) against outputs [o0, o0 + nout) (nout <= NO; a tile's missing
 // outputs read the last one's blocks again and are not stored). w: the weight's first row,
@@ -174,14 +181,17 @@ inline void direct_tile(const float* __restrict x, int64_t K, const float* __res
       acc[r][o] = vzero();
       macc[r][o] = 0.f;
     }
+  // NOTE: the tile's rows are one contiguous run of NO * row_bytes bytes (the last tile's
+  // missing outputs aside), read at NO blocks a step: one prefetch stream kAheadBytes past the
+  // tile's start, NO blocks' bytes a step, reaches the tiles after this one in time (past the
+  // weight's end it prefetches nothing useful; a prefetch never faults).
+  const uint8_t* ahead = w + o0 * row_bytes + kAheadBytes;
   for (int64_t b = 0; b < nb; ++b) {
     vf q[NO][kBlockVecs];
     float d[NO], m[NO];
-    for (int o = 0; o < NO; ++o) {
-      // NOTE: past a row's end this prefetches the next row (or nothing useful); never faults
-      __builtin_prefetch(rows[o] + b * F::kBytes + kAheadBytes);
-      F::load(rows[o] + b * F::kBytes, q[o], d[o], m[o]);
-    }
+    for (int64_t off = 0; off < NO * F::kBytes; off += 64)
+      __builtin_prefetch(ahead + b * NO * F::kBytes + off);
+    for (int o = 0; o < NO; ++o) F::load(rows[o] + b * F::kBytes, q[o], d[o], m[o]);
     for (int r = 0; r < MR; ++r) {
       const float* xb = x + r * K + b * kQuantBlock;
       vf xv[kBlockVecs];
@@ -287,10 +297,58 @@ void widened(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
   });
 }
 
+// Outputs [0, nc) (nc <= kPackedCols) of the weight rows at w dequantized into panel, [K, 32]
+// (input k's 32 outputs in one line, as pack_weight lays out fp32), columns past nc left as they
+// are (never stored by packed_panel_f32).
+template <class F>
+void dequantize_panel(const uint8_t* w, int64_t nc, int64_t K, float* __restrict panel) {
+  const int64_t nb = K / kQuantBlock, row_bytes = nb * F::kBytes;
+  alignas(64) float vals[kQuantBlock];
+  for (int64_t o = 0; o < nc; ++o)
+    for (int64_t b = 0; b < nb; ++b) {
+      vf q[kBlockVecs];
+      float d, m;
+      F::load(w + o * row_bytes + b * F::kBytes, q, d, m);
+      for (int64_t v = 0; v < kBlockVecs; ++v) vstore(vals + v * kW, q[v] * d + m);
+      float* col = panel + b * kQuantBlock * kPackedCols + o;
+      for (int64_t i = 0; i < kQuantBlock; ++i) col[i * kPackedCols] = vals[i];
+    }
+}
+
+// Many rows (a prefill chunk): each task dequantizes 32 outputs at a time into an fp32 panel laid
+// out as pack_weight's ([K, 32], L2-resident) and runs every row of x against it in
+// linear_packed's register tiles (products.cpp): the multiply-adds in the fp32 packed kernel's
+// outer-product schedule, the widening paid once per weight. NOTE: measured on SmolLM2's four
+// layer products (576 x 960, 576, 3072; 1536 x 576), one thread, min / median / max of 5
+// alternating rounds, ms: Q4_1 512 rows 92.7 / 93.2 / 117 against 135 / 142 / 166 for the
+// widened tiles and 86 / 93 / 113 for oneDNN's fp32 product over the dequantized weights
+// (MKL: 199 / 213 / 225); 128 rows 17.7 / 25.5 / 29.3 against 24.6 / 24.6 / 24.8; 64 rows
+// 3.4 / 19.6 / 27.5 against 2.3 / 15.4 / 26.4 (the panel's scattered stores cost more than
+// the widened path's reuse saves below about 128 rows).
+constexpr int64_t kPanelMinRows = 128;
+template <class F>
+void paneled(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
+             const float* bias, float* out) {
+  const int64_t row_bytes = (K / kQuantBlock) * F::kBytes;
+  const int64_t panels = (N + kPackedCols - 1) / kPackedCols;
+  parallel_for(panels, [&](int64_t first, int64_t last) {
+    std::vector<float> panel(K * kPackedCols, 0.f);  // [K, 32]
+    for (int64_t p = first; p < last; ++p) {
+      const int64_t o = p * kPackedCols, nc = std::min<int64_t>(kPackedCols, N - o);
+      dequantize_panel<F>(w + o * row_bytes, nc, K, panel.data());
+      packed_panel_f32(x, m, K, panel.data(), out + o, N, nc, bias != nullptr ? bias + o : nullptr);
+    }
+  });
+}
+
 template <class F>
 void linear_quant(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
                   const float* bias, float* out) {
   if (m <= 0 || N <= 0) return;
+  if (m >= kPanelMinRows) {
+    paneled<F>(x, m, K, w, N, bias, out);
+    return;
+  }
   if (m > kQuantRows) {
     widened<F>(x, m, K, w, N, bias, out);
     return;

@@ -299,6 +299,8 @@ int main() {
     check_linear_quant(3, 17, 96, q41);
     check_linear_quant(16, 70, 160, q41);
     check_linear_quant(64, 33, 32, q41);
+    check_linear_quant(130, 70, 160, q41);  // dequantized panels (from 128 rows)
+    check_linear_quant(128, 33, 576, q41);
   }
   std::printf("%s: %d checks, %d failed\n", ac::isa_name(), checks, failures);
   return failures == 0 ? 0 : 1;

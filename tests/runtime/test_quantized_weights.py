@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -91,12 +92,13 @@ def test_rounding_is_idempotent(fmt: str) -> None:
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize("fmt", QUANT_FORMATS)
 @pytest.mark.parametrize(("n", "k", "rows"), [(96, 160, 1), (33, 64, 4), (70, 576, 16),
-                                              (17, 32, 64), (5, 96, 3), (40, 128, 7)])  # fmt: skip
+                                              (17, 32, 64), (5, 96, 3), (40, 128, 7),
+                                              (70, 160, 130), (33, 576, 128)])  # fmt: skip
 def test_quantized_product_matches_float64(isa: str, fmt: str, n: int, k: int, rows: int) -> None:
     """Odd and even output counts (the 2-output tile's remainder), partial 16-output chunks and
-    32-column blocks, 1-4 rows (direct tiles) and more (widened), a bias and a ``[B, q, K]``
-    input, against float64 over the dequantized weights; and the packed entry point takes the
-    same blocks."""
+    32-column blocks, 1-4 rows (direct tiles), more (widened) and 128 or more (dequantized
+    panels), a bias and a ``[B, q, K]`` input, against float64 over the dequantized weights;
+    the packed entry point takes the same blocks; ``dequantize_blocks`` gives the values."""
     kernels = isa_kernels(isa)
     torch.manual_seed(n + k + rows)
     weight, bias = torch.randn(n, k), torch.randn(n)
@@ -109,6 +111,7 @@ def test_quantized_product_matches_float64(isa: str, fmt: str, n: int, k: int, r
         assert got.shape == (rows, 1, n) and got.dtype == torch.float32
         torch.testing.assert_close(got.double(), want, atol=1e-5 * k**0.5, rtol=1e-5)
     torch.testing.assert_close(kernels.linear_packed(x, blocks, bias, n), got)
+    assert torch.equal(kernels.dequantize_blocks(blocks), held.float())
     # NOTE: the format's rounding is visible: against the unrounded weights it differs
     exact = F.linear(x.double(), weight.double(), bias.double())
     assert not torch.allclose(got.double(), exact, atol=1e-3, rtol=0.0)
@@ -158,6 +161,50 @@ def test_decode_steps_read_the_blocks(isa: str, fmt: str, monkeypatch: pytest.Mo
     torch.testing.assert_close(_prefill(mixed, 2), _prefill(quant, 2), atol=1e-5, rtol=1e-5)
 
 
+def _tied(arch: str) -> Any:
+    """A 2-layer model with a tied embedding, hidden 64 (whole blocks of 32), vocab 256."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 256,
+             "max_position_embeddings": 512, "tie_word_embeddings": True}  # fmt: skip
+    torch.manual_seed(7)
+    if arch == "qwen2":  # NOTE: QKV biases
+        return Qwen2ForCausalLM(Qwen2Config(**shape)).eval()
+    return LlamaForCausalLM(LlamaConfig(**shape)).eval()
+
+
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_drop_fp32_frees_the_weights_and_keeps_the_answers(isa: str, fmt: str, arch: str) -> None:
+    """With ``drop_fp32`` the projections, the LM head and the tied embedding keep no fp32
+    storage (``meta`` tensors, in the model's modules too); decode steps, a short prefill and
+    one of 130 tokens (the dequantized panels) give the logits of the same blocks with the fp32
+    copies kept, and the embedding rows come exactly from the head's Q8_0 blocks. Without
+    blocks (scalar kernels) nothing is dropped."""
+    kernels = isa_kernels(isa)
+    model = _tied(arch)
+    round_weights_quantized(model, fmt)  # type: ignore[arg-type]
+    if not kernels.is_vectorized:
+        compact = CompactLlama(model, native=kernels, packed=fmt, drop_fp32=True)
+        assert not compact.fp32_dropped and not model.lm_head.weight.is_meta
+        return
+    kept = CompactLlama(copy.deepcopy(model), native=kernels, packed=fmt)
+    dropped = CompactLlama(model, native=kernels, packed=fmt, drop_fp32=True)
+    assert dropped.fp32_dropped and not kept.fp32_dropped
+    assert model.lm_head.weight.is_meta and model.model.embed_tokens.weight.is_meta
+    projections = [p for n, p in model.named_parameters() if n.endswith("proj.weight")]
+    assert len(projections) == 14 and all(p.is_meta for p in projections)
+    assert not any(p.is_meta for n, p in model.named_parameters() if "norm" in n)
+    ids = torch.arange(3, 250).view(13, 19)
+    assert torch.equal(dropped.embed_tokens(ids), kept.embed_tokens(ids))
+    for rows in (1, 3):
+        torch.testing.assert_close(_step(dropped, rows), _step(kept, rows), atol=1e-5, rtol=1e-5)
+    for n in (5, 130):
+        torch.testing.assert_close(_prefill(dropped, n), _prefill(kept, n), atol=1e-4, rtol=1e-4)
+
+
 def _tiny(arch: str, tmp_path: Path) -> str:
     """The suite's tiny model widened to whole blocks of 32 (hidden 64, MLP 128)."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -182,9 +229,15 @@ def test_quantized_engine_cache_on_equals_off(arch: str, fmt: str, tmp_path: Pat
     assert engine.weights == fmt
     label = f", {fmt} weights" if chosen_kernels().is_vectorized else f", {fmt} weights (blocks"
     assert label in _runs(engine)
-    head = engine.runner.model.lm_head.weight
-    blocks = quantize_weight(head, QUANT_HEAD_FORMAT[fmt])  # type: ignore[index]
-    assert torch.equal(dequantize_weight(blocks), head)
+    head_fmt = QUANT_HEAD_FORMAT[fmt]  # type: ignore[index]
+    compact = engine.runner.compact
+    if compact is not None and compact.fp32_dropped:  # NOTE: only the blocks hold the head
+        want = quantize_weight(fp32.runner.model.lm_head.weight, head_fmt)
+        assert torch.equal(compact._head_packed, want)  # type: ignore[arg-type]
+        assert engine.runner.model.lm_head.weight.is_meta
+    else:
+        head = engine.runner.model.lm_head.weight
+        assert torch.equal(dequantize_weight(quantize_weight(head, head_fmt)), head)
     ids = [(11 * i + 5) % 90 + 3 for i in range(37)]
     run(engine, ids[:20], 1, use_cache=True)  # warm the cache with a prefix
     miss = run(engine, ids, 8, use_cache=False)

@@ -50,10 +50,11 @@ def test_a_question_whose_answer_is_not_in_its_document_is_refused(tmp_path: Pat
 def test_bench_qa_on_tiny_runs_every_mode_and_checks_cache_on_equals_off(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = main(["bench", "qa", "--limit", "3", "--max-tokens", "6", "--threads", "1", "--json"])
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    argv = ["--limit", "3", "--max-tokens", "6", "--threads", "1", "--json"]
+    code = main(["bench", "qa", "--model", "tiny", *argv])
+    (summary,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0
-    *modes, summary = lines
+    modes = summary["modes"]
     assert [m["mode"] for m in modes] == list(MODES)
     for m in modes:
         assert m["questions"] == 3 and 0.0 <= m["accuracy"] <= 1.0
@@ -74,8 +75,18 @@ def test_bench_qa_on_tiny_runs_every_mode_and_checks_cache_on_equals_off(
 def test_bench_qa_skip_chunk_reuse_runs_only_cache_off_and_prefix_cache(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = ["bench", "qa", "--limit", "1", "--max-tokens", "2", "--skip-chunk-reuse", "--json"]
-    assert main(argv) == 0
-    *modes, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [m["mode"] for m in modes] == ["cache off", "prefix cache"]
+    argv = ["--limit", "1", "--max-tokens", "2", "--skip-chunk-reuse", "--json"]
+    assert main(["bench", "qa", "--model", "tiny", *argv]) == 0
+    (summary,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [m["mode"] for m in summary["modes"]] == ["cache off", "prefix cache"]
     assert "chunk_blend_accuracy" not in summary and summary["cache_on_equals_cache_off"] is True
+
+
+def test_bench_qa_takes_quantized_weights(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--weights q8_0`` runs a quantized engine (the tiny model's linear layers take 32-weight
+    blocks) and the one JSON line names it next to the accuracy."""
+    argv = ["--limit", "1", "--max-tokens", "2", "--skip-chunk-reuse", "--json"]
+    assert main(["bench", "qa", "--model", "tiny", "--weights", "q8_0", *argv]) == 0
+    (summary,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert summary["weights"] == "q8_0" and 0.0 <= summary["accuracy"] <= 1.0
+    assert summary["cache_on_equals_cache_off"] is True
