@@ -15,16 +15,18 @@ NOTE: measured on W1's layer products (30 layers of qkv, o, gate_up, down; input
 earlier sessions MKL ran 512 rows at 226-313 GFLOP/s (its peak there), so there the measurement
 is expected to keep MKL.
 
-The products of a very few rows (a decode step of one to ``ROWS_MAX`` requests, where every
-weight is read for little arithmetic) have a third candidate where the native kernels are
-vectorized (any ISA but scalar): ``runtime.model.kernels``' ``linear_rows``, which streams the same
-input-major weights (no copy) and is chosen for up to ``ROWS_MAX`` rows when it took under 90% of
-the few-row library's time at 4 rows, else for one row when it did so at 1 row. NOTE: measured
-on W1's 30 layers of products (AMD EPYC host with AVX-512, 2 threads,
-same run), ms for
+The products of a few rows (a decode step of one to ``ROWS_MAX`` requests, where every weight
+is read for little arithmetic) have a third candidate where the native kernels are vectorized
+(any ISA but scalar): ``runtime.model.kernels``' ``linear_rows``, which streams the same input-major
+weights (no copy) and is chosen for up to ``ROWS_MAX`` rows when it took under 90% of the
+few-row library's time at 16 rows, else for one row when it did so at 1 row. NOTE: measured on
+W1's 30 layers of products (AMD EPYC host with AVX-512, 2 threads, same run), ms for
 ``linear_rows`` / oneDNN / MKL: 1 row 13.4-15.7 / 30.9-35.4 / 30.5-32.6; 4 rows 20.5-22.5 /
-29.7-33.1 / 65.1-76.8; 8 rows 25.7-31.7 / 30.8-37.2 / 54.7-82.4; 16 rows 38.4-56.1 / 39.7-45.3
-(no gain, hence ``ROWS_MAX = 8``); the LM head (49,152 x 576) at 1 row 4.5 / 10.8 / 5.6.
+29.7-33.1 / 65.1-76.8; 8 rows 25.7-31.7 / 30.8-37.2 / 54.7-82.4; 16 rows 38.4-56.1 / 39.7-45.3;
+the LM head (49,152 x 576) at 1 row 4.5 / 10.8 / 5.6. From 3 rows ``linear_rows`` now runs
+register tiles (``runtime/model/kernels/products.cpp``): on SmolLM2-135M's 30 layers of products
+(1 thread, CPU time, same run) 16 rows 24.9 vs oneDNN 28.5 ms, 32 rows 39.3 vs 45.2, 64 rows
+69.8 vs 72.1 (hence ``ROWS_MAX = 32``); the LM head at 16 rows 9.3 vs 9.1 (a tie).
 
 ``AGENTCACHE_FP32_PRODUCTS``: ``auto`` (or unset) measures; ``mkl`` or ``onednn`` forces one for
 every product, ``linear_rows`` included (``onednn`` only where it can run: see
@@ -66,12 +68,12 @@ FEW_ROWS = 64
 ones "many" (prefill chunks); each class gets its own library (``ProductChoice``). Also the
 packed weights' limit (``compact_llama.PACKED_MAX_ROWS``), whose products run first."""
 
-ROWS_MAX = 8
+ROWS_MAX = 32
 """Products of at most this many rows may run in the native ``linear_rows`` kernel
-(``ProductChoice.rows``); measured no faster than oneDNN from 16 rows (module docstring)."""
+(``ProductChoice.rows``); measured barely faster than oneDNN at 64 rows (module docstring)."""
 
 # rows timed for each class (a 16-row step, a 512-token chunk) and for linear_rows
-_FEW_PROBE, _MANY_PROBE, _ROWS_PROBE = 16, 512, 4
+_FEW_PROBE, _MANY_PROBE, _ROWS_PROBE = 16, 512, 16
 _STREAM_BYTES = 256 << 20
 """``linear_rows`` is timed over copies of the weight totalling about this many bytes (at most
 ``_STREAM_COPIES``; W1: 64 of 3.5 MB), more than a last-level cache, as a decode step reads its
@@ -113,7 +115,7 @@ class ProductChoice(NamedTuple):
     def describe(self, *, packed: bool = False) -> str:
         """``"oneDNN products"``, ``"oneDNN products for prefill"`` (many rows only), ``"oneDNN
         products for decode"`` (few rows only), or "" (MKL), then with ``rows``
-        ``"linear_rows up to 8 rows"`` (joined by ", "). ``packed``: packed weight copies serve
+        ``"linear_rows up to 32 rows"`` (joined by ", "). ``packed``: packed weight copies serve
         the few-row products (``CompactLlama.packed_products``), so only the many-row class is
         named."""
         if packed:
@@ -224,7 +226,7 @@ def choose_products(weight: torch.Tensor, *, rows_kernel: _Product | None = None
     largest) through both at 16 and 512 rows (five alternating runs each after a warm-up, the
     fastest of each kept). oneDNN is chosen for a class when it took under 90% of MKL's time.
     With ``rows_kernel`` (the native ``linear_rows``; None where the kernels are scalar or off)
-    it is timed against the few-row library at 4 rows too, and ``rows`` set to ``ROWS_MAX``
+    it is timed against the few-row library at 16 rows too, and ``rows`` set to ``ROWS_MAX``
     when it took under 90% of that library's time, else timed at 1 row and ``rows`` set to 1
     when it did so there. About 0.1-0.3 s on W1's gate-up weight, once
     per process for each weight shape, thread count and kernel presence (later loads reuse the
@@ -290,7 +292,7 @@ def _measured_choice(
                f"{lib_s * 1e3:.2f} ms")  # fmt: skip
     if rows_s < _MARGIN * lib_s:
         return ProductChoice(few, many, reason, ROWS_MAX)
-    # NOTE: a tie at 4 rows can still hide a clear win at one row (a decode step of one
+    # NOTE: a tie at several rows can still hide a clear win at one row (a decode step of one
     # request): on an AMD EPYC with AVX2 forced, W1, 4 rows tied oneDNN (6.73 vs 6.59 ms)
     # and leaving linear_rows out cost the decode rate a quarter (0.76x the AVX-512 build's).
     lib_1, rows_1 = _measure(_stream_copies(weight), 1, library, rows_kernel)

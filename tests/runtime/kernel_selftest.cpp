@@ -293,6 +293,9 @@ int main() {
   check_linear_rows(1, 200, 130);
   check_linear_rows(5, 2088, 70);
   check_linear_rows(8, 17, 9);
+  check_linear_rows(2, 200, 130);
+  check_linear_rows(13, 100, 40);
+  check_linear_rows(32, 96, 64);
   for (bool q41 : {false, true}) {
     check_linear_quant(1, 37, 64, q41);
     check_linear_quant(4, 48, 576, q41);

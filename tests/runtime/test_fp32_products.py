@@ -230,15 +230,16 @@ def test_measuring_takes_the_faster_library(setting: pytest.MonkeyPatch) -> None
 
 
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, ROWS_MAX, ROWS_MAX + 1])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 16, ROWS_MAX, ROWS_MAX + 1])
 @pytest.mark.parametrize(
     ("n", "k"), [(200, 576), (2048 + 40, 64), (2048 + 40, 576), (17, 130), (5000, 7)]
 )
 def test_linear_rows_matches_float64(isa: str, rows: int, n: int, k: int) -> None:
     """``linear_rows`` over an input-major weight against a float64 product, as close as MKL's:
-    rows in and out of its 4-row groups, columns past a whole vector and past a 2,048-column
-    tile, K not a multiple of its 8-input passes and below 64 per thread (one partial sum),
-    a bias and a 3-D input."""
+    rows in and out of its 4-row groups (one and two rows) and its 8- or 5-row register tiles
+    (from three), columns past a whole vector, a tile's strip and a 2,048-column tile, K not a
+    multiple of its 8-input passes and below 64 per thread (one partial sum), a bias and a 3-D
+    input."""
     kernels = isa_kernels(isa)
     torch.manual_seed(rows * n + k)
     weight, bias, x = torch.randn(k, n).t(), torch.randn(n), torch.randn(rows, 1, k)
@@ -296,18 +297,18 @@ def test_linear_rows_refuses_other_layouts_and_types(isa: str) -> None:
 
 
 def test_rows_choice_and_label(setting: pytest.MonkeyPatch) -> None:
-    """``linear_rows`` is measured against the few-row library at 4 rows and kept for up to
+    """``linear_rows`` is measured against the few-row library at 16 rows and kept for up to
     ``ROWS_MAX`` rows only under 90% of its time; else measured at 1 row and kept for one row
     only under 90% there; forcing a library (or no kernel) leaves it out; the label names it."""
     kernels = chosen_kernels()
     weight = torch.randn(96, 64).t()
     for rows_time, one_row_time, rows in ((0.5, None, ROWS_MAX), (0.95, 0.5, 1), (0.95, 0.95, 0)):
-        # 16 rows, 512 rows, 4 rows, then 1 row (not measured after a win at 4)
+        # 16 rows, 512 rows, 16 rows of linear_rows, then 1 row (not measured after a win)
         times = iter([(1.0, 1.0), (1.0, 1.0), (1.0, rows_time), (1.0, one_row_time)])
         setting.setattr(fp32_products, "_best_of", lambda *_, t=times: next(t))
         setting.setattr(fp32_products, "_MEASURED", {})
         choice = choose_products(weight, rows_kernel=kernels.linear_rows)
-        assert choice.rows == rows and "4 rows linear_rows" in choice.reason, choice
+        assert choice.rows == rows and "16 rows linear_rows" in choice.reason, choice
         assert ("1 row" in choice.reason) == (one_row_time is not None), choice
     assert MKL_ONLY._replace(rows=1).describe() == "linear_rows for 1 row"
     setting.setattr(fp32_products, "_MEASURED", {})

@@ -115,7 +115,9 @@ def test_linear_packed_refuses_bad_input(isa: str) -> None:
 
 def _step(compact: CompactLlama, rows: int) -> torch.Tensor:
     """One native decode step of ``rows`` rows (positions 9, 10, ...) over zero K/V."""
-    buffer = torch.zeros(len(compact.layers), 2, rows, compact.num_kv_heads, 32, compact.head_dim)
+    capacity = max(32, 9 + rows)  # NOTE: room for the last row's position (32 rows: 40)
+    buffer = torch.zeros(len(compact.layers), 2, rows, compact.num_kv_heads, capacity,
+                         compact.head_dim)  # fmt: skip
     pos = torch.arange(9, 9 + rows)
     ids = torch.arange(3, 3 + rows).unsqueeze(1)
     slots = StepSlots(buffer, torch.arange(rows), pos, int(pos.max()) + 1)

@@ -46,7 +46,8 @@ void linear_packed_bf16(const float* x, int64_t m, int64_t K, const uint16_t* pa
                         int64_t blocks, float* out, int64_t n, const float* bias);
 
 // out [m, N] = x [m, K] . wt + bias for wt a contiguous [K, N] (input-major) weight; bias [N] or
-// nullptr. Few rows (a decode step's): each thread streams a contiguous range of K (products.cpp).
+// nullptr. Few rows (a decode step's): each thread streams a contiguous range of K, or from 3
+// rows register tiles over strips of columns (products.cpp).
 void linear_rows(const float* x, int64_t m, int64_t K, const float* wt, int64_t N,
                  const float* bias, float* out);
 
