@@ -132,11 +132,26 @@ struct Q4_1 {
     m = half_to_float(b + 2);
     // NOTE: byte j: weight j low, weight 16 + j high; the first half of the vectors holds the
     // low nibbles of bytes [0, 16), the second half the high ones.
+#if defined(__AVX2__) && !defined(__AVX512F__) && AGENTCACHE_VEC_FLOATS == 8
+    // NOTE: as load_s8: GCC moves an 8-byte vector through general registers lane by lane; one
+    // 16-byte load, masks and zero-extensions give the same integers (AVX2 decode was half
+    // AVX-512's with the generic loop).
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(bytes, nib);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), nib);
+    const __m256 parts[4] = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
+                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
+                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)))};
+    std::memcpy(q, parts, sizeof parts);
+#else
     for (int64_t v = 0; v < kBlockVecs / 2; ++v) {
       const vu8 bytes = load_bytes<vu8>(b + 4 + v * kW);
       q[v] = widen(static_cast<vu8>(bytes & 0x0F));
       q[kBlockVecs / 2 + v] = widen(static_cast<vu8>(bytes >> 4));
     }
+#endif
   }
 };
 
