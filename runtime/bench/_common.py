@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from runtime.bench._argtypes import positive_int
 from runtime.engine import Engine
 from runtime.model.runner import (
     ForwardPath,
@@ -26,6 +25,7 @@ from runtime.model.runner import (
     round_weights_quantized,
 )
 from runtime.sampling.params import SamplingParams
+from runtime.serve.argtypes import positive_int
 
 __all__ = [
     "NullTokenizer",

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from runtime.bench._argtypes import positive_int
 from runtime.bench._common import (
     add_common_options,
     bench_engine,
@@ -30,6 +29,7 @@ from runtime.engine import Engine
 from runtime.outputs import Completion
 from runtime.sampling.grammar import Grammar, JsonSchemaSpec
 from runtime.sampling.params import SamplingParams
+from runtime.serve.argtypes import positive_int
 
 __all__ = ["main"]
 

@@ -14,7 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
-from runtime.bench._argtypes import positive_int
+from runtime.serve.argtypes import positive_int
 
 __all__ = ["main"]
 

@@ -18,7 +18,7 @@ from types import TracebackType
 
 import httpx
 
-from runtime.bench._argtypes import positive_int
+from runtime.serve.argtypes import positive_int
 
 __all__ = [
     "BUILD_HELP",

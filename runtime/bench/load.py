@@ -21,7 +21,6 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from runtime.bench._argtypes import positive_int
 from runtime.bench._clients import (
     BadURL,
     PhaseReport,
@@ -39,6 +38,7 @@ from runtime.bench.llama_server_peer import BUILD_HELP as LLAMA_SERVER_BUILD_HEL
 from runtime.bench.llama_server_peer import DEFAULT_NUM_SLOTS, PeerError, add_peer_options
 from runtime.bench.load_peer import peer_problem, run_vs_llama_server
 from runtime.exceptions import ModelLoadError
+from runtime.serve.argtypes import positive_int
 
 __all__ = ["PhaseReport", "main"]
 

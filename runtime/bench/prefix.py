@@ -18,7 +18,6 @@ from typing import get_args
 
 import torch
 
-from runtime.bench._argtypes import positive_int
 from runtime.bench._common import (
     add_common_options,
     bench_engine,
@@ -41,6 +40,7 @@ from runtime.bench.llama_cpp_peer import (
 )
 from runtime.engine import Engine
 from runtime.model.runner import WeightsDtype
+from runtime.serve.argtypes import positive_int
 
 __all__ = ["agreement_warnings", "prefix_main"]
 

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from runtime.bench._argtypes import positive_int
 from runtime.bench._common import add_common_options, bench_engine, restores_torch_threads, w1_model
 from runtime.bench._figures import Spread, noise_warnings, print_tables, spread_table
 from runtime.chunks.assembler import masked_prefill_logits
@@ -32,6 +31,7 @@ from runtime.chunks.spans import ChunkReuse
 from runtime.engine import Engine
 from runtime.outputs import Completion
 from runtime.sampling.params import SamplingParams
+from runtime.serve.argtypes import positive_int
 
 __all__ = ["SEP", "chunk_plan", "main", "rag_request", "random_ids"]
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from runtime.bench._argtypes import positive_int
 from runtime.bench._common import (
     NullTokenizer,
     add_common_options,
@@ -36,6 +35,7 @@ from runtime.engine import Engine
 from runtime.request.state import Request
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler.loop import SchedulerConfig
+from runtime.serve.argtypes import positive_int
 
 __all__ = ["main", "run_round"]
 

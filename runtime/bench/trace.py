@@ -25,7 +25,6 @@ import torch
 from rich import box
 from rich.table import Table
 
-from runtime.bench._argtypes import positive_int
 from runtime.bench._common import (
     add_common_options,
     bench_engine,
@@ -45,6 +44,7 @@ from runtime.bench._replay import (
 )
 from runtime.cache.eviction import EvictionPolicy
 from runtime.engine import Engine
+from runtime.serve.argtypes import positive_int
 
 __all__ = ["trace_main"]
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from runtime.config import EngineConfig, field_docs, validate
 from runtime.scheduler.config import SchedulerConfig
+from runtime.serve.argtypes import non_negative_float, non_negative_int, positive_int
 
 __all__ = ["add_engine_flags", "engine_config", "flag_of"]
 
@@ -94,9 +95,10 @@ def _choices(hint: Any) -> tuple[str, ...] | None:
 def _kind(hint: Any, name: str) -> Any:
     args = {a for a in get_args(hint) if a is not type(None)} or {hint}
     if int in args:
-        return _non_negative_int if name.endswith("_bytes") or name == "max_waiting" else _positive
+        zero_ok = name.endswith("_bytes") or name == "max_waiting"
+        return non_negative_int if zero_ok else positive_int
     if float in args:
-        return _non_negative_float
+        return non_negative_float
     return str
 
 
@@ -114,35 +116,3 @@ def _bytes(value: int) -> str:
         if value and value % (1 << shift) == 0:
             return f"{value >> shift} {unit}"
     return f"{value} bytes"
-
-
-def _whole(text: str) -> int:
-    # NOTE: the messages of agentcache's own option types (``agentcache._argtypes``), which the
-    # runtime cannot import: only [+-]digits pass (int() also takes "8_0" and " 80 ").
-    if re.fullmatch(r"[+-]?[0-9]+", text) is None:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
-    return int(text)
-
-
-def _positive(text: str) -> int:
-    value = _whole(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = _whole(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
