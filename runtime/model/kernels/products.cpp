@@ -219,36 +219,47 @@ void rows_partial(const float* __restrict x, int64_t m, int64_t K, const float* 
 }
 
 // linear_rows from kTiledMin rows (a batched decode step): register tiles of up to kTileRows rows
-// by kTileVecs vectors of columns, summed over all of K in registers and stored once (the
-// few-row path above adds every kRowsK inputs into y, whose column tile no longer stays in L1
-// beyond a few rows). Threads take whole strips of kTileCols columns, so there are no partial
-// sums; a strip's K lines come from memory (prefetched kTileAhead lines ahead) for its first row
-// tile and from L2 for the others.
+// by kTileVecs vectors of columns (a strip of kTileCols columns). Threads take whole strips, so
+// there are no partial sums across threads. A thread walks its strips in panels of kTilePanel,
+// and a panel in turns of kTileTurn inputs: in each turn every strip of the panel runs all its row
+// tiles over the turn's K lines, the first tile reading them from L2 (prefetched a turn ahead)
+// and the others from L1, with the tiles' running sums kept in a small [strips][rows][cols]
+// buffer between turns. Every output is still one chain of multiply-adds in input order, so the
+// result is bit for bit the one of a single pass over K.
 // NOTE: measured on SmolLM2-135M's 30 layers of products (qkv, o, gate_up, down; AMD EPYC with
-// AVX-512, 1 thread, CPU time, per-product minimum of 5 alternating runs, same run), ms for this
-// kernel / the few-row path above / oneDNN: 2 rows 18.0 / 17.2 / 20.8; 4 rows 16.3 / 21.4 / 20.1;
-// 8 rows 16.9 / 27.6 / 23.0; 16 rows 24.9 / - / 28.5; 32 rows 39.3 / - / 45.2; 64 rows 69.8 / - /
-// 72.1 (hence fp32_products.ROWS_MAX = 32). With kTileAhead 8 instead of 32, 16 rows took
-// 30.8 (oneDNN 29.1 in that run).
+// AVX-512, 1 thread, CPU time, per-product minimum of 5 alternating runs, same run), ms for the
+// single-pass tiles / the few-row path above / oneDNN: 2 rows 18.0 / 17.2 / 20.8; 4 rows 16.3 /
+// 21.4 / 20.1; 8 rows 16.9 / 27.6 / 23.0; 16 rows 24.9 / - / 28.5; 32 rows 39.3 / - / 45.2; 64
+// rows 69.8 / - / 72.1 (hence fp32_products.ROWS_MAX = 32). The single pass read a strip from
+// memory for its first row tile and from L2 for the others, leaving memory idle meanwhile; the
+// turns (2 threads, 30 layers with distinct weights, median of 12 alternating runs, issue 34):
+// 16 rows 15.1 against 17.2 ms, 8 rows 13.9 / 14.8, 32 rows 22.3 / 23.5, 3 rows equal; the LM head
+// (49,152 x 576) at 16 rows 4.1 against 5.0 ms. Turns of 64 inputs or whole-thread panels (the
+// head's sums then outgrow L2) gained less, prefetching into L1 (locality 3) a turn ahead
+// thrashed it (16 rows 15.7).
 constexpr int64_t kTiledMin = 3;
 constexpr int kTileVecs = kRegs >= 32 ? 3 : 2;
 constexpr int kTileRows = kRegs >= 32 ? 8 : 5;  // accumulators + kTileVecs weights + 1 in kRegs
 constexpr int64_t kTileCols = kTileVecs * kW;
-constexpr int64_t kTileAhead = 32;  // K lines prefetched ahead of the one in use (8: no gain)
+constexpr int64_t kTileTurn = 32;   // inputs per turn (a turn of a strip: 6 KB on AVX-512)
+constexpr int64_t kTilePanel = 16;  // strips per panel: its sums and a turn of it fit L2
+constexpr int64_t kTileAhead = kTileTurn;  // K lines prefetched ahead: the next turn's
 
-// Rows [0, RT) of x (row stride K) over all of K for columns [c, c + kTileCols) of y (row stride
-// N), or fewer columns when `cols` < kTileCols (the last strip, through a zero-padded copy).
+// Rows [0, RT) of x (row stride K) over inputs [k0, k1) for kTileCols columns: the tile's
+// running sums come from `acc_in` and go back to it ([RT][kTileCols], row-major), so a strip's
+// row tiles can take turns over short ranges of K. `ahead`: prefetch the weight lines kTileAhead
+// ahead (the strip's first row tile).
 template <int RT>
 inline void tile_rows(const float* __restrict x, int64_t K, const float* __restrict w,
-                      int64_t ws, float* __restrict y, int64_t N, int64_t cols,
-                      const float* bias) {
+                      int64_t ws, int64_t k0, int64_t k1, float* __restrict acc_in, bool ahead) {
   vf acc[RT][kTileVecs];
   for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < kTileVecs; ++v) acc[r][v] = vzero();
-  for (int64_t k = 0; k < K; ++k) {
+    for (int v = 0; v < kTileVecs; ++v) acc[r][v] = vload(acc_in + r * kTileCols + v * kW);
+  for (int64_t k = k0; k < k1; ++k) {
     const float* wk = w + k * ws;
-    if (k + kTileAhead < K)
-      for (int64_t c = 0; c < kTileCols; c += 16) __builtin_prefetch(wk + kTileAhead * ws + c);
+    if (ahead && k + kTileAhead < K)  // into L2 (locality 2): a turn of a panel fits there
+      for (int64_t c = 0; c < kTileCols; c += 16)
+        __builtin_prefetch(wk + kTileAhead * ws + c, 0, 2);
     vf wv[kTileVecs];
     for (int v = 0; v < kTileVecs; ++v) wv[v] = vload(wk + v * kW);
     for (int r = 0; r < RT; ++r) {
@@ -256,47 +267,53 @@ inline void tile_rows(const float* __restrict x, int64_t K, const float* __restr
       for (int v = 0; v < kTileVecs; ++v) acc[r][v] += wv[v] * xv;
     }
   }
-  float tail[kTileCols];
   for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < kTileVecs; ++v) {
-      vf out = acc[r][v];
-      if (bias != nullptr && cols == kTileCols) out += vload(bias + v * kW);
-      if (cols == kTileCols) vstore(y + r * N + v * kW, out);
-      else vstore(tail + v * kW, out);
-      if (v + 1 == kTileVecs && cols < kTileCols)
-        for (int64_t c = 0; c < cols; ++c)
-          y[r * N + c] = tail[c] + (bias != nullptr ? bias[c] : 0.f);
-    }
+    for (int v = 0; v < kTileVecs; ++v) vstore(acc_in + r * kTileCols + v * kW, acc[r][v]);
 }
 
 template <int RT = kTileRows>
-void tile_some_rows(int64_t rt, const float* x, int64_t K, const float* w, int64_t ws, float* y,
-                    int64_t N, int64_t cols, const float* bias) {
+void tile_some_rows(int64_t rt, const float* x, int64_t K, const float* w, int64_t ws,
+                    int64_t k0, int64_t k1, float* acc, bool ahead) {
   if constexpr (RT > 1) {
-    if (rt < RT) return tile_some_rows<RT - 1>(rt, x, K, w, ws, y, N, cols, bias);
+    if (rt < RT) return tile_some_rows<RT - 1>(rt, x, K, w, ws, k0, k1, acc, ahead);
   }
-  tile_rows<RT>(x, K, w, ws, y, N, cols, bias);
+  tile_rows<RT>(x, K, w, ws, k0, k1, acc, ahead);
 }
 
 void linear_rows_tiled(const float* x, int64_t m, int64_t K, const float* wt, int64_t N,
                        const float* bias, float* out) {
   const int64_t strips = (N + kTileCols - 1) / kTileCols;
   parallel_for(strips, [&](int64_t first, int64_t last) {
+    const int64_t tile = m * kTileCols;  // one strip's running sums, [m][kTileCols]
+    std::vector<float> acc(static_cast<size_t>(std::min(last - first, kTilePanel) * tile));
     std::vector<float> pad;  // the last strip's columns, zero padded to kTileCols
-    for (int64_t s = first; s < last; ++s) {
-      const int64_t c0 = s * kTileCols, cols = std::min(kTileCols, N - c0);
-      const float* w = wt + c0;
-      int64_t ws = N;
-      if (cols < kTileCols) {
-        pad.assign(K * kTileCols, 0.f);
-        for (int64_t k = 0; k < K; ++k)
-          std::copy(wt + k * N + c0, wt + k * N + N, pad.data() + k * kTileCols);
-        w = pad.data();
-        ws = kTileCols;
+    if (last == strips && N % kTileCols != 0) {
+      const int64_t c0 = (strips - 1) * kTileCols;
+      pad.assign(K * kTileCols, 0.f);
+      for (int64_t k = 0; k < K; ++k)
+        std::copy(wt + k * N + c0, wt + k * N + N, pad.data() + k * kTileCols);
+    }
+    for (int64_t p0 = first; p0 < last; p0 += kTilePanel) {
+      const int64_t p1 = std::min(last, p0 + kTilePanel);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t k0 = 0; k0 < K; k0 += kTileTurn) {
+        const int64_t k1 = std::min(K, k0 + kTileTurn);
+        for (int64_t s = p0; s < p1; ++s) {
+          const bool padded = !pad.empty() && s == strips - 1;
+          const float* w = padded ? pad.data() : wt + s * kTileCols;
+          const int64_t ws = padded ? kTileCols : N;
+          for (int64_t r = 0; r < m; r += kTileRows)
+            tile_some_rows(std::min<int64_t>(kTileRows, m - r), x + r * K, K, w, ws, k0, k1,
+                           acc.data() + (s - p0) * tile + r * kTileCols, r == 0);
+        }
       }
-      for (int64_t r = 0; r < m; r += kTileRows)
-        tile_some_rows(std::min<int64_t>(kTileRows, m - r), x + r * K, K, w, ws, out + r * N + c0,
-                       N, cols, bias != nullptr ? bias + c0 : nullptr);
+      for (int64_t s = p0; s < p1; ++s) {
+        const int64_t c0 = s * kTileCols, cols = std::min(kTileCols, N - c0);
+        const float* a = acc.data() + (s - p0) * tile;
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            out[r * N + c0 + c] = a[r * kTileCols + c] + (bias != nullptr ? bias[c0 + c] : 0.f);
+      }
     }
   });
 }
