@@ -45,9 +45,10 @@ WeightsDtype: TypeAlias = Literal["float32", "bfloat16", "float32-packed", "q8_0
 """How a float32 model holds its weights: ``float32`` as loaded (the reference);
 ``bfloat16``: every linear layer's weight (the LM head and a tied embedding included) rounded to
 bfloat16, nearest even, while activations, the KV cache and all arithmetic stay float32 (see
-``round_weights_bf16``); ``float32-packed``: as loaded, plus a packed fp32 copy of every linear
-weight for the small products of decode steps (the compact forward with the native kernels:
-as many bytes again as those weights; the same answers within float32 rounding); ``q8_0`` /
+``round_weights_bf16``); ``float32-packed``: the same values moved into packed fp32 copies
+(blocks of 32 output columns) that every product of the compact forward reads, the weights as
+loaded freed (vectorized native kernels; the same bytes; the same answers within float32
+rounding; the model's own transformers forward then no longer runs); ``q8_0`` /
 ``q4_1``: every linear weight rounded to GGUF's Q8_0 / Q4_1 blocks (the LM head and a tied
 embedding to ``QUANT_HEAD_FORMAT``'s, Q8_0; see ``round_weights_quantized``), and on the compact
 forward with vectorized native kernels the blocks themselves kept for decode-step products
@@ -79,8 +80,9 @@ class EngineConfig:
     weights: WeightsDtype = "float32"
     """float32 models only: bfloat16 rounds the linear weights to bfloat16 while activations, KV
     cache and arithmetic stay float32; decode steps then read half the weight bytes (compact
-    forward, native kernels). float32-packed keeps the weights and adds a packed copy (as many
-    bytes again) that decode steps stream faster, most at 8-16 rows. q8_0 / q4_1: a quantized
+    forward, native kernels). float32-packed moves the linear weights into packed copies that every
+    product streams faster (batched decode steps most; no extra memory: the weights as loaded
+    are freed). q8_0 / q4_1: a quantized
     model (labelled so): linear weights rounded to GGUF's Q8_0 / Q4_1 blocks (a .gguf file's
     own blocks when it holds them) that decode steps read directly, 8.5 / 5 bits a weight."""
     forward: ForwardPath = "auto"

@@ -114,8 +114,9 @@ class LocalBackend(BaseBackend):
             dtype: ``float32``, ``float16`` or ``bfloat16``.
             weights: How a float32 model holds its weights (``serve --weights``): ``float32``
                 (the reference), ``bfloat16`` (linear weights rounded to bf16, arithmetic in
-                float32), ``float32-packed`` (plus a packed copy for decode steps: the weight
-                memory again, the same answers within float32 rounding), ``q8_0`` or ``q4_1``
+                float32), ``float32-packed`` (the weights moved into packed copies that every
+                product reads faster: the same memory, the same answers within float32
+                rounding), ``q8_0`` or ``q4_1``
                 (a quantized model: GGUF's blocks, read directly by decode steps); see
                 ``runtime.model.runner.WeightsDtype``.
             device: torch device string.

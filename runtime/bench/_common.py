@@ -131,12 +131,13 @@ def bench_engine(
 ) -> Engine:  # fmt: skip
     disk: dict[str, Any] = {} if disk_dir is None else {"kv_disk_dir": disk_dir,
                                                          "kv_disk_bytes": disk_bytes}  # fmt: skip
-    if weights == "q8_0" or weights == "q4_1":
-        # NOTE: a quantized engine frees its model's fp32 weights (CompactLlama's drop_fp32),
-        # while the bench shares ``model`` among engines and its HF reference forwards: each
-        # engine gets a copy of the rounded model (rounding is idempotent), ``model`` keeps the
-        # same rounded values for the references.
-        round_weights_quantized(model, weights)
+    if weights in ("q8_0", "q4_1", "float32-packed"):
+        # NOTE: a quantized or float32-packed engine frees its model's fp32 weights
+        # (CompactLlama's drop_fp32), while the bench shares ``model`` among engines and its HF
+        # reference forwards: each engine gets a copy of the (rounded) model (rounding is
+        # idempotent), ``model`` keeps the same values for the references.
+        if weights != "float32-packed":
+            round_weights_quantized(model, weights)
         model = copy.deepcopy(model)
     return Engine(model, NullTokenizer(), model_id="bench-w1", kv_cache_bytes=kv_bytes,
                   prefix_cache=prefix_cache, forward=forward, weights=weights,

@@ -104,16 +104,18 @@ class CompactLlama:
             (``model.layers.0.self_attn.q_proj``, ``lm_head``; a tied head may come as
             ``model.embed_tokens``); a weight whose blocks are absent or in another format is
             quantized from its fp32 values.
-        drop_fp32: With ``packed`` a quantized format and the blocks kept (vectorized
-            ``native``), free the fp32 weights the blocks hold: every projection, the LM head
-            and a tied embedding (the model's modules then hold ``meta`` tensors of their
-            shapes, so the model's own transformers forward no longer runs: read everything it
-            needs, e.g. ``weights_fingerprint``, first). Every product of those weights then
-            reads the blocks at any row count (``linear_quantized``'s direct tiles for a
-            decode step, its dequantized panels for a prefill), and a tied embedding's rows are
-            dequantized from the head's Q8_0 blocks (exact: ``d * q`` fits float32). The
-            weights are the blocks' values either way, so the answers are the same within
-            float32 rounding. Ignored where no blocks are kept.
+        drop_fp32: With ``packed`` a quantized format or ``torch.float32`` and the copies
+            kept (vectorized ``native``), free the fp32 weights the copies hold: every
+            projection, the LM head and a tied embedding (the model's modules then hold
+            ``meta`` tensors of their shapes, so the model's own transformers forward no longer
+            runs: read everything it needs, e.g. ``weights_fingerprint``, first). Every product
+            of those weights then reads the copies at any row count (``linear_packed``: for
+            blocks, ``linear_quantized``'s direct tiles for a decode step and its dequantized
+            panels for a prefill), and a tied embedding's rows come from the head's copy
+            (dequantized from its Q8_0 blocks, exact: ``d * q`` fits float32; or read from the
+            packed fp32 lines as they are). The weights are the copies' values either way, so
+            the answers are the same within float32 rounding. Ignored where no copy is kept
+            (and for ``torch.bfloat16``, whose copy is rounded).
 
     Raises:
         ValueError: ``compact_blocker(model)`` names a reason, ``packed`` is another dtype or
@@ -190,9 +192,9 @@ class CompactLlama:
         self._packed = copies
         """Per layer the packed qkv, o, gate_up and down weights (``pack_weight``), or empty."""
         self._embed_blocks: torch.Tensor | None = None
-        """The tied embedding's Q8_0 blocks (the head's) once its fp32 rows are freed."""
-        self.fp32_dropped = bool(drop_fp32 and copies and isinstance(packed, str))
-        """Whether the fp32 copies of the quantized weights were freed (``drop_fp32``)."""
+        """The tied embedding's rows once freed: the head's Q8_0 blocks or packed fp32 lines."""
+        self.fp32_dropped = bool(drop_fp32 and copies and packed != torch.bfloat16)
+        """Whether the fp32 weights the packed copies hold were freed (``drop_fp32``)."""
         if self.fp32_dropped:
             self._drop_fp32(model)
         self._layers_native = None if self.native is None else self.native.decode_layers(
@@ -202,11 +204,11 @@ class CompactLlama:
         )  # fmt: skip
 
     def _drop_fp32(self, model: Any) -> None:
-        """Free the fp32 weights the blocks hold (``drop_fp32``): projections, LM head and a
-        tied embedding become ``meta`` tensors (shapes and strides kept, no storage) here and
-        in ``model``'s modules; every product then reads the blocks (``_packed_max_rows``
+        """Free the fp32 weights the packed copies hold (``drop_fp32``): projections, LM head
+        and a tied embedding become ``meta`` tensors (shapes and strides kept, no storage) here
+        and in ``model``'s modules; every product then reads the copies (``_packed_max_rows``
         unbounded, no fp32 library path)."""
-        assert self._head_packed is not None, "drop_fp32 needs the head's blocks"
+        assert self._head_packed is not None, "drop_fp32 needs the head's copy"
         self.layers, self.lm_head, tied = to_meta(model, self.layers)
         if tied:
             model.model.embed_tokens.weight = model.lm_head.weight
@@ -217,12 +219,16 @@ class CompactLlama:
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """The input embeddings of ``ids`` (any shape): ``[*ids.shape, hidden]`` fp32 (with the
-        fp32 embedding freed, its rows dequantized from the tied head's blocks)."""
+        fp32 embedding freed, its rows read from the tied head's copy: dequantized from Q8_0
+        blocks, or gathered from packed fp32 lines ``[vocab / 32, hidden, 32]``)."""
         if self._embed_blocks is None:
             return F.embedding(ids, self.embed)
+        flat = ids.reshape(-1)
+        if self._embed_blocks.dtype == torch.float32:  # pack_weight: row v at [v // 32, :, v % 32]
+            cols = self._embed_blocks.shape[-1]
+            return self._embed_blocks[flat // cols, :, flat % cols].view(*ids.shape, -1)
         assert self.native is not None
-        rows = self._embed_blocks[ids.reshape(-1)]  # [n, hidden / 32, 34]
-        out: torch.Tensor = self.native.dequantize_blocks(rows)
+        out: torch.Tensor = self.native.dequantize_blocks(self._embed_blocks[flat])
         return out.view(*ids.shape, -1)
 
     @property
@@ -234,7 +240,10 @@ class CompactLlama:
     def products_label(self) -> str:
         """Where the fp32 products that reach a library run, for the start line: ``"oneDNN
         products"``, ``"... for decode"``, ``"... for prefill"`` or "" (MKL); with packed copies
-        (which serve the few-row products) only prefill can be named."""
+        (which serve the few-row products) only prefill can be named; with the fp32 weights
+        freed (``fp32_dropped``) every product reads the copies: ""."""
+        if self.fp32_dropped:
+            return ""
         return self.products.describe(packed=self.packed_products)
 
     @property

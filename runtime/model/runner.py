@@ -98,10 +98,12 @@ class ModelRunner:
             weights: ``"bfloat16"`` rounds a float32 model's linear weights in place
                 (``round_weights_bf16``); on the compact forward with the native kernels, decode
                 steps then read packed bf16 copies (half the weight bytes). Elsewhere it only
-                rounds (the same answers, no speed-up). ``"float32-packed"`` keeps the weights
-                and, on the compact forward with vectorized native kernels (any ISA but scalar),
-                a packed fp32 copy that products of up to 64 rows read (``CompactLlama``'s
-                ``packed``); elsewhere it changes nothing (the start line says why).
+                rounds (the same answers, no speed-up). ``"float32-packed"``, on the compact
+                forward with vectorized native kernels (any ISA but scalar), moves the linear
+                weights into packed fp32 copies (``CompactLlama``'s ``packed``: blocks of 32
+                output columns) that every product reads, and frees the weights as loaded
+                (``drop_fp32``: the same bytes, the same values); elsewhere it changes nothing
+                (the start line says why).
                 ``"q8_0"`` / ``"q4_1"`` round the linear weights to GGUF's blocks
                 (``round_weights_quantized``) and, on the compact forward with vectorized
                 native kernels, keep the blocks for every product of those weights and free
@@ -161,7 +163,7 @@ class ModelRunner:
                 packed=_PACKED.get(weights),
                 products=self.products,
                 blocks=blocks,
-                drop_fp32=weights in ("q8_0", "q4_1"),
+                drop_fp32=weights in ("q8_0", "q4_1", "float32-packed"),
             )  # fmt: skip
             if why is None
             else None

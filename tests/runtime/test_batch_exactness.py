@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -86,12 +87,14 @@ def submit(engine: Engine, ids: list[int], *, use_cache: bool) -> tuple[Request,
     return req, stream
 
 
-def assert_matches_full_forward(engine: Engine, req: Request) -> None:
-    """Each step's logits equal the model's own cache-free forward (its own masks) within TOL."""
+def assert_matches_full_forward(engine: Engine, req: Request, model: Any = None) -> None:
+    """Each step's logits equal the model's own cache-free forward (its own masks) within TOL;
+    ``model``: another holding the same weights (when the engine's own freed them)."""
     assert req.logits_log is not None
     full = req.prompt_ids + req.output_ids[:-1]
     with torch.no_grad():
-        ref = engine.runner.model(torch.tensor([full])).logits[0, len(req.prompt_ids) - 1 :]
+        model = engine.runner.model if model is None else model
+        ref = model(torch.tensor([full])).logits[0, len(req.prompt_ids) - 1 :]
     for step, (want, got, token) in enumerate(
         zip(ref, req.logits_log, req.output_ids, strict=True)
     ):

@@ -189,20 +189,21 @@ def test_engine_on_either_library_matches_its_model(
 
 
 def test_packed_start_line_names_only_prefill(tmp_path: Path, setting: pytest.MonkeyPatch) -> None:
-    """With float32-packed weights the few-row products read the copies, so oneDNN chosen for
-    them is not claimed on the start line."""
+    """With bfloat16 weights the few-row products read the packed copies, so oneDNN chosen for
+    them is not claimed on the start line, only for prefill; with float32-packed every product
+    reads the copies (the weights as loaded are freed), so no library is named."""
     _required_onednn()
     if not chosen_kernels().is_vectorized:
         pytest.skip("scalar kernels keep no packed copies (test_no_copies_where_nothing_...)")
     setting.setenv(PRODUCTS_ENV, "onednn")
     path = str(save_tiny_model("llama", tmp_path))
-    engine = Engine.from_pretrained(path, weights="float32-packed")
-    assert engine.runner.compact is not None and engine.runner.compact.packed_products
-    assert _runs(engine).endswith(
-        ", float32-packed weights, compact forward, native decode "
-        "attention, oneDNN products for prefill)"
-    )
-    engine.close()
+    for weights, tail in (("bfloat16", ", oneDNN products for prefill)"), ("float32-packed", ")")):
+        engine = Engine.from_pretrained(path, weights=weights)  # type: ignore[arg-type]
+        assert engine.runner.compact is not None and engine.runner.compact.packed_products
+        assert _runs(engine).endswith(
+            f", {weights} weights, compact forward, native decode attention{tail}"
+        )
+        engine.close()
 
 
 def test_no_choice_off_the_compact_forward(tmp_path: Path) -> None:

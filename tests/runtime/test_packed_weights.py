@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -181,6 +182,48 @@ def _round_in_place(compact: CompactLlama) -> None:
     compact.lm_head.copy_(compact.lm_head.to(torch.bfloat16))
 
 
+def tied_model(arch: str) -> Any:
+    """A 2-layer model with a tied embedding, hidden 64 (whole blocks of 32), vocab 256."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 256,
+             "max_position_embeddings": 512, "tie_word_embeddings": True}  # fmt: skip
+    torch.manual_seed(7)
+    if arch == "qwen2":  # NOTE: QKV biases
+        return Qwen2ForCausalLM(Qwen2Config(**shape)).eval()
+    return LlamaForCausalLM(LlamaConfig(**shape)).eval()
+
+
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_float32_packed_frees_the_weights_and_keeps_the_answers(isa: str, arch: str) -> None:
+    """With ``packed=torch.float32`` and ``drop_fp32`` the projections, the LM head and the tied
+    embedding keep no storage of their own (``meta``, in the model's modules too); the embedding
+    rows are the saved ones exactly (read from the head's packed lines), and decode steps, a
+    short prefill and one of 130 tokens give the logits of the same copies with the weights
+    kept. Without copies (scalar kernels) nothing is dropped."""
+    kernels = isa_kernels(isa)
+    model = tied_model(arch)
+    if not kernels.is_vectorized:
+        compact = CompactLlama(model, native=kernels, packed=torch.float32, drop_fp32=True)
+        assert not compact.fp32_dropped and not model.lm_head.weight.is_meta
+        return
+    saved = model.model.embed_tokens.weight.detach().clone()
+    kept = CompactLlama(copy.deepcopy(model), native=kernels, packed=torch.float32)
+    dropped = CompactLlama(model, native=kernels, packed=torch.float32, drop_fp32=True)
+    assert dropped.fp32_dropped and not kept.fp32_dropped and dropped.products_label == ""
+    assert model.lm_head.weight.is_meta and model.model.embed_tokens.weight.is_meta
+    projections = [p for n, p in model.named_parameters() if n.endswith("proj.weight")]
+    assert len(projections) == 14 and all(p.is_meta for p in projections)
+    ids = torch.arange(3, 250).view(13, 19)
+    assert torch.equal(dropped.embed_tokens(ids), F.embedding(ids, saved))
+    for rows in (1, 3):
+        torch.testing.assert_close(_step(dropped, rows), _step(kept, rows), atol=1e-5, rtol=1e-5)
+    for n in (5, 130):
+        torch.testing.assert_close(_prefill(dropped, n), _prefill(kept, n), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize(
     ("weights", "label"),
     [("bfloat16", "bfloat16 weights"), ("float32-packed", "float32-packed weights")],
@@ -190,10 +233,11 @@ def test_packed_weights_engine_matches_its_model(
     arch: str, weights: WeightsDtype, label: str, tmp_path: Path
 ) -> None:
     """Three requests decoded together (a prefix-cache miss, then hits): every step's logits are
-    the engine's model's own transformers forward within float32 tolerance. With bfloat16 the
-    model's linear weights hold bf16 values and differ from the saved fp32 ones; with
-    float32-packed they are the saved ones, and the copies hold as many bytes again (none
-    with the scalar kernels, whose products are slower than torch's: the answer is the same)."""
+    the model's own transformers forward within float32 tolerance. With bfloat16 the model's
+    linear weights hold bf16 values and differ from the saved fp32 ones; with float32-packed
+    the copies hold the saved ones and the weights as loaded are freed (``meta``: the reference
+    is the float32 engine's model), so the weights take the same bytes (none kept with the
+    scalar kernels, whose products are slower than torch's: the answer is the same)."""
     vectorized = chosen_kernels().is_vectorized
     path = save_tiny_model(arch, tmp_path)
     engine = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 22, block_size=4,
@@ -208,23 +252,34 @@ def test_packed_weights_engine_matches_its_model(
     head, saved = runner.model.lm_head.weight, reference.runner.model.lm_head.weight
     weights_of = [(ly.qkv, ly.o, ly.gate_up, ly.down) for ly in runner.compact.layers]
     values = head.numel() + sum(w.numel() for four in weights_of for w in four)
+    model = None
     if weights == "bfloat16":
         assert torch.equal(head, head.to(torch.bfloat16).float())
         assert not torch.equal(head, saved)
+    elif vectorized:
+        freed = [head, *(w for four in weights_of for w in four)]
+        assert runner.compact.fp32_dropped and all(w.is_meta for w in freed)
+        ref = reference.runner.model
+        tied = ref.lm_head.weight is ref.model.embed_tokens.weight
+        assert runner.model.model.embed_tokens.weight.is_meta == tied
+        model = ref
     else:
         assert torch.equal(head, saved)
     # NOTE: whole blocks of 32 columns, so the copies can exceed the weights by the padding
     held = values * (2 if weights == "bfloat16" else 4) if vectorized else 0
     assert held <= runner.compact.packed_bytes <= held * 1.1
-    assert_batched_hits_match(engine)
+    assert_batched_hits_match(engine, model=model)
     engine.close()
     reference.close()
 
 
-def assert_batched_hits_match(engine: Engine, lengths: tuple[int, ...] = (21, 34, 9)) -> None:
+def assert_batched_hits_match(
+    engine: Engine, lengths: tuple[int, ...] = (21, 34, 9), model: Any = None
+) -> None:
     """Prompts of ``lengths`` tokens decoded together three times (prefix-cache misses, then
-    hits): every step's logits are the engine's model's own transformers forward within float32
-    tolerance (``assert_matches_full_forward``); the decode steps ran all rows at once."""
+    hits): every step's logits are the engine's model's own transformers forward (or
+    ``model``'s, holding the same weights) within float32 tolerance
+    (``assert_matches_full_forward``); the decode steps ran all rows at once."""
     runner = engine.runner
     prompts = [[(5 * i + 3) % 90 + 3 for i in range(n)] for n in lengths]
     rows: list[int] = []
@@ -245,7 +300,7 @@ def assert_batched_hits_match(engine: Engine, lengths: tuple[int, ...] = (21, 34
         for _, stream in runs:
             list(stream)
         for req, _ in runs:
-            assert_matches_full_forward(engine, req)
+            assert_matches_full_forward(engine, req, model)
             cached += req.cached_len
     del runner.decode
     assert max(rows) == len(prompts) and cached > 0, (rows, cached)

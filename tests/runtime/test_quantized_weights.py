@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -35,7 +34,7 @@ from tests.conftest import save_tiny_model
 from tests.runtime.kernel_isas import KERNEL_ISAS, chosen_kernels, isa_kernels
 from tests.runtime.test_engine_exactness import assert_same_answer, run
 from tests.runtime.test_native_kernels import _model
-from tests.runtime.test_packed_weights import _prefill, _step
+from tests.runtime.test_packed_weights import _prefill, _step, tied_model
 
 BYTES = {"q8_0": 34, "q4_1": 20}
 
@@ -161,19 +160,6 @@ def test_decode_steps_read_the_blocks(isa: str, fmt: str, monkeypatch: pytest.Mo
     torch.testing.assert_close(_prefill(mixed, 2), _prefill(quant, 2), atol=1e-5, rtol=1e-5)
 
 
-def _tied(arch: str) -> Any:
-    """A 2-layer model with a tied embedding, hidden 64 (whole blocks of 32), vocab 256."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    shape = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-             "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 256,
-             "max_position_embeddings": 512, "tie_word_embeddings": True}  # fmt: skip
-    torch.manual_seed(7)
-    if arch == "qwen2":  # NOTE: QKV biases
-        return Qwen2ForCausalLM(Qwen2Config(**shape)).eval()
-    return LlamaForCausalLM(LlamaConfig(**shape)).eval()
-
-
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize("fmt", QUANT_FORMATS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -184,7 +170,7 @@ def test_drop_fp32_frees_the_weights_and_keeps_the_answers(isa: str, fmt: str, a
     copies kept, and the embedding rows come exactly from the head's Q8_0 blocks. Without
     blocks (scalar kernels) nothing is dropped."""
     kernels = isa_kernels(isa)
-    model = _tied(arch)
+    model = tied_model(arch)
     round_weights_quantized(model, fmt)  # type: ignore[arg-type]
     if not kernels.is_vectorized:
         compact = CompactLlama(model, native=kernels, packed=fmt, drop_fp32=True)
