@@ -4,8 +4,9 @@ Rows: full KV budget, a quarter of it, the quarter plus a disk tier of four time
 the cache off; each with the pool fill and, for the quarter budget, the offline-optimal (Belady)
 hit rate of the same trace and capacity. Then the quarter budget's trace replayed (no model) with a
 disk tier of 1-4x the pool under each disk policy, next to Belady for pool + disk, and a
-multi-session agent trace (seeds 2-6) replayed at 1/8, 1/4 and 1/2 budget under each eviction
-policy (``lru``, ``shared``, the default ``adaptive``), next to Belady. Random-weight models
+multi-session agent trace (seeds 2-13) replayed at 1/8, 1/4 and 1/2 budget under each eviction
+policy (``lru``, ``shared``, ``slru``, ``adaptive-shared``, the default ``adaptive``), next to
+Belady. Random-weight models
 built from configs (no downloads), CPU by default; the agent trace's replays need no model.
 A script, never a timed test.
 """
@@ -55,8 +56,9 @@ interleaved. Reports the token hit rate, pool fill and mean TTFT vs the cache of
 that holds everything, one that holds about a quarter of it (eviction at work), and the quarter
 with a disk tier of 4x the pool; the Belady (offline-optimal) hit rate for the quarter budget; the
 trace replayed with a disk tier of 1-4x the pool (write-through and evict, next to Belady for pool
-and disk together); and a replayed multi-session agent trace (seeds 2-6) at 1/8, 1/4, 1/2 budget
-under each eviction policy (lru, shared, adaptive: the default) next to the optimal hit rate."""
+and disk together); and a replayed multi-session agent trace (seeds 2-13) at 1/8, 1/4, 1/2 budget
+under each eviction policy (lru, shared, slru, adaptive-shared, adaptive: the default) next to
+the optimal hit rate."""
 
 
 def _conversations(args: argparse.Namespace) -> list[tuple[list[int], list[list[int]]]]:
@@ -134,16 +136,17 @@ def _disk_rows(steps: list[Step], capacity: int, block_size: int) -> dict[str, f
     return out
 
 
-AGENT_SEEDS = (2, 3, 4, 5, 6)
+AGENT_SEEDS = tuple(range(2, 14))
 """Seeds of the agent-sessions trace replayed (2 is the default trace)."""
 BUDGETS = (("eighth", 8), ("quarter", 4), ("half", 2))
-POLICIES: tuple[EvictionPolicy, ...] = ("lru", "shared", "adaptive")
+POLICIES: tuple[EvictionPolicy, ...] = ("lru", "shared", "slru", "adaptive-shared", "adaptive")
 
 
 def _agents_key(seed: int, budget: str, policy: str) -> str:
     """JSON key of one replay (seed 2 keeps the keys it had before other seeds were added)."""
-    return f"agents_{budget}_{policy}_hit_rate" if seed == 2 else (
-        f"agents_seed{seed}_{budget}_{policy}_hit_rate")  # fmt: skip
+    name = policy.replace("-", "_")
+    return f"agents_{budget}_{name}_hit_rate" if seed == 2 else (
+        f"agents_seed{seed}_{budget}_{name}_hit_rate")  # fmt: skip
 
 
 def _agent_sessions_rows(block_size: int) -> dict[str, float]:
@@ -170,7 +173,7 @@ def _agents_table(result: dict[str, Any]) -> Table:
     """Seed x budget rows, a column per eviction policy and Belady (prompt tokens hit, %)."""
     table = Table(title="multi-session agent trace replayed: prompt tokens hit (%)",
                   box=box.SIMPLE_HEAD, title_justify="left")  # fmt: skip
-    for name in ("seed", "budget", *POLICIES[:2], "adaptive (default)", "Belady"):
+    for name in ("seed", "budget", *POLICIES[:-1], "adaptive (default)", "Belady"):
         table.add_column(name, justify="right")
     for seed in AGENT_SEEDS:
         for name, frac in BUDGETS:
@@ -228,7 +231,7 @@ def _trace(args: argparse.Namespace) -> int:
                                                block_size=block_size)  # fmt: skip
     for policy in POLICIES:
         sim = replay(steps, capacity_blocks=capacity, block_size=block_size, policy=policy)
-        result[f"quarter_replayed_{policy}_hit_rate"] = sim.hit_rate
+        result[f"quarter_replayed_{policy.replace('-', '_')}_hit_rate"] = sim.hit_rate
     result.update(_disk_rows(steps, capacity, block_size))
     result.update(_agent_sessions_rows(block_size))
     _print_trace(args, result, rows)
