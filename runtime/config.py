@@ -101,10 +101,13 @@ class EngineConfig:
     send chunk_reuse still reuse their documents from the chunk store."""
     eviction: EvictionPolicy = "adaptive"
     """Which unpinned cached blocks of the prefix cache go first when its budget is full:
-    adaptive (follows whichever of shared and lru wins on the current workload, scored by two
-    metadata-only virtual caches), shared (sharing-aware GreedyDual: prefixes many requests
-    extended stay longer) or lru (least recently used leaf first). The chunk store, a flat store
-    without the virtual caches, ranks by shared under adaptive (``chunk_eviction``)."""
+    adaptive (ranks as lru until slru's metadata-only virtual cache has shown it hits more, then
+    as whichever of the two leads), adaptive-shared (the previous default: follows whichever of
+    shared and lru wins, starting as shared), slru (segmented LRU: prefixes several cached
+    sequences extend go after every other block), shared (sharing-aware GreedyDual: prefixes
+    many requests extended stay longer) or lru (least recently used leaf first). The chunk
+    store, a flat store without the virtual caches, ranks by shared under the others
+    (``chunk_eviction``)."""
     chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES
     """Chunk store budget for requests with chunk_reuse, bytes."""
     kv_disk_dir: str | None = None
@@ -133,8 +136,8 @@ class EngineConfig:
 
     @property
     def chunk_eviction(self) -> EvictionPolicy:
-        """The chunk store's policy: ``eviction``, or ``"shared"`` under ``"adaptive"``."""
-        return "shared" if self.eviction == "adaptive" else self.eviction
+        """The chunk store's policy: ``eviction`` when it is ``"lru"``, else ``"shared"``."""
+        return "lru" if self.eviction == "lru" else "shared"
 
     @property
     def disk_bytes(self) -> int:

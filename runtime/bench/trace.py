@@ -4,8 +4,9 @@ Rows: full KV budget, a quarter of it, the quarter plus a disk tier of four time
 the cache off; each with the pool fill and, for the quarter budget, the offline-optimal (Belady)
 hit rate of the same trace and capacity. Then the quarter budget's trace replayed (no model) with a
 disk tier of 1-4x the pool under each disk policy, next to Belady for pool + disk, and a
-multi-session agent trace (seeds 2-6) replayed at 1/8, 1/4 and 1/2 budget under each eviction
-policy (``lru``, ``shared``, the default ``adaptive``), next to Belady. Random-weight models
+multi-session agent trace (seeds 2-13) replayed at 1/8, 1/4 and 1/2 budget under each eviction
+policy (``lru``, ``shared``, ``slru``, ``adaptive-shared``, the default ``adaptive``), next to
+Belady. Random-weight models
 built from configs (no downloads), CPU by default; the agent trace's replays need no model.
 A script, never a timed test.
 """
@@ -55,8 +56,9 @@ interleaved. Reports the token hit rate, pool fill and mean TTFT vs the cache of
 that holds everything, one that holds about a quarter of it (eviction at work), and the quarter
 with a disk tier of 4x the pool; the Belady (offline-optimal) hit rate for the quarter budget; the
 trace replayed with a disk tier of 1-4x the pool (write-through and evict, next to Belady for pool
-and disk together); and a replayed multi-session agent trace (seeds 2-6) at 1/8, 1/4, 1/2 budget
-under each eviction policy (lru, shared, adaptive: the default) next to the optimal hit rate."""
+and disk together); and a replayed multi-session agent trace (seeds 2-13) at 1/8, 1/4, 1/2 budget
+under each eviction policy (lru, shared, slru, adaptive-shared, adaptive: the default) next to
+the optimal hit rate."""
 
 
 def _conversations(args: argparse.Namespace) -> list[tuple[list[int], list[list[int]]]]:
@@ -134,23 +136,25 @@ def _disk_rows(steps: list[Step], capacity: int, block_size: int) -> dict[str, f
     return out
 
 
-AGENT_SEEDS = (2, 3, 4, 5, 6)
-"""Seeds of the agent-sessions trace replayed (2 is the default trace)."""
+AGENT_SEEDS = tuple(range(2, 14))
+"""Seeds of the agent-sessions trace replayed (2 is the default trace; ``--agent-seeds`` takes
+the first N)."""
 BUDGETS = (("eighth", 8), ("quarter", 4), ("half", 2))
-POLICIES: tuple[EvictionPolicy, ...] = ("lru", "shared", "adaptive")
+POLICIES: tuple[EvictionPolicy, ...] = ("lru", "shared", "slru", "adaptive-shared", "adaptive")
 
 
 def _agents_key(seed: int, budget: str, policy: str) -> str:
     """JSON key of one replay (seed 2 keeps the keys it had before other seeds were added)."""
-    return f"agents_{budget}_{policy}_hit_rate" if seed == 2 else (
-        f"agents_seed{seed}_{budget}_{policy}_hit_rate")  # fmt: skip
+    name = policy.replace("-", "_")
+    return f"agents_{budget}_{name}_hit_rate" if seed == 2 else (
+        f"agents_seed{seed}_{budget}_{name}_hit_rate")  # fmt: skip
 
 
-def _agent_sessions_rows(block_size: int) -> dict[str, float]:
+def _agent_sessions_rows(block_size: int, seeds: tuple[int, ...]) -> dict[str, float]:
     """Replayed multi-session agent trace: hit rates per seed, budget fraction and policy, and
     Belady (no model: the trace is synthetic)."""
     out: dict[str, float] = {}
-    for seed in AGENT_SEEDS:
+    for seed in seeds:
         steps = agent_sessions(seed=seed)
         total = distinct_blocks(steps, block_size)
         if seed == 2:
@@ -166,13 +170,13 @@ def _agent_sessions_rows(block_size: int) -> dict[str, float]:
     return out
 
 
-def _agents_table(result: dict[str, Any]) -> Table:
+def _agents_table(result: dict[str, Any], seeds: tuple[int, ...]) -> Table:
     """Seed x budget rows, a column per eviction policy and Belady (prompt tokens hit, %)."""
     table = Table(title="multi-session agent trace replayed: prompt tokens hit (%)",
                   box=box.SIMPLE_HEAD, title_justify="left")  # fmt: skip
-    for name in ("seed", "budget", *POLICIES[:2], "adaptive (default)", "Belady"):
+    for name in ("seed", "budget", *POLICIES[:-1], "adaptive (default)", "Belady"):
         table.add_column(name, justify="right")
-    for seed in AGENT_SEEDS:
+    for seed in seeds:
         for name, frac in BUDGETS:
             cells = [result[_agents_key(seed, name, p)] for p in (*POLICIES, "belady")]
             table.add_row(str(seed), f"1/{frac}", *(f"{100 * c:.1f}" for c in cells))
@@ -191,9 +195,17 @@ def trace_main(argv: list[str]) -> int:
     p.add_argument("--turn-len", type=positive_int, default=30, help="tokens per user turn")
     p.add_argument("--gen-tokens", type=positive_int, default=8, help="tokens generated per turn")
     p.add_argument("--plot", metavar="FILE.png", default=None, help="hit rate and TTFT plots")
+    p.add_argument(
+        "--agent-seeds",
+        type=positive_int,
+        default=len(AGENT_SEEDS),
+        help=f"agent-sessions traces replayed: seeds 2 to 1 + N (at most {len(AGENT_SEEDS)})",
+    )
     args = p.parse_args(argv)
     if (problem := check_plot_path(args.plot)) is not None:
         p.error(problem)
+    if args.agent_seeds > len(AGENT_SEEDS):
+        p.error(f"--agent-seeds is at most {len(AGENT_SEEDS)} (seeds 2-13), got {args.agent_seeds}")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -228,9 +240,9 @@ def _trace(args: argparse.Namespace) -> int:
                                                block_size=block_size)  # fmt: skip
     for policy in POLICIES:
         sim = replay(steps, capacity_blocks=capacity, block_size=block_size, policy=policy)
-        result[f"quarter_replayed_{policy}_hit_rate"] = sim.hit_rate
+        result[f"quarter_replayed_{policy.replace('-', '_')}_hit_rate"] = sim.hit_rate
     result.update(_disk_rows(steps, capacity, block_size))
-    result.update(_agent_sessions_rows(block_size))
+    result.update(_agent_sessions_rows(block_size, AGENT_SEEDS[: args.agent_seeds]))
     _print_trace(args, result, rows)
     if args.plot:
         plot_trace(
@@ -275,7 +287,7 @@ def _print_trace(
         [
             spread_table(f"{title} (spread over the trace's requests)", [*hits, *ttfts, *ratios]),
             spread_table("replayed traces and optimal (Belady) hit rates", others),
-            _agents_table(result),
+            _agents_table(result, AGENT_SEEDS[: args.agent_seeds]),
         ],
         warnings,
     )

@@ -87,8 +87,9 @@ class ChunkStore:
 
     Args:
         pool: Block storage of this store alone (its ``budget_bytes`` is the store's budget).
-        policy: ``"shared"`` or ``"lru"`` (``runtime.cache.eviction``); ``"adaptive"`` needs a
-            radix tree's virtual caches, which this flat store has not.
+        policy: ``"shared"`` or ``"lru"`` (``runtime.cache.eviction``); the adaptive policies
+            need a radix tree's virtual caches, which this flat store has not, and ``"slru"``
+            its branch counts.
 
     Raises:
         ValueError: another policy.

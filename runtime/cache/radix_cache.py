@@ -5,8 +5,9 @@ It maps tokens to block ids and never touches tensors (``kv_pool`` does). Edges 
 revision, dtype, cache_salt) has its own root: two namespaces never share a node. Every block
 also carries a chained hash (``block_hash``) that names it outside the tree (the disk tier).
 Eviction is block-granular: it trims the tail of the leaf that ``eviction`` ranks first; under
-the ``"adaptive"`` policy the tree also runs one metadata-only virtual cache per simple policy
-(a shadow ``RadixCache``, no block ids of the pool) and follows the one that hits more.
+an adaptive policy (``"adaptive"``, ``"adaptive-shared"``) the tree also runs one metadata-only
+virtual cache per expert (a shadow ``RadixCache``, no block ids of the pool) and follows the one
+that hits more.
 A root exists only while its namespace holds blocks: a lookup never creates one, and
 eviction (so ``flush``) drops a root whose last block went, so unique salts or keys cannot
 grow memory for good.
@@ -19,7 +20,13 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from runtime.cache.blocks import BlockHash, EvictedBlock, Namespace, block_hash, root_hash
-from runtime.cache.eviction import EXPERTS, EvictionHeap, EvictionPolicy, Expert, ExpertScores
+from runtime.cache.eviction import (
+    ADAPTIVE_RULES,
+    EvictionHeap,
+    EvictionPolicy,
+    Expert,
+    ExpertScores,
+)
 
 __all__ = [
     "BlockHash",
@@ -71,8 +78,8 @@ class MatchResult(NamedTuple):
 class RadixCache:
     """Token-id radix tree with per-node refcounts and block-granular eviction of unpinned leaves.
 
-    Under ``policy="adaptive"`` (``runtime.cache.eviction``) two shadow trees, one per simple
-    policy, see every insert and every request's lookup (``match(..., is_request=True)``) and
+    Under an adaptive policy (``runtime.cache.eviction.ADAPTIVE_RULES``) two shadow trees, one
+    per expert, see every insert and every request's lookup (``match(..., is_request=True)``) and
     keep at most ``capacity_blocks`` blocks each (making room before each insert as the prefix
     cache does, the cached part pinned meanwhile; no other pins); their hit tokens on each lookup
     are scored and the ranking here follows the leader. Cost per request: a few more walks of
@@ -104,10 +111,12 @@ class RadixCache:
         self._peak_blocks = 0
         self._shadows: dict[Expert, RadixCache] = {}
         self.scores: ExpertScores | None = None
-        """``"adaptive"``: the shadows' forgetful hit scores and the leader (else None)."""
-        if policy == "adaptive":
-            self._shadows = {e: RadixCache(block_size, policy=e) for e in EXPERTS}
-            self.scores = ExpertScores(8 * max(1, capacity_blocks or 1) * block_size)
+        """An adaptive policy's forgetful hit scores of the shadows and the leader (else None)."""
+        rule = ADAPTIVE_RULES.get(policy)
+        if rule is not None:
+            self._shadows = {e: RadixCache(block_size, policy=e) for e in rule.experts}
+            pool_tokens = max(1, capacity_blocks or 1) * block_size
+            self.scores = ExpertScores(8 * pool_tokens, rule, floor=rule.floor_pools * pool_tokens)
         self._num_shadow_ids = 0
         self._num_nodes = 0
         self.num_blocks = 0
@@ -136,7 +145,7 @@ class RadixCache:
         """Find the longest cached prefix of ``tokens`` made of whole blocks.
 
         Args:
-            is_request: A request's prompt lookup (once per request): under ``"adaptive"`` the
+            is_request: A request's prompt lookup (once per request): under an adaptive policy the
                 shadows look it up too and are scored on their hits.
 
         Side effects: bumps the access time (and eviction priority) of every node on the path,

@@ -19,6 +19,7 @@ from runtime.model.kernels import chosen_isa
         (prefix.prefix_main, ["--prefix-len", "-5"]),
         (trace.trace_main, ["--system-len", "0"]),
         (trace.trace_main, ["--layers", "x"]),
+        (trace.trace_main, ["--agent-seeds", "0"]),
         (loadtest.main, ["--concurrency", "16", "0"]),
         (loadtest.main, ["--rounds", "0"]),
         (rag.main, ["--requests", "0"]),
@@ -37,6 +38,13 @@ def test_non_positive_counts_are_usage_errors(
     assert "must be at least 1" in err or "expected a whole number" in err
 
 
+def test_trace_refuses_more_agent_seeds_than_it_has(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        trace.trace_main(["--agent-seeds", "13"])
+    assert exc.value.code == 2
+    assert "--agent-seeds is at most 12 (seeds 2-13), got 13" in capsys.readouterr().err
+
+
 def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
     for main in (prefix.prefix_main, trace.trace_main, loadtest.main, rag.main, stall.main):
         with pytest.raises(SystemExit):
@@ -52,7 +60,7 @@ def test_trace_prints_a_spread_table_json_and_a_plot(
     pytest.importorskip("matplotlib")
     plot = tmp_path / "trace.png"
     argv = ["--layers", "1", "--system-len", "40", "--convs-per-system", "1", "--turn-len", "4"]
-    argv += ["--gen-tokens", "1", "--json", "--plot", str(plot)]
+    argv += ["--gen-tokens", "1", "--json", "--plot", str(plot), "--agent-seeds", "1"]
     assert trace.trace_main(argv) == 0
     out = capsys.readouterr().out
     assert "median" in out and "hit rate, full" in out and "TTFT per request, off" in out
@@ -61,6 +69,12 @@ def test_trace_prints_a_spread_table_json_and_a_plot(
     assert report["ttft_spread"]["ttft_off"]["unit"] == "ms"
     assert 0 < report["full_hit_rate"] < 1
     assert plot.read_bytes()[:4] == b"\x89PNG"
+    # one agent-sessions seed (2), every policy at every budget; the default never below LRU
+    for budget in ("eighth", "quarter", "half"):
+        rates = {p: report[f"agents_{budget}_{p}_hit_rate"]
+                 for p in ("lru", "shared", "slru", "adaptive_shared", "adaptive")}  # fmt: skip
+        assert rates["adaptive"] >= rates["lru"], (budget, rates)
+    assert not any(k.startswith("agents_seed3_") for k in report)
 
 
 @pytest.mark.slow
