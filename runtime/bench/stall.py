@@ -105,11 +105,6 @@ def run_round(eng: Engine, args: argparse.Namespace, seed: int) -> dict[str, flo
         threading.Thread(target=_times, args=(eng, r, s))
         for r, s in zip(streams, stamps, strict=True)
     ]
-    for t in threads:
-        t.start()
-    while min(len(s) for s in stamps) < 4:
-        time.sleep(0.005)
-    t0 = time.perf_counter()
     prompts = [_long_prompt(args, seed * 100 + 50 + i) for i in range(args.long)]
     longs = [eng.make_request(ids, SamplingParams(max_tokens=1, ignore_eos=True), chunk_reuse=plan)
              for ids, plan in prompts]  # fmt: skip
@@ -117,8 +112,23 @@ def run_round(eng: Engine, args: argparse.Namespace, seed: int) -> dict[str, flo
     extra = [
         threading.Thread(target=_times, args=(eng, r, e)) for r, e in zip(longs, ends, strict=True)
     ]
-    for t in [*extra]:
-        t.start()
+    # NOTE: the loop is stepped by hand until every stream has a few tokens and the long prompts
+    # are queued, so they always arrive mid-stream: a busy machine once let the short streams
+    # finish before this thread woke to send them (no gap seen, itl_max 0).
+    warm = min(4, args.stream_tokens - 1)
+    eng.scheduler.pause()
+    try:
+        for t in threads:
+            t.start()
+        while min(len(r.output_ids) for r in streams) < warm:
+            eng.scheduler.step()
+        for t in extra:
+            t.start()
+        while eng.scheduler.stats().num_waiting < len(longs):
+            time.sleep(0.001)
+        t0 = time.perf_counter()
+    finally:
+        eng.scheduler.resume()
     for t in [*threads, *extra]:
         t.join()
     last_long = max(e[-1] for e in ends)
