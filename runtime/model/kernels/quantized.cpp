@@ -128,22 +128,34 @@ struct Q4_1 {
   static constexpr int64_t kBytes = kQ4_1Bytes;
   static constexpr bool kHasMin = true;
   static inline void load(const uint8_t* b, vf* q, float& d, float& m) {
+#if defined(__F16C__)
+    // NOTE: d and m are adjacent halves: one conversion for both.
+    uint32_t dm;
+    std::memcpy(&dm, b, 4);
+    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
+    d = _mm_cvtss_f32(f);
+    m = _mm_cvtss_f32(_mm_movehdup_ps(f));
+#else
     d = half_to_float(b);
     m = half_to_float(b + 2);
+#endif
     // NOTE: byte j: weight j low, weight 16 + j high; the first half of the vectors holds the
     // low nibbles of bytes [0, 16), the second half the high ones.
 #if defined(__AVX2__) && !defined(__AVX512F__) && AGENTCACHE_VEC_FLOATS == 8
-    // NOTE: as load_s8: GCC moves an 8-byte vector through general registers lane by lane; one
-    // 16-byte load, masks and zero-extensions give the same integers (AVX2 decode was half
-    // AVX-512's with the generic loop).
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
-    const __m128i nib = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(bytes, nib);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), nib);
-    const __m256 parts[4] = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
-                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
-                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
-                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)))};
+    // NOTE: as load_s8: GCC moves an 8-byte vector through general registers lane by lane.
+    // Bytes [0, 8) and [8, 16) zero-extended straight from memory to 32-bit lanes (vpmovzxbd's
+    // load form): a lane's low 4 bits are the low nibble, the lane shifted right by 4 the high
+    // one, the same integers with no byte shuffles (AVX2 decode was half AVX-512's with the
+    // generic loop, and a 16-byte load split by shifts cost 6 shuffles a block).
+    const auto eight = [](const uint8_t* p) {  // 8 bytes at p, zero-extended to 32 bits
+      return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    };
+    const __m256i first = eight(b + 4), second = eight(b + 12);
+    const __m256i nib = _mm256_set1_epi32(0x0F);
+    const __m256 parts[4] = {_mm256_cvtepi32_ps(_mm256_and_si256(first, nib)),
+                             _mm256_cvtepi32_ps(_mm256_and_si256(second, nib)),
+                             _mm256_cvtepi32_ps(_mm256_srli_epi32(first, 4)),
+                             _mm256_cvtepi32_ps(_mm256_srli_epi32(second, 4))};
     std::memcpy(q, parts, sizeof parts);
 #else
     for (int64_t v = 0; v < kBlockVecs / 2; ++v) {
@@ -201,21 +213,26 @@ inline void direct_tile(const float* __restrict x, int64_t K, const float* __res
   // tile's start, NO blocks' bytes a step, reaches the tiles after this one in time (past the
   // weight's end it prefetches nothing useful; a prefetch never faults).
   const uint8_t* ahead = w + o0 * row_bytes + kAheadBytes;
+  // NOTE: with 32 registers every output's block is widened first (NO x kBlockVecs vectors),
+  // then used by every row; with 16 (AVX2) that overflowed and the accumulators went through
+  // the stack, so there one output's block at a time is widened and used (x re-read from L1).
+  // Each (row, output) sums the same terms in the same order either way.
+  constexpr int kHeld = kRegs >= 32 ? NO : 1;  // blocks widened at once
   for (int64_t b = 0; b < nb; ++b) {
-    vf q[NO][kBlockVecs];
-    float d[NO], m[NO];
     for (int64_t off = 0; off < NO * F::kBytes; off += 64)
       __builtin_prefetch(ahead + b * NO * F::kBytes + off);
-    for (int o = 0; o < NO; ++o) F::load(rows[o] + b * F::kBytes, q[o], d[o], m[o]);
-    for (int r = 0; r < MR; ++r) {
-      const float* xb = x + r * K + b * kQuantBlock;
-      vf xv[kBlockVecs];
-      for (int64_t v = 0; v < kBlockVecs; ++v) xv[v] = vload(xb + v * kW);
-      for (int o = 0; o < NO; ++o) {
-        vf t = xv[0] * q[o][0];
-        for (int64_t v = 1; v < kBlockVecs; ++v) t += xv[v] * q[o][v];
-        acc[r][o] += t * d[o];
-        if constexpr (F::kHasMin) macc[r][o] += m[o] * xsum[r * nb + b];
+    for (int held = 0; held < NO; held += kHeld) {
+      vf q[kHeld][kBlockVecs];
+      float d[kHeld], m[kHeld];
+      for (int h = 0; h < kHeld; ++h) F::load(rows[held + h] + b * F::kBytes, q[h], d[h], m[h]);
+      for (int r = 0; r < MR; ++r) {
+        const float* xb = x + r * K + b * kQuantBlock;
+        for (int h = 0; h < kHeld; ++h) {
+          vf t = vload(xb) * q[h][0];
+          for (int64_t v = 1; v < kBlockVecs; ++v) t += vload(xb + v * kW) * q[h][v];
+          acc[r][held + h] += t * d[h];
+          if constexpr (F::kHasMin) macc[r][held + h] += m[h] * xsum[r * nb + b];
+        }
       }
     }
   }
@@ -257,8 +274,30 @@ void direct(const float* x, int64_t m, int64_t K, const float* xsum, const uint8
 
 // The widened path: kWideOuts outputs' rows dequantized once into an fp32 scratch ([kWideOuts,
 // K] row-major, in L1 for K up to a few thousand), then every row of x against them in register
-// tiles of MR rows by kWideOuts outputs (dot products along K, one horizontal sum per output).
+// tiles of kWideRows rows by kWideOuts outputs (dot products along K, one horizontal sum per
+// output). NOTE: with 16 registers (AVX2) 3 rows: 12 accumulators and the 4 weight vectors, x
+// read as the multiply-add's memory operand. Measured on SmolLM2's 30 layers at 30 rows (a hit's
+// suffix), one thread, CPU time, 3 alternating rounds: 85.0-87.9 ms against 110.9-113.5 with 2
+// rows (8 accumulators) and 97-105 with 4-6 rows by 2 outputs.
 constexpr int kWideOuts = 4;
+constexpr int kWideRows = kRegs >= 32 ? kQuantRows : 3;
+
+// The horizontal sums of one row's kWideOuts accumulators. NOTE: on AVX2 one transposed
+// reduction (two rounds of pairwise adds, then the halves) for the four: the lane-by-lane loop
+// of hsum had cost 14% of the widened path (SmolLM2's 30 layers at 30 rows, serial CPU time, 3
+// alternating rounds: 73.2-74.2 -> 62.7-63.7 ms). The order of the adds differs, within float32
+// rounding.
+inline void hsum_outs(const vf* acc, float* sums) {
+#if defined(__AVX2__) && !defined(__AVX512F__) && AGENTCACHE_VEC_FLOATS == 8
+  static_assert(kWideOuts == 4, "four sums per transposed reduction");
+  __m256 a[4];
+  std::memcpy(a, acc, sizeof a);
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  _mm_storeu_ps(sums, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+#else
+  for (int c = 0; c < kWideOuts; ++c) sums[c] = hsum(acc[c]);
+#endif
+}
 
 template <int MR>
 inline void dot_tile(const float* __restrict x, int64_t K, const float* __restrict w,
@@ -274,9 +313,12 @@ inline void dot_tile(const float* __restrict x, int64_t K, const float* __restri
       for (int c = 0; c < kWideOuts; ++c) acc[r][c] += xv * wv[c];
     }
   }
-  for (int r = 0; r < MR; ++r)
+  for (int r = 0; r < MR; ++r) {
+    float sums[kWideOuts];
+    hsum_outs(acc[r], sums);
     for (int64_t c = 0; c < ncols; ++c)
-      out[r * ldo + c] = hsum(acc[r][c]) + (bias != nullptr ? bias[c] : 0.f);
+      out[r * ldo + c] = sums[c] + (bias != nullptr ? bias[c] : 0.f);
+  }
 }
 
 template <class F>
@@ -305,8 +347,8 @@ void widened(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
       dequantize_rows<F>(w + o * row_bytes, nc, K, scratch.data());
       const float* bo = bias != nullptr ? bias + o : nullptr;
       int64_t r = 0;
-      for (; r + kQuantRows <= m; r += kQuantRows)
-        dot_tile<kQuantRows>(x + r * K, K, scratch.data(), out + r * N + o, N, nc, bo);
+      for (; r + kWideRows <= m; r += kWideRows)
+        dot_tile<kWideRows>(x + r * K, K, scratch.data(), out + r * N + o, N, nc, bo);
       for (; r < m; ++r) dot_tile<1>(x + r * K, K, scratch.data(), out + r * N + o, N, nc, bo);
     }
   });
