@@ -7,6 +7,8 @@ blend (on the prefix-cache engine, each mode its own ``cache_salt`` so no mode r
 KV). The modes alternate question by question (rotated order), so their TTFTs come from the same
 minutes of the machine. Prints exact-fact accuracy, retrieval recall, TTFT, the prefix-cached and
 chunk-reused shares of prompt tokens, and how many answers equal cache off's token for token.
+``--compare-weights`` adds a prefix-cache engine per other weight type and reports how many of its
+answers equal the reference weights' token for token and which questions flip right/wrong.
 A script, never a timed test.
 """
 
@@ -44,6 +46,7 @@ SYSTEM = (
 MARKUP_STOPS: tuple[str, ...] = ("<document", "</document")
 """Stop strings: a model that copies the prompt's document tags (``templates/documents.jinja``)
 has left its answer; the rest would be markup, not answer text."""
+WEIGHTS: tuple[str, ...] = ("float32", "bfloat16", "float32-packed", "q8_0", "q4_1")
 _MARKUP = re.compile(r"</?documents?\b|<\|im_(?:start|end)\|>|</?tool_(?:call|response)>")
 
 DESCRIPTION = """\
@@ -53,7 +56,8 @@ greedily by the local engine (LocalBackend) in each mode: cache off, prefix cach
 exact and blend. Prints exact-fact accuracy, retrieval recall, TTFT (min/median/max), the shares
 of prompt tokens served by the prefix cache and by chunk reuse, and how many answers equal cache
 off's token for token (prefix cache must match all: the exactness contract). Exit 1 when they do
-not."""
+not. --compare-weights W... also answers every question with weights W (prefix cache) and prints
+how many answers equal --weights' token for token and the questions that flip right<->wrong."""
 
 
 @dataclass
@@ -79,10 +83,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--weights",
-        choices=("float32", "bfloat16", "float32-packed", "q8_0", "q4_1"),
+        choices=WEIGHTS,
         default="float32",
         help="LocalBackend weights (default: float32, the reference; q8_0 / q4_1: a quantized "
         "model, another model whose accuracy this measures)",
+    )
+    p.add_argument(
+        "--compare-weights",
+        nargs="+",
+        choices=WEIGHTS,
+        default=[],
+        metavar="W",
+        help="also answer with these weights (prefix cache; one mode each) and report their "
+        "agreement with --weights: answers equal token for token, questions that flip "
+        "right->wrong and wrong->right",
     )
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads")
     p.add_argument("--limit", type=positive_int, default=None, help="first N questions only")
@@ -107,7 +121,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Run the QA bench; 0 when prefix-cache answers equal cache off's, 1 when not, 2 for a
     model or option the local backend refuses."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    compared = args.compare_weights
+    if args.weights in compared or len(set(compared)) < len(compared):
+        parser.error("--compare-weights: each W once, and none equal to --weights")
     qa = load_qa_set()
     questions = qa.questions[: args.limit]
     try:
@@ -157,9 +175,18 @@ def _backends(args: argparse.Namespace) -> dict[str, LocalBackend]:
             )  # fmt: skip
         except ConfigError as exc:  # NOTE: a model that cannot reuse chunks runs the rest
             print(f"agentcache bench qa: chunk {mode} skipped: {exc}", file=sys.stderr)
-    for backend in (off, on):
-        backend.warm_up()
+    for weights in args.compare_weights:
+        found[_compared_mode(weights)] = LocalBackend(
+            args.model, weights=weights, cache_salt=f"qa-{weights}"
+        )
+    for mode in ("cache off", "prefix cache", *map(_compared_mode, args.compare_weights)):
+        found[mode].warm_up()
     return found
+
+
+def _compared_mode(weights: str) -> str:
+    """The mode name of ``--compare-weights``' engine with ``weights``."""
+    return f"prefix cache {weights}"
 
 
 def _run(
@@ -263,7 +290,26 @@ def _figures(
             summary[f"{key}_accuracy"] = by_mode[mode]["accuracy"]
             summary[f"{key}_ttft_speedup"] = _ratios(off, records[mode])
             summary[f"{key}_vs_prefix_ttft"] = _ratios(records["prefix cache"], records[mode])
+    summary["weights_comparison"] = {
+        weights: _agreement(records["prefix cache"], records[_compared_mode(weights)])
+        for weights in args.compare_weights
+    }
     return lines, summary
+
+
+def _agreement(ref: ModeRecord, other: ModeRecord) -> dict[str, Any]:
+    """How ``other`` (another weight type) answered next to ``ref`` (the reference weights), both
+    prefix cache, greedy: answers equal token for token (count and share of questions), accuracy,
+    and the 1-based question numbers that flip from right to wrong and from wrong to right."""
+    pairs = list(zip(ref.correct, other.correct, strict=True))
+    same = sum(a == b for a, b in zip(ref.token_ids, other.token_ids, strict=True))
+    return {
+        "accuracy": statistics.fmean(other.correct),
+        "same_tokens_as_reference": same,
+        "agreement": same / len(pairs),
+        "right_to_wrong": [i for i, (a, b) in enumerate(pairs, 1) if a and not b],
+        "wrong_to_right": [i for i, (a, b) in enumerate(pairs, 1) if b and not a],
+    }
 
 
 def _print(
@@ -283,12 +329,13 @@ def _print(
         f"{args.max_tokens} tokens max"
     )
     print(f"retrieval recall (BM25, k={args.k}): {summary['retrieval_recall']:.3f}")
-    head = f"{'mode':13s} {'accuracy':>8s} {'TTFT ms min/median/max':>24s}"
+    width = max(len(line["mode"]) for line in lines)
+    head = f"{'mode':{width}s} {'accuracy':>8s} {'TTFT ms min/median/max':>24s}"
     print(f"{head} {'prefix-cached':>13s} {'chunk-reused':>12s} {'= cache off':>11s} markup")
     for line in lines:
         ttft = "/".join(f"{line[f'ttft_ms_{k}']:.0f}" for k in ("min", "median", "max"))
         print(
-            f"{line['mode']:13s} {line['accuracy']:8.3f} {ttft:>24s} "
+            f"{line['mode']:{width}s} {line['accuracy']:8.3f} {ttft:>24s} "
             f"{line['prefix_cached_share']:13.1%} {line['chunk_reused_share']:12.1%} "
             f"{line['same_tokens_as_cache_off']:>6d}/{n:<4d} {line['answers_with_markup']:>6d}"
         )
@@ -315,12 +362,21 @@ def _print_verdicts(summary: dict[str, Any], n: int) -> None:
             f"{summary['cache_off_accuracy']:.3f}; TTFT cache off / {mode} {mid:.2f}x median "
             f"({lo:.2f}-{hi:.2f}), prefix cache / {mode} {pmid:.2f}x ({plo:.2f}-{phi:.2f})"
         )
+    for weights, line in summary["weights_comparison"].items():
+        flips = {k: ", ".join(f"Q{i}" for i in line[k]) or "none" for k in line if "_to_" in k}
+        same = line["same_tokens_as_reference"]
+        print(
+            f"{weights} vs {summary['weights']} (prefix cache): {same}/{n} "
+            f"answers equal token for token; accuracy {line['accuracy']:.3f} vs {accuracy:.3f}; "
+            f"right->wrong {flips['right_to_wrong']}; wrong->right {flips['wrong_to_right']}"
+        )
 
 
 def _print_answers(i: int, item: QaQuestion, records: dict[str, ModeRecord]) -> None:
     """Question ``i``'s answer in every mode, as soon as it has them (a long run shows progress)."""
     print(f"Q{i + 1}: {item.question}  [accepted: {' | '.join(item.answers)}]")
+    width = max(map(len, records))
     for mode, record in records.items():
         mark = "ok " if record.correct[i] else "   "
         ttft = f"{1e3 * record.ttft_s[i]:.0f} ms"
-        print(f"  {mark}{mode:13s} {ttft:>9s} {record.answers[i]!r}", flush=True)
+        print(f"  {mark}{mode:{width}s} {ttft:>9s} {record.answers[i]!r}", flush=True)
