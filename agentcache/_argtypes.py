@@ -11,6 +11,10 @@ import argparse
 import re
 from typing import NoReturn
 
+# NOTE: the number converters are the runtime's (torch-free; the runtime never imports the SDK),
+# so serve's engine flags and the SDK's own options refuse a value with the same words.
+from runtime.serve.argtypes import non_negative_float, non_negative_int, positive_int, whole
+
 __all__ = [
     "OneLineErrorParser",
     "non_negative_float",
@@ -43,60 +47,13 @@ _SECRET_VALUE = re.compile(r"(--?[\w-]*(?:key|token|secret|passw|api)[\w-]*)(=|\
 after the wrong flag would land in the terminal's scrollback and in logs."""
 
 
-def _whole(text: str) -> int:
-    # NOTE: int() also takes "8_0", " 80 " and non-ASCII digits ("٨٠"): a port or a byte count
-    # spelled that way is more likely a typo than a choice, so only [+-]digits pass.
-    if re.fullmatch(r"[+-]?[0-9]+", text) is None:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
-    return int(text)
-
-
-def positive_int(text: str) -> int:
-    """Parse an int >= 1 (counts of iterations, tokens, tools; byte limits).
-
-    Raises:
-        argparse.ArgumentTypeError: ``text`` is not an integer or is below 1.
-    """
-    value = _whole(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """Parse an int >= 0 (byte budgets where 0 means none).
-
-    Raises:
-        argparse.ArgumentTypeError: ``text`` is not an integer or is negative.
-    """
-    value = _whole(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """Parse a finite number >= 0 (durations in seconds).
-
-    Raises:
-        argparse.ArgumentTypeError: ``text`` is not a number, is negative, or is not finite.
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
 def port_number(text: str) -> int:
     """Parse a TCP port in 1..65535 (a larger one would silently wrap modulo 65536).
 
     Raises:
         argparse.ArgumentTypeError: ``text`` is not an integer or is outside 1..65535.
     """
-    value = _whole(text)
+    value = whole(text)
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port in 1..65535, got {value}")
     return value

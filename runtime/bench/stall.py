@@ -124,7 +124,8 @@ def run_round(eng: Engine, args: argparse.Namespace, seed: int) -> dict[str, flo
             eng.scheduler.step()
         for t in extra:
             t.start()
-        while eng.scheduler.stats().num_waiting < len(longs):
+        # NOTE: a sender that died (its request refused) ends the wait instead of hanging it
+        while eng.scheduler.stats().num_waiting < len(longs) and all(t.is_alive() for t in extra):
             time.sleep(0.001)
         t0 = time.perf_counter()
     finally:

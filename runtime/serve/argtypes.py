@@ -2,8 +2,10 @@
 benches).
 
 Each converter raises ``argparse.ArgumentTypeError`` so argparse prints the usage and a line
-naming the option, and exits with status 2. The messages are those of the SDK's own option types
-(``agentcache._argtypes``), which the runtime never imports. Torch-free.
+naming the option, and exits with status 2. The SDK's option types (``agentcache._argtypes``)
+re-export these, so both refuse a value with the same words; the runtime never imports the SDK.
+Torch-free. ``whole``'s rule: ``int()`` also takes ``"8_0"``, ``" 80 "`` and non-ASCII digits,
+which in a port or a byte count are more likely a typo than a choice.
 """
 
 from __future__ import annotations
