@@ -44,6 +44,12 @@ class Segment(NamedTuple):
     """Stores its ``[1, H_kv, length, D]`` K/V per layer; returns all K/V it attends to."""
     mask: torch.Tensor | None
     """``[1, 1, length, kv_len]`` boolean mask (True = attend), None for one token."""
+    buffer: torch.Tensor | None = None
+    """The buffer ``write_kv`` writes to (``RequestKVCache.buffer``, ``[L, 2, H_kv, capacity,
+    D]``), so the native ``segment_attention`` can write and read it itself; None: call
+    ``write_kv``."""
+    past: int = 0
+    """Positions of ``buffer`` before this segment's tokens (where ``write_kv`` writes)."""
 
 
 class StepSlots(NamedTuple):

@@ -421,7 +421,9 @@ class CompactLlama:
 
         Every projection and MLP runs once over all ``N`` tokens (larger matrix products, one
         pass over the weights); attention runs per segment over that segment's own KV, so no
-        token sees another sequence.
+        token sees another sequence: with the native kernels and every segment's ``buffer``, one
+        ``segment_attention`` call per layer writes and attends all segments (``write_kv`` is not
+        called); else ``write_kv`` and SDPA per segment.
 
         Args:
             ids: ``[1, N]`` token ids, the segments' tokens one after another.
@@ -444,8 +446,12 @@ class CompactLlama:
         cascade = shared_len >= CASCADE_MIN_SHARED and len(segments) > 1 and HAS_LSE_ATTENTION
         group = self.num_heads // self.num_kv_heads
         own_masks = cascade_masks(segments, shared_len, group) if cascade else []
+        native_segments = not cascade and self._segments_fit(h, segments)
         for i in range(len(self.layers)):
             qs, ks, vs = self.qkv(i, h, cos, sin)
+            if native_segments:
+                h = self.finish(i, h, self._attend_segments(i, qs, ks, vs, segments))
+                continue
             parts, start = [], 0
             for seg in segments:
                 part = slice(start, start + seg.length)
@@ -459,6 +465,36 @@ class CompactLlama:
             h = self.finish(i, h, attn)  # attention [1, H, N, D]
         ends = list(itertools.accumulate(s.length for s in segments))
         return self.logits(h[:, [end - 1 for end in ends]])[0]  # [G, vocab]
+
+    def _segments_fit(self, h: torch.Tensor, segments: Sequence[Segment]) -> bool:
+        """Whether ``forward_packed`` attends in the native ``segment_attention``: vectorized
+        kernels, fp32 on CPU, a head dim it takes (a multiple of 16 up to 128), and every
+        segment's fp32 buffer known (``Segment.buffer``)."""
+        native = self.native
+        if native is None or not native.is_vectorized or h.dtype != torch.float32:
+            return False
+        if h.device.type != "cpu" or self.head_dim % 16 != 0 or self.head_dim > 128:
+            return False
+        return all(s.buffer is not None and s.buffer.dtype == torch.float32 for s in segments)
+
+    def _attend_segments(
+        self,
+        i: int,
+        qs: torch.Tensor,
+        ks: torch.Tensor,
+        vs: torch.Tensor,
+        segments: Sequence[Segment],
+    ) -> torch.Tensor:
+        """Layer ``i``'s attention of a packed forward in one native call (``segment_attention``,
+        which also writes each segment's new K/V into its buffer instead of ``write_kv``):
+        ``qs`` ``[1, H, N, D]``, ``ks`` / ``vs`` ``[1, H_kv, N, D]`` -> ``[1, H, N, D]``."""
+        assert self.native is not None
+        buffers = [s.buffer for s in segments]
+        out: torch.Tensor = self.native.segment_attention(
+            qs[0], ks[0], vs[0], buffers, i, [s.past for s in segments],
+            [s.length for s in segments], self.scale,
+        )  # fmt: skip
+        return out.unsqueeze(0)
 
     def _attend_prefix(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cores.h"
@@ -138,6 +139,60 @@ void check_prefix_attention(int64_t H, int64_t M, int64_t S, int64_t D) {
                 long(S), long(D));
   expect_close(what, out.data(), want, 1e-5, 1e-5);
   expect_close(what, lse.data(), want_lse, 1e-4, 1e-5);
+}
+
+// Segments (past, length) of one packed row; each segment's keys live in their own buffer of
+// `extra` spare positions (its rows `D` floats apart, heads `(past + length + extra) * D`).
+void check_segment_attention(int64_t H, int64_t Hkv, int64_t D,
+                             std::vector<std::pair<int64_t, int64_t>> segs) {
+  const int64_t num = int64_t(segs.size()), G = H / Hkv, extra = 3;
+  int64_t N = 0;
+  for (auto [p, n] : segs) N += n;
+  auto q = randn(H * N * D);
+  std::vector<std::vector<float>> ks, vs;
+  std::vector<const float*> kp, vp;
+  std::vector<int64_t> starts, lengths, past, kh, kst, vh, vst;
+  for (auto [p, n] : segs) {
+    const int64_t cap = p + n + extra;
+    ks.push_back(randn(Hkv * cap * D));
+    vs.push_back(randn(Hkv * cap * D));
+    starts.push_back(starts.empty() ? 0 : starts.back() + lengths.back());
+    lengths.push_back(n);
+    past.push_back(p);
+    kh.push_back(cap * D);
+    kst.push_back(D);
+    vh.push_back(cap * D);
+    vst.push_back(D);
+  }
+  for (int64_t s = 0; s < num; ++s) {
+    kp.push_back(ks[s].data());
+    vp.push_back(vs[s].data());
+  }
+  std::vector<float> out(H * N * D);
+  const float scale = 1.f / std::sqrt(float(D));
+  ac::segment_attention({q.data(), H, Hkv, N, D, num, starts.data(), lengths.data(), past.data(),
+                         kp.data(), vp.data(), kh.data(), kst.data(), vh.data(), vst.data(),
+                         scale, out.data()});
+  std::vector<double> want(H * N * D);
+  for (int64_t s = 0; s < num; ++s)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < lengths[s]; ++j) {
+        const int64_t seen = past[s] + j + 1, kv = h / G, row = (h * N + starts[s] + j) * D;
+        std::vector<double> sc(seen);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t t = 0; t < seen; ++t) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += double(q[row + d]) * ks[s][kv * kh[s] + t * D + d];
+          mx = std::max(mx, sc[t] = dot * scale);
+        }
+        for (auto& x : sc) sum += (x = std::exp(x - mx));
+        for (int64_t t = 0; t < seen; ++t)
+          for (int64_t d = 0; d < D; ++d) want[row + d] += sc[t] / sum * vs[s][kv * vh[s] + t * D + d];
+      }
+  char what[96];
+  std::snprintf(what, sizeof what, "segment_attention H=%ld Hkv=%ld D=%ld segments=%ld", long(H),
+                long(Hkv), long(D), long(num));
+  expect_close(what, out.data(), want, 1e-5, 1e-5);
 }
 
 // x [m, K] . W^T with W [N, K]; pack as pack_weight does (fp32: columns in order; bf16: word i
@@ -284,6 +339,10 @@ int main() {
   check_prefix_attention(2, 61, 130, 16);
   check_prefix_attention(1, 7, 65, 128);
   check_prefix_attention(2, 13, 64, 48);
+  check_segment_attention(9, 3, 64, {{256, 17}, {256, 17}, {0, 5}, {40, 1}});
+  check_segment_attention(4, 2, 16, {{0, 1}, {3, 33}, {100, 70}});
+  check_segment_attention(2, 2, 128, {{300, 2}});
+  check_segment_attention(6, 2, 48, {{7, 25}, {0, 130}});
   for (bool bf16 : {false, true}) {
     check_linear_packed(16, 96, 57, bf16);
     check_linear_packed(3, 100, 70, bf16);

@@ -324,3 +324,80 @@ def test_prefix_attention_refuses_bad_input(isa: str) -> None:
         kernels.prefix_attention(q, k[:, :0], k[:, :0], 0.1)
     with pytest.raises(RuntimeError, match="v rows must be contiguous"):
         kernels.prefix_attention(q, k, torch.randn(2, 64, 9).transpose(1, 2), 0.1)
+
+
+def causal_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     past: int) -> torch.Tensor:  # fmt: skip
+    """float64 attention of ``q`` ``[H, n, D]`` (tokens at ``[past, past + n)``) to ``keys``,
+    ``values`` ``[H_kv, past + n, D]``, token ``j`` seeing keys ``[0, past + j]``."""
+    n, seen = q.shape[1], keys.shape[1]
+    mask = torch.arange(seen)[None, :] <= torch.arange(n)[:, None] + past  # [n, seen]
+    group = q.shape[0] // keys.shape[0]
+    kk, vv = keys.double().repeat_interleave(group, 0), values.double().repeat_interleave(group, 0)
+    scores = torch.einsum("hnd,hsd->hns", q.double(), kk) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~mask, NEG_INF)
+    return torch.einsum("hns,hsd->hnd", torch.softmax(scores, dim=-1), vv)
+
+
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "segments"),
+    [
+        (9, 3, 64, [(256, 17)] * 6 + [(0, 1), (3, 40)]),
+        (4, 2, 16, [(0, 1), (0, 61), (130, 2)]),
+        (2, 2, 128, [(700, 3)]),
+        (6, 2, 48, [(7, 25), (0, 130)]),
+    ],
+)
+def test_segment_attention_writes_and_matches_float64(
+    isa: str, heads: int, kv_heads: int, head_dim: int, segments: list[tuple[int, int]]
+) -> None:
+    """``segment_attention`` (a packed prefill's attention in one call): each segment's new K/V
+    land in its own buffer at ``[past, past + length)`` of the given layer and nowhere else, and
+    its tokens attend causally to that buffer's keys, within float32 rounding of a float64
+    reference, whether the buffer is a standalone ``RequestKVCache`` one or a row view of a
+    batch buffer (other strides), with full and partial key blocks and query tiles."""
+    kernels = isa_kernels(isa)
+    torch.manual_seed(heads * 100 + head_dim + len(segments))
+    n_all = sum(n for _, n in segments)
+    q = torch.randn(heads, n_all, head_dim)
+    k_new, v_new = torch.randn(2, kv_heads, n_all, head_dim)
+    batch = torch.randn(3, 2, len(segments), kv_heads, 1000, head_dim)  # [L, 2, R, H_kv, cap, D]
+    buffers = [
+        batch[:, :, s] if s % 2 else torch.randn(3, 2, kv_heads, p + n + 4, head_dim)
+        for s, (p, n) in enumerate(segments)
+    ]
+    before = [b.clone() for b in buffers]
+    out = kernels.segment_attention(q, k_new, v_new, buffers, 1, [p for p, _ in segments],
+                                    [n for _, n in segments], head_dim**-0.5)  # fmt: skip
+    start = 0
+    for (past, n), buf, old in zip(segments, buffers, before, strict=True):
+        old[1, 0, :, past : past + n] = k_new[:, start : start + n]
+        old[1, 1, :, past : past + n] = v_new[:, start : start + n]
+        assert torch.equal(buf, old), "only the segment's new positions of layer 1 change"
+        want = causal_reference(q[:, start : start + n], buf[1, 0, :, : past + n],
+                                buf[1, 1, :, : past + n], past)  # fmt: skip
+        torch.testing.assert_close(out[:, start : start + n].double(), want, atol=2e-5, rtol=1e-5)
+        start += n
+
+
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+def test_segment_attention_refuses_bad_input(isa: str) -> None:
+    kernels = isa_kernels(isa)
+    q, kv = torch.randn(4, 6, 16), torch.randn(2, 6, 16)
+    buf = torch.zeros(2, 2, 2, 8, 16)
+    with pytest.raises(RuntimeError, match="does not fit its buffer of 8 positions"):
+        kernels.segment_attention(q, kv, kv, [buf], 0, [3], [6], 0.25)
+    with pytest.raises(RuntimeError, match="lengths sum to 5, q has 6 tokens"):
+        kernels.segment_attention(q, kv, kv, [buf], 0, [0], [5], 0.25)
+    with pytest.raises(RuntimeError, match="layer 2 outside buffer 0"):
+        kernels.segment_attention(q, kv, kv, [buf], 2, [0], [6], 0.25)
+    with pytest.raises(RuntimeError, match="one buffer, past and length per segment"):
+        kernels.segment_attention(q, kv, kv, [buf, buf], 0, [0], [6], 0.25)
+    with pytest.raises(RuntimeError, match="multiple of 16 up to 128"):
+        kernels.segment_attention(torch.randn(4, 6, 8), torch.randn(2, 6, 8),
+                                  torch.randn(2, 6, 8), [torch.zeros(1, 2, 2, 8, 8)], 0, [0],
+                                  [6], 0.25)  # fmt: skip
+    with pytest.raises(RuntimeError, match="fp32 tensors only"):
+        kernels.segment_attention(q.bfloat16(), kv, kv, [buf], 0, [0], [6], 0.25)
+    assert not buf.any(), "a refused call writes nothing"

@@ -21,7 +21,7 @@ from runtime.model.kv_cache import RequestKVCache
 from runtime.request.state import Request
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler.loop import SchedulerConfig
-from tests.conftest import ARCHS, VOCAB_SIZE, save_tiny_model
+from tests.conftest import ARCHS, VOCAB_SIZE, make_config, make_tokenizer, save_tiny_model
 from tests.runtime.test_engine_exactness import TOL, assert_same_answer
 from tests.runtime.test_scheduler import completion_of
 
@@ -96,6 +96,55 @@ def same(ref: tuple[list[int], list[torch.Tensor]], req: Request) -> None:
 def test_packed_forward_matches_one_by_one(path: Path) -> None:
     """Runner level: each chunk's logits and stored KV as when it runs alone (after a hit too)."""
     engine = make_engine(path, batch=16)
+    check_packed_forward(engine)
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def wide_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Llama with head dim 16, which the native ``segment_attention`` takes (8 in ``ARCHS``)."""
+    from transformers import AutoModelForCausalLM
+
+    config = make_config("llama")
+    config.hidden_size, config.head_dim, config.intermediate_size = 64, 16, 128
+    torch.manual_seed(0)
+    path = Path(tmp_path_factory.mktemp("wide"))
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    return path
+
+
+def test_native_segment_attention_matches_one_by_one(wide_path: Path) -> None:
+    """With native kernels a packed forward attends in one ``segment_attention`` call per layer
+    (it writes the KV too): logits and KV as one request at a time, and greedy answers of a
+    burst as alone."""
+    engine = make_engine(wide_path, batch=16)
+    compact = engine.runner.compact
+    if compact is None or compact.native is None or not compact.native.is_vectorized:
+        engine.close()
+        pytest.skip("no vectorized native kernels here: packed prefill attends per segment")
+    calls: list[int] = []
+    attend = compact._attend_segments
+
+    def spy(i: int, *args: Any) -> torch.Tensor:
+        calls.append(i)
+        return attend(i, *args)
+
+    compact._attend_segments = spy  # type: ignore[method-assign]
+    check_packed_forward(engine)
+    assert calls[:2] == [0, 1], "the packed forward attended through segment_attention"
+    solo = make_engine(wide_path, batch=1)
+    refs = [alone(solo, ids) for ids in PROMPTS]
+    reqs = burst(engine, [request(engine, ids) for ids in PROMPTS])
+    for ref, req in zip(refs, reqs, strict=True):
+        same(ref, req)
+    solo.close()
+    engine.close()
+
+
+def check_packed_forward(engine: Engine) -> None:
+    """``engine``'s packed forward of four chunks (two after a cached prefix) against each run
+    alone: logits and stored KV within TOL."""
     runner = engine.runner
     starts = [0, 5, 0, 12]
     chunks = [tokens(7, 3), tokens(4, 5), tokens(1, 9), tokens(10, 13)]
@@ -112,7 +161,6 @@ def test_packed_forward_matches_one_by_one(path: Path) -> None:
     if not runner.can_pack_prefill:
         with pytest.raises(ValueError, match="compact forward"):
             runner.forward_packed(list(zip(chunks, caches(), strict=True)))
-        engine.close()
         return
     solo_kv, packed_kv = caches(), caches()
     solo = torch.stack([runner.forward(c, kv) for c, kv in zip(chunks, solo_kv, strict=True)])
@@ -122,7 +170,6 @@ def test_packed_forward_matches_one_by_one(path: Path) -> None:
     for a, b in zip(solo_kv, packed_kv, strict=True):
         assert a.length == b.length
         assert (a.span(0, a.length) - b.span(0, b.length)).abs().max().item() <= TOL
-    engine.close()
 
 
 def test_burst_matches_one_by_one(engines: tuple[Engine, Engine]) -> None:

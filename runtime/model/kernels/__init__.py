@@ -112,6 +112,14 @@ class NativeKernels(NamedTuple):
     CPU, ``D`` a multiple of 16 up to 128, K and V rows contiguous: unmasked attention of many
     queries to one run of keys and the log-sum-exp of their scaled scores, as torch's CPU flash
     kernel returns them (``attention.lse_attention``), equal within float32 rounding."""
+    segment_attention: Callable[..., Any]
+    """``(q [H, N, D], k_new [H_kv, N, D], v_new, buffers, layer, past, lengths, scale) -> [H,
+    N, D]``, fp32 CPU, ``D`` a multiple of 16 up to 128: ``forward_packed``'s attention in one
+    call. Segment ``s`` (tokens ``[sum(lengths[:s]), + lengths[s])`` of q) first writes its new
+    K/V into ``buffers[s]`` (a ``RequestKVCache`` buffer ``[L, 2, H_kv, capacity, D]``, layer
+    ``layer``) at positions ``[past[s], past[s] + lengths[s])``; then its token ``j`` attends to
+    that buffer's keys ``[0, past[s] + j]``. Equal to SDPA with the causal mask within float32
+    rounding. Raises ``RuntimeError`` on other shapes, dtypes, or a segment past its buffer."""
 
     @property
     def is_vectorized(self) -> bool:
@@ -200,7 +208,7 @@ def native_kernels(isa: Isa | None = None) -> NativeKernels | None:
     return NativeKernels(
         module.decode_attention, module.DecodeLayers, module.isa, module.linear_packed,
         module.linear_quantized, module.dequantize_blocks, module.linear_rows,
-        module.prefix_attention,
+        module.prefix_attention, module.segment_attention,
     )  # fmt: skip
 
 

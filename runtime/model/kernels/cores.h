@@ -31,6 +31,29 @@ void prefix_attention(const float* q, const float* k, int64_t kh, int64_t ks, co
                       int64_t vh, int64_t vs, int64_t H, int64_t M, int64_t S, int64_t D,
                       float scale, float* out, float* lse);
 
+// Several sequences' new tokens packed in one row (forward_packed), attended in one call
+// (attention.cpp): segment s has queries for tokens [starts[s], starts[s] + lengths[s]) of q at
+// positions [past[s], past[s] + lengths[s]) of its own keys, and token j of it attends to keys
+// [0, past[s] + j] (causal). Keys of segment s: k[s], element strides kh[s] per KV head and
+// ks[s] per position, last dim contiguous (values likewise). q [H, N, D] contiguous; out [H, N,
+// D]. D a multiple of 16 up to 128, lengths >= 1 (checked by the caller).
+struct SegmentAttentionArgs {
+  const float* q;
+  int64_t H, Hkv, N, D, num_segments;
+  const int64_t* starts;
+  const int64_t* lengths;
+  const int64_t* past;
+  const float* const* k;
+  const float* const* v;
+  const int64_t* kh;
+  const int64_t* ks;
+  const int64_t* vh;
+  const int64_t* vs;
+  float scale;
+  float* out;
+};
+void segment_attention(const SegmentAttentionArgs& a);
+
 // Output columns per packed block of pack_weight (products.cpp).
 constexpr int64_t kPackedCols = 32;
 

@@ -55,6 +55,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "(see attention.cpp)",
              py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"),
              py::call_guard<py::gil_scoped_release>());
+  module.def("segment_attention", &agentcache::ops::segment_attention,
+             "several sequences' new tokens packed in one row: writes their K/V into their "
+             "buffers and attends each to its own keys, causal, fp32 (see attention.cpp)",
+             py::arg("q"), py::arg("k_new"), py::arg("v_new"), py::arg("buffers"),
+             py::arg("layer"), py::arg("past"), py::arg("lengths"), py::arg("scale"),
+             py::call_guard<py::gil_scoped_release>());
   py::class_<DecodeLayers>(module, "DecodeLayers", py::module_local())
       .def(py::init<std::vector<at::Tensor>, std::vector<at::Tensor>,
                     std::vector<std::optional<at::Tensor>>, std::vector<at::Tensor>,

@@ -86,6 +86,66 @@ std::vector<at::Tensor> prefix_attention(at::Tensor q, const at::Tensor& k, cons
   return {out, lse};
 }
 
+at::Tensor segment_attention(at::Tensor q, at::Tensor k_new, at::Tensor v_new,
+                             const std::vector<at::Tensor>& buffers, int64_t layer,
+                             const std::vector<int64_t>& past, const std::vector<int64_t>& lengths,
+                             double scale) {
+  TORCH_CHECK(q.device().is_cpu() && k_new.device().is_cpu() && v_new.device().is_cpu(),
+              "segment_attention: CPU tensors only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k_new.scalar_type() == at::kFloat &&
+                  v_new.scalar_type() == at::kFloat, "segment_attention: fp32 tensors only");
+  TORCH_CHECK(q.dim() == 3 && k_new.dim() == 3 && v_new.sizes() == k_new.sizes() &&
+                  k_new.size(1) == q.size(1) && k_new.size(2) == q.size(2),
+              "segment_attention: q [H, N, D], k_new and v_new [H_kv, N, D]");
+  const int64_t H = q.size(0), N = q.size(1), D = q.size(2), Hkv = k_new.size(0);
+  const int64_t num = static_cast<int64_t>(buffers.size());
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "segment_attention: H must be a multiple of H_kv");
+  TORCH_CHECK(D % 16 == 0 && D >= 16 && D <= 128,
+              "segment_attention: head dim must be a multiple of 16 up to 128, not ", D);
+  TORCH_CHECK(num >= 1 && static_cast<int64_t>(past.size()) == num &&
+                  static_cast<int64_t>(lengths.size()) == num,
+              "segment_attention: one buffer, past and length per segment");
+  std::vector<int64_t> starts(num), kh(num), ks(num), vh(num), vs(num);
+  std::vector<const float*> kp(num), vp(num);
+  int64_t start = 0;
+  for (int64_t s = 0; s < num; ++s) {
+    const auto& b = buffers[s];
+    TORCH_CHECK(b.device().is_cpu() && b.scalar_type() == at::kFloat && b.dim() == 5 &&
+                    b.size(1) == 2 && b.size(2) == Hkv && b.size(4) == D && b.stride(4) == 1,
+                "segment_attention: buffer ", s, " must be fp32 [L, 2, H_kv, capacity, D] with "
+                "contiguous rows");
+    TORCH_CHECK(layer >= 0 && layer < b.size(0), "segment_attention: layer ", layer,
+                " outside buffer ", s);
+    TORCH_CHECK(lengths[s] >= 1 && past[s] >= 0 && past[s] + lengths[s] <= b.size(3),
+                "segment_attention: segment ", s, " (past ", past[s], ", length ", lengths[s],
+                ") does not fit its buffer of ", b.size(3), " positions");
+    starts[s] = start;
+    start += lengths[s];
+    float* base = b.data_ptr<float>() + layer * b.stride(0);
+    kp[s] = base;
+    vp[s] = base + b.stride(1);
+    kh[s] = vh[s] = b.stride(2);
+    ks[s] = vs[s] = b.stride(3);
+  }
+  TORCH_CHECK(start == N, "segment_attention: lengths sum to ", start, ", q has ", N, " tokens");
+  q = q.contiguous();
+  auto kn = k_new.contiguous(), vn = v_new.contiguous();
+  const float *knp = kn.data_ptr<float>(), *vnp = vn.data_ptr<float>();
+  for (int64_t s = 0; s < num; ++s)  // the new keys and values into each segment's buffer
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t j = 0; j < lengths[s]; ++j) {
+        const int64_t from = (h * N + starts[s] + j) * D, to = h * kh[s] + (past[s] + j) * ks[s];
+        std::copy(knp + from, knp + from + D, const_cast<float*>(kp[s]) + to);
+        std::copy(vnp + from, vnp + from + D, const_cast<float*>(vp[s]) + to);
+      }
+  auto out = at::empty({H, N, D}, q.options());
+  agentcache::segment_attention({q.data_ptr<float>(), H, Hkv, N, D, num, starts.data(),
+                                 lengths.data(), past.data(), kp.data(), vp.data(), kh.data(),
+                                 ks.data(), vh.data(), vs.data(), static_cast<float>(scale),
+                                 out.data_ptr<float>()});
+  return out;
+}
+
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
                          const std::optional<at::Tensor>& bias, int64_t n) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "linear_packed: CPU tensors only");
