@@ -244,13 +244,16 @@ def test_served_keys_never_reach_stdout_or_logs(
         while not uv.started and thread.is_alive():
             time.sleep(0.01)
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        # NOTE: httpx's default 5 s read timeout failed this once on a host loaded by other jobs
+        client = httpx.Client(base_url=url, timeout=120)
         for key in secrets[:3]:
-            ok = httpx.post(f"{url}/v1/chat/completions", json=body, headers=_bearer(key))
+            ok = client.post("/v1/chat/completions", json=body, headers=_bearer(key))
             assert ok.status_code == 200, ok.text
-        wrong = httpx.post(f"{url}/v1/chat/completions", json=body, headers=_bearer("wrong-9x"))
+        wrong = client.post("/v1/chat/completions", json=body, headers=_bearer("wrong-9x"))
         assert wrong.status_code == 401 and "wrong-9x" not in wrong.text
-        assert httpx.get(f"{url}/metrics", headers=_bearer(secrets[3])).status_code == 200
-        assert httpx.get(f"{url}/metrics", headers=_bearer(secrets[0])).status_code == 403
+        assert client.get("/metrics", headers=_bearer(secrets[3])).status_code == 200
+        assert client.get("/metrics", headers=_bearer(secrets[0])).status_code == 403
+        client.close()
     finally:
         uv.should_exit = True
         thread.join(timeout=30)
