@@ -348,9 +348,9 @@ class Executor:
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[Sampled | SamplingError]:
         """One pick per row of ``logits`` (``[n, vocab]``), or the error that ends that row."""
-        for req, row in zip(reqs, logits, strict=True):
-            if req.logits_log is not None:
-                req.logits_log.append(row.float().clone())
+        for i, req in enumerate(reqs):
+            if req.logits_log is not None:  # NOTE: not iterating ``logits``: a view per row
+                req.logits_log.append(logits[i].float().clone())
         return sample_batch(logits, reqs)
 
     def _emit(self, req: Request, picked: Sampled) -> None:
