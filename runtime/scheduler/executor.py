@@ -359,7 +359,8 @@ class Executor:
         logprobs = [] if logprob is None else [logprob]
         prompt = req.prompt_logprobs if len(req.output_ids) == 1 else None
         if req.finish_reason is None:
-            req.post(StreamDelta([token], text, logprobs=logprobs, prompt_logprobs=prompt))
+            if req.is_streamed:
+                req.post(StreamDelta([token], text, logprobs=logprobs, prompt_logprobs=prompt))
             return
         self._release(req, keep=True)
         req.t_end = time.perf_counter()
