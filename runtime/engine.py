@@ -245,13 +245,16 @@ class Engine:
     ) -> Completion:
         """Generate a completion (blocking); ``chunk_reuse`` as in ``make_request``.
 
+        Only the Completion is handed over (``Request.is_streamed`` False): the scheduler posts
+        no per-token delta, so this thread is not woken once a token.
+
         Raises:
             InvalidRequestError: empty prompt, bad token ids, unknown stop ids, bad chunk spans.
             PromptTooLongError: the prompt leaves no room in the context.
         """
-        return _last_completion(
-            self.stream(prompt, params, cache_salt=cache_salt, chunk_reuse=chunk_reuse)
-        )
+        req = self.make_request(prompt, params, cache_salt=cache_salt, chunk_reuse=chunk_reuse)
+        req.is_streamed = False
+        return _last_completion(self.run(req))
 
     def stream(
         self,

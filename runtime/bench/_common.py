@@ -145,9 +145,12 @@ def bench_engine(
 
 
 def ttft(eng: Engine, ids: list[int], *, use_cache: bool = True, max_tokens: int = 1) -> Any:
-    """The Completion of one greedy request that decodes exactly ``max_tokens`` (EOS ignored)."""
+    """The Completion of one greedy request that decodes exactly ``max_tokens`` (EOS ignored),
+    read as ``Engine.generate`` reads it: only the final delta is posted (as the in-process
+    peers, transformers and llama-cpp-python's generator, hand over no stream either)."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     req = eng.make_request(ids, params, use_prefix_cache=use_cache)
+    req.is_streamed = False
     return list(eng.run(req))[-1].completion
 
 

@@ -114,6 +114,8 @@ class BatchKV:
         """Per row: whether its positions past its length are known zero (``begin_step``)."""
         self._sharing: tuple[torch.Tensor, torch.Tensor] | None = None
         """``share_plan``'s ``(src, shared)`` for the rows now (None: not computed yet)."""
+        self._is_any_shared = False
+        """Whether some row shares a prefix in ``_sharing`` (read by ``step_slots``)."""
         self.num_grows = 0
         self.num_shrinks = 0
         """Times ``release_idle`` handed a burst's buffer back."""
@@ -249,6 +251,7 @@ class BatchKV:
                 shared.append(n)
             self._sharing = (torch.tensor(src, dtype=torch.long),
                              torch.tensor(shared, dtype=torch.long))  # fmt: skip
+            self._is_any_shared = any(shared)
         return self._sharing
 
     def remove_row(self, index: int) -> None:
@@ -313,7 +316,8 @@ class BatchKV:
         n = int(positions.shape[0])
         assert n == self.num_rows, "a decode step covers every live row"
         self._zero_padding()
-        self._step_rows = torch.arange(n, device=self.buffer.device)
+        if self._step_rows.shape[0] != n:  # NOTE: kept while the batch size holds (read only)
+            self._step_rows = torch.arange(n, device=self.buffer.device)
         self._step_pos = positions.to(self.buffer.device)
         self.step_kv_len = int(positions.max().item()) + 1 if kv_len is None else kv_len
 
@@ -333,7 +337,7 @@ class BatchKV:
     def step_slots(self) -> StepSlots:
         """Where ``write_step`` writes this step (for the C++ layer loop; see ``StepSlots``)."""
         src, shared = self.share_plan()
-        if not bool(shared.any()):
+        if not self._is_any_shared:
             return StepSlots(self.buffer, self._step_rows, self._step_pos, self.step_kv_len)
         # NOTE: a step reads keys [0, step_kv_len) only; an idle row (mid-prefill) may have
         # shared positions past it, which the kernel would refuse, failing the whole batch.

@@ -54,6 +54,7 @@ from runtime.model.products import (
     choose_prefix_attention,
     onednn_linear,
 )
+from runtime.model.rope_table import RopeTable, signed
 
 __all__ = [
     "PACKED_MAX_ROWS",
@@ -147,6 +148,8 @@ class CompactLlama:
         self.lm_head = input_major_head(model)  # [vocab, hidden]
         self.embed = inner.embed_tokens.weight.detach()  # [vocab, hidden]
         self.rotary = inner.rotary_emb
+        self._rope_table = RopeTable(self.rotary) if RopeTable.is_static(self.rotary) else None
+        """One-token steps' rotary rows, looked up (None: a dynamic scaling, computed per step)."""
         self.norm = inner.norm.weight  # [hidden]
         self.layers = [fused_layer(layer) for layer in inner.layers]
         fits = self.embed.dtype == torch.float32 and self.embed.device.type == "cpu"
@@ -301,10 +304,10 @@ class CompactLlama:
         ``signed_sin`` carries rotate-half's sign (``-sin`` on the first half), so rotating is
         ``x * cos + x.roll(D / 2) * signed_sin``; ``qkv`` consumes the pair.
         """
+        if self._rope_table is not None and positions.shape[1] == 1:
+            return self._rope_table.lookup(h, positions)
         cos, sin = self.rotary(h, positions)  # [B, q, D] each
-        half = sin.shape[-1] // 2
-        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        return cos.unsqueeze(2), signed.unsqueeze(2)
+        return cos.unsqueeze(2), signed(sin).unsqueeze(2)
 
     def qkv(
         self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

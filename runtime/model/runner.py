@@ -299,8 +299,12 @@ class ModelRunner:
         kv_len = max(p for p, t in zip(lengths, token_ids, strict=True) if t is not None) + 1
         batch.begin_step(positions, kv_len)
         if self.compact is not None:
-            cols = torch.arange(batch.step_kv_len, device=self.device)  # [kv_len]
-            allowed = (cols.unsqueeze(0) <= positions.unsqueeze(1)).view(n, 1, 1, -1)
+            # NOTE: no row shorter than the longest (one row, or equal lengths): every row
+            # attends to every key, so no mask (``decode_mask``'s None, without building it).
+            allowed = None
+            if min(lengths) + 1 < kv_len:
+                cols = torch.arange(kv_len, device=self.device)  # [kv_len]
+                allowed = (cols.unsqueeze(0) <= positions.unsqueeze(1)).view(n, 1, 1, -1)
             step = self.compact.forward(
                 ids, positions.unsqueeze(1), batch.write_step, allowed, slots=batch.step_slots()
             )

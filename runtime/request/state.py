@@ -101,6 +101,9 @@ class Request:
     """The document spans whose KV comes from the chunk store (None: plain prefix caching)."""
     chunk_usage: ChunkReuseUsage | None = None
     """What the chunk store served, set at prefill when ``chunk_plan`` is set."""
+    is_streamed: bool = True
+    """False: only the last delta (the one with the Completion) is posted, for a consumer that
+    reads nothing else (``Engine.generate``): no wake-up of its thread per token."""
 
     def post(self, item: StreamDelta | BaseException) -> None:
         """Hand a delta (or the error that ends the stream) to the consumer and wake it."""

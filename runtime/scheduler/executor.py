@@ -348,9 +348,9 @@ class Executor:
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[Sampled | SamplingError]:
         """One pick per row of ``logits`` (``[n, vocab]``), or the error that ends that row."""
-        for req, row in zip(reqs, logits, strict=True):
-            if req.logits_log is not None:
-                req.logits_log.append(row.float().clone())
+        for i, req in enumerate(reqs):
+            if req.logits_log is not None:  # NOTE: not iterating ``logits``: a view per row
+                req.logits_log.append(logits[i].float().clone())
         return sample_batch(logits, reqs)
 
     def _emit(self, req: Request, picked: Sampled) -> None:
@@ -359,7 +359,8 @@ class Executor:
         logprobs = [] if logprob is None else [logprob]
         prompt = req.prompt_logprobs if len(req.output_ids) == 1 else None
         if req.finish_reason is None:
-            req.post(StreamDelta([token], text, logprobs=logprobs, prompt_logprobs=prompt))
+            if req.is_streamed:
+                req.post(StreamDelta([token], text, logprobs=logprobs, prompt_logprobs=prompt))
             return
         self._release(req, keep=True)
         req.t_end = time.perf_counter()

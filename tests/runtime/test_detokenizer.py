@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runtime.request.detokenizer import Detokenizer
+from runtime.request.detokenizer import Detokenizer, id_decoder
 from tests.conftest import make_byte_tokenizer, make_tokenizer
 
 TEXT = "Plain ASCII, then é, ü, 日本語 and an emoji 🎉 split over bytes.\n  Two  spaces."
@@ -85,3 +85,28 @@ def test_each_push_decodes_a_bounded_window_not_the_whole_output(byte_tok: Any) 
     detok = Detokenizer(counting, ["never appears"])
     assert "".join(run(detok, ids)) == TEXT * 20
     assert len(ids) > 1000 and max(counting.sizes) <= 8
+
+
+@pytest.mark.parametrize("clean_up", [False, True])
+def test_the_id_decoder_gives_the_tokenizers_own_strings(byte_tok: Any, clean_up: bool) -> None:
+    # NOTE: the fast path (the Rust backend called directly) only where transformers adds
+    # nothing: without clean_up_tokenization_spaces; with it, the tokenizer's own decode.
+    words = make_tokenizer()
+    words.clean_up_tokenization_spaces = clean_up
+    for tok in (byte_tok, words):
+        decode = id_decoder(tok)
+        is_direct = getattr(decode, "func", None) == tok.backend_tokenizer.decode
+        assert is_direct == (not tok.clean_up_tokenization_spaces)
+    text = TEXT + " <|im_start|> , w1 . w2 <|im_end|> ' w3 ?"
+    for tok in (byte_tok, words):
+        ids = tok.encode(text, add_special_tokens=False)
+        decode = id_decoder(tok)
+        for start in range(0, len(ids), 3):
+            for end in (start + 1, start + 4, len(ids)):
+                want = tok.decode(ids[start:end], skip_special_tokens=True)
+                assert decode(ids[start:end]) == want
+
+
+def test_a_tokenizer_that_is_not_transformers_is_called_as_given(byte_tok: Any) -> None:
+    counting = CountingTokenizer(byte_tok)
+    assert id_decoder(counting)([72, 73]) == byte_tok.decode([72, 73]) and counting.sizes == [2]

@@ -110,6 +110,24 @@ def test_the_loop_wakes_once_per_posted_delta_and_a_poll_gets_them_all(engine: E
     engine.check_integrity()
 
 
+def test_an_unstreamed_request_posts_only_its_completion(engine: Engine) -> None:
+    params = SamplingParams(ignore_eos=True, max_tokens=8, logprobs=2, stop=["never"])
+    streamed = list(engine.stream(PROMPT, params))
+    req = engine.make_request(PROMPT, params)
+    req.is_streamed = False
+    wakes: list[int] = []
+    req.waker = lambda: wakes.append(1)
+    (only,) = list(engine.run(req))  # what Engine.generate reads
+    done, want = only.completion, streamed[-1].completion
+    assert done is not None and want is not None and len(wakes) == 1
+    assert (done.token_ids, done.text, done.finish_reason) == (
+        want.token_ids, want.text, want.finish_reason)  # fmt: skip
+    assert done.logprobs == want.logprobs and len(streamed) == 8
+    assert engine.generate(PROMPT, params).token_ids == want.token_ids
+    assert engine.scheduler_stats().num_blocks_pinned == 0
+    engine.check_integrity()
+
+
 def test_a_poll_after_the_end_merges_every_token(engine: Engine) -> None:
     expected = engine.generate(PROMPT, SamplingParams(ignore_eos=True, max_tokens=6))
     stream = engine.stream(PROMPT, SamplingParams(ignore_eos=True, max_tokens=6))

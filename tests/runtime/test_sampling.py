@@ -315,6 +315,18 @@ def test_greedy_is_argmax() -> None:
     assert pick(LOGITS, SamplingParams(), gen()) == 1
 
 
+def test_greedy_ties_take_the_first_id_as_argmax_does() -> None:
+    # NOTE: a vocabulary the size of SmolLM2's, so the reduction runs the way a real step's does.
+    logits = torch.zeros(3, 49_152)
+    logits[0, [40_000, 7, 30_000]] = 2.0
+    logits[1, [49_151, 12_345]] = -0.5
+    logits[1, logits[1] == 0.0] = -1.0
+    logits[2, 3:] = 1.0
+    picks = sample_batch(logits, [Row(SamplingParams()) for _ in range(3)])
+    assert [p.token_id for p in picks if isinstance(p, Sampled)] == [7, 12_345, 3]
+    assert [p.token_id for p in picks if isinstance(p, Sampled)] == logits.argmax(-1).tolist()
+
+
 def test_top_k_one_and_a_tiny_top_p_keep_only_the_best_token() -> None:
     for params in (
         SamplingParams(temperature=5.0, top_k=1),
