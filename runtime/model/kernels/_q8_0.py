@@ -75,8 +75,8 @@ def _exact_scale(x: torch.Tensor) -> torch.Tensor:
     scaled = torch.ldexp(x.double(), -low.double())  # exact: integers below 2^53 or rejected
     largest = scaled.abs().amax(1, keepdim=True)
     fits = largest < 2.0**52
-    g = _gcd(scaled.masked_fill_(~fits, 0))
     largest = largest * fits
+    g = _gcd(scaled.masked_fill_(~fits, 0), largest / 127)  # NOTE: |q| <= 127 needs g >= it
     g_scale = torch.ldexp(g.double(), low.double())
     return _widest_fp16(g_scale, largest / g.clamp(min=1).double(), g > 0)
 
@@ -113,28 +113,36 @@ def _candidates(x: torch.Tensor) -> list[torch.Tensor]:
 def _search(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(d [B, 1], q [B, 32])`` of least squared error over the reference and ``_candidates``
     (the reference unless a candidate is strictly better)."""
-    best_d, best_q = reference_q8_0(x)
-    best_e = _errors(x, best_d, best_q)
-    searched = torch.zeros_like(best_e, dtype=torch.bool)
+    reference_d, reference_q = reference_q8_0(x)
+    best_d, best_e = reference_d, _errors(x, reference_d, reference_q)
+    searched = torch.zeros_like(best_e, dtype=torch.bool)  # [B, 1]: a candidate won
     for d in _candidates(x):
-        q = _rounded(x, d)
-        e = _errors(x, d, q)
+        e = _errors(x, d, _rounded(x, d))
         better = e < best_e  # NOTE: NaN errors (inf or NaN inputs) never win: the reference stays
         best_e = torch.where(better, e, best_e)
         best_d = torch.where(better, d, best_d)
-        best_q = torch.where(better, q, best_q)
-        searched = searched | better
+        searched |= better
+    best_q = torch.where(searched, _rounded(x, best_d), reference_q)  # NOTE: as each was chosen
     return _lowest_terms(best_d, best_q, searched)
 
 
-def _gcd(q: torch.Tensor) -> torch.Tensor:
-    """``[B, 1]`` int64 greatest common divisor of each row of integer values (0 for a zero
-    row)."""
-    g = q.long()
-    while g.shape[1] > 1:
-        half = g.shape[1] // 2
-        g = torch.gcd(g[:, :half], g[:, half:])
-    return g
+def _gcd(values: torch.Tensor, least: torch.Tensor) -> torch.Tensor:
+    """``[B, 1]`` int64 greatest common divisor of each row of integer ``values`` (0 for a zero
+    row), or 0 where it is below ``least`` (``[B, 1]``): the divisor of a row's first four
+    values bounds it from above (unless all four are 0), so only the rows it does not rule out
+    reduce the rest (most blocks are ruled out at once: Euclid's steps on 31-bit integers are
+    this search's costliest)."""
+    v = values.long()
+    first = torch.gcd(torch.gcd(v[:, :1], v[:, 1:2]), torch.gcd(v[:, 2:3], v[:, 3:4]))
+    rows = ((first == 0) | (first.double() >= least)).squeeze(1).nonzero().squeeze(1)
+    out = torch.zeros_like(first)
+    if rows.numel():
+        g = v[rows]
+        while g.shape[1] > 1:
+            half = g.shape[1] // 2
+            g = torch.gcd(g[:, :half], g[:, half:])
+        out[rows] = g
+    return out
 
 
 def _lowest_terms(
@@ -144,7 +152,7 @@ def _lowest_terms(
     (``d`` times the common factor of ``q``, over the smallest ``t`` that makes an fp16
     number), so blocks quantized again come back byte for byte. Reference blocks stay as
     they are."""
-    c = _gcd(q).clamp(min=1)
+    c = _gcd(q, torch.full_like(d, 2.0, dtype=torch.float64)).clamp(min=1)
     top = q.abs().amax(1, keepdim=True).double() / c.double()
     wider = _widest_fp16(d.double() * c.double(), top, searched)
     ok = wider > 0
