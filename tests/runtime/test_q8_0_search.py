@@ -119,3 +119,14 @@ def test_quantize_weight_uses_the_search() -> None:
     assert np.array_equal(blocks.reshape(16, -1).numpy(), quantize_q8_0(weight.numpy()))
     assert not np.array_equal(blocks.reshape(16, -1).numpy(), quantize(weight.numpy(), Q8))
     assert torch.equal(quantize_weight(dequantize_weight(blocks), "q8_0"), blocks)
+
+
+def test_threads_are_restored() -> None:
+    """The search runs on one thread and gives torch its thread count back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        quantize_q8_0(gaussian(4, 9))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
