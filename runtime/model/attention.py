@@ -42,14 +42,17 @@ class Segment(NamedTuple):
     """Tokens of this sequence in the packed row."""
     write_kv: KVWrite
     """Stores its ``[1, H_kv, length, D]`` K/V per layer; returns all K/V it attends to."""
-    mask: torch.Tensor | None
-    """``[1, 1, length, kv_len]`` boolean mask (True = attend), None for one token."""
+    past: int
+    """Positions of its KV before these tokens (where ``write_kv`` writes): its causal mask is
+    ``prefill_mask(past, length)``."""
     buffer: torch.Tensor | None = None
     """The buffer ``write_kv`` writes to (``RequestKVCache.buffer``, ``[L, 2, H_kv, capacity,
     D]``), so the native ``segment_attention`` can write and read it itself; None: call
     ``write_kv``."""
-    past: int = 0
-    """Positions of ``buffer`` before this segment's tokens (where ``write_kv`` writes)."""
+
+    def mask(self, device: torch.device) -> torch.Tensor | None:
+        """``[1, 1, length, past + length]`` boolean mask (True = attend), None for one token."""
+        return prefill_mask(self.past, self.length, device)
 
 
 class StepSlots(NamedTuple):
@@ -147,19 +150,20 @@ def prefill_mask(start: int, q: int, device: torch.device) -> torch.Tensor | Non
 
 
 def cascade_masks(
-    segments: Sequence[Segment], shared_len: int, group: int
+    seg_masks: Sequence[torch.Tensor | None], shared_len: int, group: int
 ) -> list[torch.Tensor | None]:
-    """Each segment's additive mask over its keys past ``shared_len``, rows folded as
+    """Each segment's additive mask over its keys past ``shared_len``, from its boolean
+    ``Segment.mask`` (``[1, 1, length, kv_len]``, None for one token), rows folded as
     ``attend_cascade`` folds queries (``group`` query heads per KV head): ``[1, 1, G * length,
     kv_len - shared_len]`` (None for one token). Built once per forward; every layer uses them."""
     masks: list[torch.Tensor | None] = []
-    for seg in segments:
-        if seg.mask is None:
+    for mask in seg_masks:
+        if mask is None:
             masks.append(None)
             continue
-        rest = seg.mask[0, 0, :, shared_len:].repeat(group, 1)  # bool, True = attend
+        rest = mask[0, 0, :, shared_len:].repeat(group, 1)  # bool, True = attend
         own = torch.zeros(rest.shape, device=rest.device).masked_fill_(~rest, float("-inf"))
-        masks.append(own.view(1, 1, group * seg.length, -1))
+        masks.append(own.view(1, 1, group * mask.shape[2], -1))
     return masks
 
 

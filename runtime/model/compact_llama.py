@@ -431,8 +431,8 @@ class CompactLlama:
         Args:
             ids: ``[1, N]`` token ids, the segments' tokens one after another.
             positions: ``[1, N]`` their absolute positions in their own sequences (RoPE).
-            segments: In order, lengths summing to ``N``; each with its own KV write and
-                ``[1, 1, length, kv_len]`` mask (None for one token).
+            segments: In order, lengths summing to ``N``; each with its own KV write and the
+                positions before its tokens (its causal mask, ``Segment.mask``).
             shared_len: Every segment's keys and values ``[0, shared_len)`` hold the same
                 bytes and precede all its tokens (a prefix the rows copied from the same cache
                 blocks). With ``CASCADE_MIN_SHARED`` or more and two segments or more, all
@@ -447,27 +447,30 @@ class CompactLlama:
         h = self.embed_tokens(ids)  # [1, N, hidden]
         cos, sin = self.rope(h, positions)
         cascade = shared_len >= CASCADE_MIN_SHARED and len(segments) > 1 and HAS_LSE_ATTENTION
+        if not cascade and self._segments_fit(h, segments):
+            return self._forward_segments(h, cos, sin, segments)
+        masks = [seg.mask(h.device) for seg in segments]
         group = self.num_heads // self.num_kv_heads
-        own_masks = cascade_masks(segments, shared_len, group) if cascade else []
-        native_segments = not cascade and self._segments_fit(h, segments)
+        own_masks = cascade_masks(masks, shared_len, group) if cascade else []
         for i in range(len(self.layers)):
             qs, ks, vs = self.qkv(i, h, cos, sin)
-            if native_segments:
-                h = self.finish(i, h, self._attend_segments(i, qs, ks, vs, segments))
-                continue
             parts, start = [], 0
-            for seg in segments:
+            for seg, mask in zip(segments, masks, strict=True):
                 part = slice(start, start + seg.length)
                 keys, values = seg.write_kv(i, ks[:, :, part], vs[:, :, part])
-                parts.append((part, keys, values, seg.mask))
+                parts.append((part, keys, values, mask))
                 start += seg.length
             if cascade and qs.dtype == torch.float32 and qs.device.type == "cpu":
                 attn = self._attend_cascade(qs, parts, shared_len, own_masks)
             else:
                 attn = torch.cat([self.attend(qs[:, :, p], k, v, m) for p, k, v, m in parts], 2)
             h = self.finish(i, h, attn)  # attention [1, H, N, D]
+        return self._segment_logits(h, segments)
+
+    def _segment_logits(self, h: torch.Tensor, segments: Sequence[Segment]) -> torch.Tensor:
+        """``[G, vocab]`` logits of each segment's last token of ``h`` (``[1, N, hidden]``)."""
         ends = list(itertools.accumulate(s.length for s in segments))
-        return self.logits(h[:, [end - 1 for end in ends]])[0]  # [G, vocab]
+        return self.logits(h[:, [end - 1 for end in ends]])[0]
 
     def _segments_fit(self, h: torch.Tensor, segments: Sequence[Segment]) -> bool:
         """Whether ``forward_packed`` attends in the native ``segment_attention``: vectorized
@@ -480,24 +483,22 @@ class CompactLlama:
             return False
         return all(s.buffer is not None and s.buffer.dtype == torch.float32 for s in segments)
 
-    def _attend_segments(
-        self,
-        i: int,
-        qs: torch.Tensor,
-        ks: torch.Tensor,
-        vs: torch.Tensor,
-        segments: Sequence[Segment],
+    def _forward_segments(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Sequence[Segment]
     ) -> torch.Tensor:
-        """Layer ``i``'s attention of a packed forward in one native call (``segment_attention``,
-        which also writes each segment's new K/V into its buffer instead of ``write_kv``):
-        ``qs`` ``[1, H, N, D]``, ``ks`` / ``vs`` ``[1, H_kv, N, D]`` -> ``[1, H, N, D]``."""
+        """``forward_packed``'s layer loop with each layer's attention in one native call
+        (``segment_attention``, which also writes every segment's new K/V into its buffer
+        instead of ``write_kv``): ``h`` ``[1, N, hidden]`` -> ``[G, vocab]`` logits."""
         assert self.native is not None
         buffers = [s.buffer for s in segments]
-        out: torch.Tensor = self.native.segment_attention(
-            qs[0], ks[0], vs[0], buffers, i, [s.past for s in segments],
-            [s.length for s in segments], self.scale,
-        )  # fmt: skip
-        return out.unsqueeze(0)
+        past, lengths = [s.past for s in segments], [s.length for s in segments]
+        for i in range(len(self.layers)):
+            qs, ks, vs = self.qkv(i, h, cos, sin)
+            attn: torch.Tensor = self.native.segment_attention(
+                qs[0], ks[0], vs[0], buffers, i, past, lengths, self.scale
+            )  # [H, N, D]
+            h = self.finish(i, h, attn.unsqueeze(0))
+        return self._segment_logits(h, segments)
 
     def _attend_prefix(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

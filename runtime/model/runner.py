@@ -268,8 +268,7 @@ class ModelRunner:
             kv.reserve(start + n)
             ids += token_ids
             positions.append(torch.arange(start, start + n))
-            segments.append(Segment(n, kv.write, prefill_mask(start, n, self.device), kv.buffer,
-                                    start))  # fmt: skip
+            segments.append(Segment(n, kv.write, start, kv.buffer))
         ids_t = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, N]
         pos_t = torch.cat(positions).to(self.device).unsqueeze(0)  # [1, N]
         logits = self.compact.forward_packed(ids_t, pos_t, segments, shared_len=shared_len)

@@ -106,7 +106,7 @@ at::Tensor segment_attention(at::Tensor q, at::Tensor k_new, at::Tensor v_new,
                   static_cast<int64_t>(lengths.size()) == num,
               "segment_attention: one buffer, past and length per segment");
   std::vector<int64_t> starts(num), kh(num), ks(num), vh(num), vs(num);
-  std::vector<const float*> kp(num), vp(num);
+  std::vector<float*> kp(num), vp(num);
   int64_t start = 0;
   for (int64_t s = 0; s < num; ++s) {
     const auto& b = buffers[s];
@@ -135,8 +135,8 @@ at::Tensor segment_attention(at::Tensor q, at::Tensor k_new, at::Tensor v_new,
     for (int64_t h = 0; h < Hkv; ++h)
       for (int64_t j = 0; j < lengths[s]; ++j) {
         const int64_t from = (h * N + starts[s] + j) * D, to = h * kh[s] + (past[s] + j) * ks[s];
-        std::copy(knp + from, knp + from + D, const_cast<float*>(kp[s]) + to);
-        std::copy(vnp + from, vnp + from + D, const_cast<float*>(vp[s]) + to);
+        std::copy(knp + from, knp + from + D, kp[s] + to);
+        std::copy(vnp + from, vnp + from + D, vp[s] + to);
       }
   auto out = at::empty({H, N, D}, q.options());
   agentcache::segment_attention({q.data_ptr<float>(), H, Hkv, N, D, num, starts.data(),
