@@ -57,7 +57,15 @@ KERNEL_DIR_ENV = "AGENTCACHE_KERNEL_DIR"
 MARKER = "build-failed.txt"
 
 _HERE = Path(__file__).parent
-SOURCES = ("attention.cpp", "products.cpp", "quantized.cpp", "ops.cpp", "layers.cpp", "module.cpp")
+SOURCES = (
+    "attention.cpp",
+    "prefill_attention.cpp",
+    "products.cpp",
+    "quantized.cpp",
+    "ops.cpp",
+    "layers.cpp",
+    "module.cpp",
+)
 """Translation units, torch-free cores first (module.cpp, the pybind11 one, is the slowest)."""
 _HEADERS = ("vec.h", "cores.h", "ops.h", "layers.h")
 _CFLAGS = (
