@@ -105,9 +105,15 @@ class Request:
     """False: only the last delta (the one with the Completion) is posted, for a consumer that
     reads nothing else (``Engine.generate``): no wake-up of its thread per token."""
 
-    def post(self, item: StreamDelta | BaseException) -> None:
-        """Hand a delta (or the error that ends the stream) to the consumer and wake it."""
+    def post(self, item: StreamDelta | BaseException, *, wake: bool = True) -> None:
+        """Hand a delta (or the error that ends the stream) to the consumer and wake it (unless
+        ``wake`` is False: the caller then calls ``wake`` once it has posted a whole step's)."""
         self.outbox.put(item)
+        if wake:
+            self.wake()
+
+    def wake(self) -> None:
+        """Call the consumer's waker (if any) for what ``post`` handed it; never raises."""
         if self.waker is not None:
             try:
                 self.waker()

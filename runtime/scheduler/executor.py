@@ -10,11 +10,13 @@ the queue and the loop thread are ``runtime.scheduler.loop``'s, the decisions
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
 import threading
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -94,6 +96,8 @@ class Executor:
         self._num_prefill_computed = 0
         self._num_generated = 0
         self._decode_steps_by_rows = [0] * (self.max_batch_size + 1)
+        self._to_wake: list[Request] | None = None
+        """While a step's rows are emitted: the requests posted to, woken after the last one."""
 
     def check_integrity(self) -> None:
         """Assert rows match running requests and the batch KV stays in its budget."""
@@ -237,8 +241,9 @@ class Executor:
             logits = self.runner.forward_packed(chunks, shared_len=shared)
         except Exception:  # noqa: BLE001 - retried one by one: the failing request fails alone
             return sum(self._prefill(req, max_tokens) for req, max_tokens in jobs)
-        for (req, _), row in zip(jobs, logits, strict=True):
-            self._prefilled(req, row)
+        with self._waking_after():
+            for (req, _), row in zip(jobs, logits, strict=True):
+                self._prefilled(req, row)
         return sum(len(ids) for ids, _ in chunks)
 
     def _prefilled(self, req: Request, logits: torch.Tensor) -> None:
@@ -336,8 +341,9 @@ class Executor:
         # Last row first: a finished row's slot takes the batch's last row (a copy of its KV),
         # so when several finish together (the same max_tokens) none of them is moved just to
         # be freed next; 16 W1 rows ending in one step spent 63 ms copying them.
-        for req, picked in reversed(list(zip(reqs, picks, strict=True))):
-            self._finish_step(req, picked)
+        with self._waking_after():
+            for req, picked in reversed(list(zip(reqs, picks, strict=True))):
+                self._finish_step(req, picked)
 
     def _finish_step(self, req: Request, picked: Sampled | SamplingError) -> None:
         """Emit a row's pick, or fail that row alone (it could not be sampled)."""
@@ -360,17 +366,48 @@ class Executor:
         prompt = req.prompt_logprobs if len(req.output_ids) == 1 else None
         if req.finish_reason is None:
             if req.is_streamed:
-                req.post(StreamDelta([token], text, logprobs=logprobs, prompt_logprobs=prompt))
+                self._post(
+                    req, StreamDelta([token], text, logprobs=logprobs, prompt_logprobs=prompt)
+                )
             return
         self._release(req, keep=True)
         req.t_end = time.perf_counter()
         text += req.detokenizer.flush()
         completion = req.completion()
-        req.post(StreamDelta([token], text, req.finish_reason, completion, logprobs, prompt))
+        self._post(req, StreamDelta([token], text, req.finish_reason, completion, logprobs, prompt))
 
     def _fail(self, req: Request, exc: BaseException) -> None:
         self._release(req, keep=False)
-        req.post(exc)
+        self._post(req, exc)
+
+    def _post(self, req: Request, item: StreamDelta | BaseException) -> None:
+        """Post to ``req``'s consumer; within ``_waking_after`` wake it after the others."""
+        if self._to_wake is None:
+            req.post(item)
+        else:
+            req.post(item, wake=False)
+            self._to_wake.append(req)
+
+    @contextlib.contextmanager
+    def _waking_after(self) -> Iterator[None]:
+        """Post a step's deltas to every row first, then wake their consumers.
+
+        NOTE: a consumer's wake-up hands the GIL to the server's event loop thread, which then
+        writes its stream while this thread waits for the GIL to post the next row's delta: with
+        16 rows that ping-pong cost a served decode step about 2 ms (smollm2-135m, bench load,
+        ``post`` 0.12 ms a row). Posting first, 13 bench load runs alternating with the code
+        before: 16 clients' throughput 0.91 / 1.06 / 1.30x per pair, ITL p99 median 45 vs 60 ms.
+        """
+        if self._to_wake is not None:  # NOTE: nested: the outer one wakes
+            yield
+            return
+        self._to_wake = []
+        try:
+            yield
+        finally:
+            to_wake, self._to_wake = self._to_wake, None
+            for req in to_wake:
+                req.wake()
 
     def _release(self, req: Request, *, keep: bool) -> None:
         """Store the request's blocks (when ``keep``), unpin its node and free its row."""

@@ -176,3 +176,30 @@ def test_finished_streams_count_as_their_completions_say(engine: Engine) -> None
     assert done[1].usage.cached_tokens > 0
     assert after.prefill_tokens_computed - before.prefill_tokens_computed == computed
     assert after.generation_tokens - before.generation_tokens == 10
+
+
+def test_a_decode_step_posts_every_row_before_it_wakes_any_consumer(engine: Engine) -> None:
+    """A wake-up hands the consumer's thread the GIL; posting the rest first keeps the step's
+    own work from waiting on it (Executor._waking_after)."""
+    params = SamplingParams(ignore_eos=True, max_tokens=4)
+    prompts = [PROMPT, PROMPT[:12] + [3, 4, 5], PROMPT[5:]]
+    seen: list[list[int]] = []  # every row's posted deltas, at each wake-up
+    engine.scheduler.pause()
+    try:
+        streams = [engine.stream(ids, params) for ids in prompts]
+        reqs = [stream.request for stream in streams]
+        for stream in streams:
+            stream.set_waker(lambda: seen.append([req.outbox.qsize() for req in reqs]))
+            assert stream.poll() is None  # submitted; the paused loop ran nothing
+        for _ in range(8):
+            engine.scheduler.step()
+    finally:
+        engine.scheduler.resume()
+    for stream in streams:
+        merged = merge_deltas(list(stream))
+        assert merged.completion is not None and len(merged.token_ids) == 4
+    steps = [sizes for sizes in seen if min(sizes) >= 1]  # NOTE: prefills post one by one
+    assert len(steps) >= 3 * 3  # every row woken on each of the three decode steps
+    assert all(len(set(sizes)) == 1 for sizes in steps), seen
+    assert engine.scheduler_stats().num_blocks_pinned == 0
+    engine.check_integrity()
