@@ -396,7 +396,7 @@ class Executor:
         writes its stream while this thread waits for the GIL to post the next row's delta: with
         16 rows that ping-pong cost a served decode step about 2 ms (smollm2-135m, bench load,
         ``post`` 0.12 ms a row). Posting first, 13 bench load runs alternating with the code
-        before: 16 clients' throughput 0.91 / 1.06 / 1.30x per pair, ITL p99 median 45 vs 60 ms.
+        before: 16 clients' throughput 0.91 / 1.06 / 1.30x per pair, ITL p99 median 45 vs 64 ms.
         """
         if self._to_wake is not None:  # NOTE: nested: the outer one wakes
             yield
