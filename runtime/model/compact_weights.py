@@ -15,6 +15,7 @@ import torch
 from runtime.model.kernels import (
     quant_format_of,
     quantize_weight,
+    repack_q4_1,
 )
 
 __all__ = [
@@ -169,13 +170,15 @@ def quantized_copies(
 ) -> list[torch.Tensor]:
     """Per layer the GGUF blocks of qkv, o, gate_up and down in ``fmt``: the given ones
     (fused weights concatenate their parts' rows) where every part is given in ``fmt``, else
-    ``quantize_weight`` of the fp32 weight."""
+    ``quantize_weight`` of the fp32 weight; Q4_1 in the kernel layout (``repack_q4_1``: the same
+    bytes, which one-row products read without byte shuffles)."""
     copies = []
     for i, layer in enumerate(layers):
         fused = (layer.qkv, layer.o, layer.gate_up, layer.down)
         for parts, weight in zip(FUSED_PARTS, fused, strict=True):
             names = tuple(f"model.layers.{i}.{part}" for part in parts)
-            copies.append(given(blocks, names, weight, fmt, fused=True))
+            copy = given(blocks, names, weight, fmt, fused=True)
+            copies.append(repack_q4_1(copy) if fmt == "q4_1" else copy)
     return copies
 
 

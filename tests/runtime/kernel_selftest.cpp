@@ -279,6 +279,28 @@ uint16_t random_half(double& value, bool negative_ok) {
   return uint16_t((sign << 15) | (e << 10) | mant);
 }
 
+// GGUF Q4_1 blocks [N, nb, 20] in the kernel layout (runtime.model.kernels.repack_q4_1, written
+// again here from its docstring): per row the nb scales, the nb minimums, then the nibbles in
+// groups of 4 blocks (byte 4 i + j: block 4 g + j's byte i), the last nb % 4 blocks as stored.
+std::vector<uint8_t> repack_q4_1(const std::vector<uint8_t>& w, int64_t N, int64_t nb) {
+  std::vector<uint8_t> out(w.size());
+  const int64_t bytes = ac::kQ4_1Bytes, groups = nb / 4;
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* in = &w[n * nb * bytes];
+    uint8_t* row = &out[n * nb * bytes];
+    for (int64_t b = 0; b < nb; ++b) {
+      std::memcpy(row + 2 * b, in + b * bytes, 2);
+      std::memcpy(row + 2 * (nb + b), in + b * bytes + 2, 2);
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t at = b < 4 * groups ? (b / 4) * 64 + 4 * i + b % 4
+                                          : groups * 64 + (b - 4 * groups) * 16 + i;
+        row[4 * nb + at] = in[b * bytes + 4 + i];
+      }
+    }
+  }
+  return out;
+}
+
 // x [m, K] . W^T + bias for W in GGUF's Q8_0 (q41 false) or Q4_1 blocks, random integers and
 // scales, against float64 on the blocks' values.
 void check_linear_quant(int64_t m, int64_t N, int64_t K, bool q41) {
@@ -310,18 +332,25 @@ void check_linear_quant(int64_t m, int64_t N, int64_t K, bool q41) {
       }
     }
   auto x = randn(m * K), bias = randn(N);
-  std::vector<float> out(m * N), values(N * K);
-  (q41 ? ac::linear_q4_1 : ac::linear_q8_0)(x.data(), m, K, w.data(), N, bias.data(), out.data());
-  (q41 ? ac::dequantize_q4_1 : ac::dequantize_q8_0)(w.data(), N, K, values.data());
   const auto want = reference_product(x, held, bias, m, N, K);
-  char what[96];
-  std::snprintf(what, sizeof what, "linear_%s m=%ld N=%ld K=%ld", q41 ? "q4_1" : "q8_0", long(m),
-                long(N), long(K));
-  // NOTE: weights up to 128 * 0.5 (Q8_0): the tolerance scales with them
-  expect_close(what, out.data(), want, 1e-5 * std::sqrt(double(K)) * (q41 ? 8 : 64), 1e-5);
-  std::snprintf(what, sizeof what, "dequantize_%s N=%ld K=%ld", q41 ? "q4_1" : "q8_0", long(N),
-                long(K));
-  expect_close(what, values.data(), held, 0.0, 1e-7);
+  // Q4_1 also in the kernel layout (repack_q4_1): the same values
+  const std::vector<uint8_t> rows = q41 ? repack_q4_1(w, N, nb) : std::vector<uint8_t>{};
+  for (int layout = 0; layout < (q41 ? 2 : 1); ++layout) {
+    const char* name = !q41 ? "q8_0" : layout == 0 ? "q4_1" : "q4_1r";
+    const uint8_t* weight = layout == 0 ? w.data() : rows.data();
+    std::vector<float> out(m * N), values(N * K);
+    (!q41 ? ac::linear_q8_0 : layout == 0 ? ac::linear_q4_1 : ac::linear_q4_1r)(
+        x.data(), m, K, weight, N, bias.data(), out.data());
+    (!q41 ? ac::dequantize_q8_0 : layout == 0 ? ac::dequantize_q4_1 : ac::dequantize_q4_1r)(
+        weight, N, K, values.data());
+    char what[96];
+    std::snprintf(what, sizeof what, "linear_%s m=%ld N=%ld K=%ld", name, long(m), long(N),
+                  long(K));
+    // NOTE: weights up to 128 * 0.5 (Q8_0): the tolerance scales with them
+    expect_close(what, out.data(), want, 1e-5 * std::sqrt(double(K)) * (q41 ? 8 : 64), 1e-5);
+    std::snprintf(what, sizeof what, "dequantize_%s N=%ld K=%ld", name, long(N), long(K));
+    expect_close(what, values.data(), held, 0.0, 1e-7);
+  }
 }
 
 }  // namespace
@@ -363,6 +392,8 @@ int main() {
     check_linear_quant(64, 33, 32, q41);
     check_linear_quant(130, 70, 160, q41);  // dequantized panels (from 128 rows)
     check_linear_quant(128, 33, 576, q41);
+    check_linear_quant(2, 9, 224, q41);   // Q4_1's kernel layout: 7 blocks, a group and 3 more
+    check_linear_quant(1, 5, 1536, q41);  // 48 blocks, 12 whole groups
   }
   std::printf("%s: %d checks, %d failed\n", ac::isa_name(), checks, failures);
   return failures == 0 ? 0 : 1;

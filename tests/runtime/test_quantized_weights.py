@@ -27,6 +27,8 @@ from runtime.model.kernels import (
     dequantize_weight,
     quant_format_of,
     quantize_weight,
+    repack_q4_1,
+    unpack_q4_1,
 )
 from runtime.model.runner import round_weights_quantized
 from runtime.serve.cli import _runs
@@ -92,28 +94,60 @@ def test_rounding_is_idempotent(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", QUANT_FORMATS)
 @pytest.mark.parametrize(("n", "k", "rows"), [(96, 160, 1), (33, 64, 4), (70, 576, 16),
                                               (17, 32, 64), (5, 96, 3), (40, 128, 7),
-                                              (70, 160, 130), (33, 576, 128)])  # fmt: skip
+                                              (70, 160, 130), (33, 576, 128),
+                                              (9, 224, 2), (20, 1536, 1)])  # fmt: skip
 def test_quantized_product_matches_float64(isa: str, fmt: str, n: int, k: int, rows: int) -> None:
     """Odd and even output counts (the 2-output tile's remainder), partial 16-output chunks and
     32-column blocks, 1-4 rows (direct tiles), more (widened) and 128 or more (dequantized
     panels), a bias and a ``[B, q, K]`` input, against float64 over the dequantized weights;
-    the packed entry point takes the same blocks; ``dequantize_blocks`` gives the values."""
+    the packed entry point takes the same blocks; ``dequantize_blocks`` gives the values. Q4_1
+    also in the kernel layout (``repack_q4_1``; K of 1-48 blocks: whole groups of 4 and 1-3
+    blocks past them), equal to the GGUF layout's product within float32 rounding."""
     kernels = isa_kernels(isa)
     torch.manual_seed(n + k + rows)
     weight, bias = torch.randn(n, k), torch.randn(n)
     blocks = quantize_weight(weight, fmt)
     held = dequantize_weight(blocks).double()
     x = torch.randn(rows, 1, k)
-    for b in (None, bias):
-        got = kernels.linear_quantized(x, blocks, b)
-        want = F.linear(x.double(), held, None if b is None else b.double())
-        assert got.shape == (rows, 1, n) and got.dtype == torch.float32
-        torch.testing.assert_close(got.double(), want, atol=1e-5 * k**0.5, rtol=1e-5)
-    torch.testing.assert_close(kernels.linear_packed(x, blocks, bias, n), got)
-    assert torch.equal(kernels.dequantize_blocks(blocks), held.float())
+    layouts = [blocks, repack_q4_1(blocks)] if fmt == "q4_1" else [blocks]
+    results = []
+    for layout in layouts:
+        for b in (None, bias):
+            got = kernels.linear_quantized(x, layout, b)
+            want = F.linear(x.double(), held, None if b is None else b.double())
+            assert got.shape == (rows, 1, n) and got.dtype == torch.float32
+            torch.testing.assert_close(got.double(), want, atol=1e-5 * k**0.5, rtol=1e-5)
+        torch.testing.assert_close(kernels.linear_packed(x, layout, bias, n), got)
+        assert torch.equal(kernels.dequantize_blocks(layout), held.float())
+        results.append(got)
+    torch.testing.assert_close(results[-1], results[0], atol=1e-5 * k**0.5, rtol=1e-5)
     # NOTE: the format's rounding is visible: against the unrounded weights it differs
     exact = F.linear(x.double(), weight.double(), bias.double())
     assert not torch.allclose(got.double(), exact, atol=1e-3, rtol=0.0)
+
+
+@pytest.mark.parametrize("k", [32, 64, 96, 128, 160, 576, 1536])
+def test_kernel_layout_moves_bytes_only(k: int) -> None:
+    """``repack_q4_1`` keeps every byte (the same size, ``unpack_q4_1`` gives the blocks back)
+    and the values (``dequantize_weight`` reads both layouts); scales and minimums lead each row
+    and a group's 32-bit lane ``i`` holds GGUF byte ``i`` of 4 consecutive blocks."""
+    torch.manual_seed(k)
+    blocks = quantize_weight(torch.randn(6, k), "q4_1")
+    rows = repack_q4_1(blocks)
+    nb = k // 32
+    assert rows.shape == (6, nb * 20) and rows.dtype == torch.uint8 and rows.is_contiguous()
+    assert torch.equal(unpack_q4_1(rows), blocks)
+    assert torch.equal(dequantize_weight(rows), dequantize_weight(blocks))
+    assert quant_format_of(rows) == quant_format_of(blocks) == "q4_1"
+    assert torch.equal(rows[:, : 2 * nb].view(6, nb, 2), blocks[:, :, 0:2])
+    assert torch.equal(rows[:, 2 * nb : 4 * nb].view(6, nb, 2), blocks[:, :, 2:4])
+    if nb >= 4:  # byte 4 i + j of the first group: block j's byte i
+        group = rows[:, 4 * nb : 4 * nb + 64].view(6, 16, 4)
+        assert torch.equal(group.transpose(1, 2), blocks[:, :4, 4:])
+    with pytest.raises(ValueError, match="repack_q4_1: blocks must be uint8"):
+        repack_q4_1(quantize_weight(torch.randn(2, 64), "q8_0"))
+    with pytest.raises(ValueError, match="unpack_q4_1: rows must be uint8"):
+        unpack_q4_1(rows[:, :-1])
 
 
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
@@ -134,6 +168,11 @@ def test_quantized_product_refuses_bad_blocks(isa: str) -> None:
         kernels.linear_quantized(x, blocks, torch.randn(7))
     with pytest.raises(RuntimeError, match="does not match the quantized weight's 8 rows"):
         kernels.linear_packed(x, blocks, None, 9)
+    rows = repack_q4_1(blocks)  # [8, 40]: K = 64
+    with pytest.raises(RuntimeError, match="blocks must be contiguous uint8"):
+        kernels.linear_quantized(x, rows[:, :39].contiguous(), None)
+    with pytest.raises(RuntimeError, match="x has 63 inputs, the weight 64"):
+        kernels.linear_quantized(torch.randn(2, 63), rows, None)
 
 
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
@@ -309,7 +348,9 @@ def test_gguf_blocks_are_the_files_own(fmt: str, tmp_path: Path) -> None:
         compact = CompactLlama(model, native=kernels, packed=fmt, blocks=blocks)
         qkv = compact._packed[4]
         want = torch.cat([blocks[f"model.layers.1.self_attn.{p}_proj"] for p in "qkv"])
-        assert torch.equal(qkv, want)
+        # NOTE: Q4_1 is kept in the kernel layout, the file's bytes moved within each row
+        assert torch.equal(unpack_q4_1(qkv) if fmt == "q4_1" else qkv, want)
+        assert qkv.dim() == (2 if fmt == "q4_1" else 3)
         # NOTE: the head is untied here: the file's embedding blocks are not its blocks
         head = quantize_weight(model.lm_head.weight, QUANT_HEAD_FORMAT[fmt])  # type: ignore[index]
         assert torch.equal(compact._head_packed, head)  # type: ignore[arg-type]

@@ -63,6 +63,8 @@ __all__ = [
     "pack_weight",
     "quant_format_of",
     "quantize_weight",
+    "repack_q4_1",
+    "unpack_q4_1",
     "QuantFormat",
 ]
 
@@ -94,12 +96,13 @@ class NativeKernels(NamedTuple):
     linear_quantized: Callable[..., Any]
     """``(x [..., K] fp32, blocks, bias [N] fp32 or None) -> [..., N] fp32``: ``x . W^T + bias``
     with ``W`` in GGUF's Q8_0 or Q4_1 blocks (``quantize_weight``: uint8 ``[N, K / 32, 34]`` or
-    ``[N, K / 32, 20]``); fp32 multiply-adds, so it equals ``F.linear`` over
+    ``[N, K / 32, 20]``), or Q4_1 in the kernel layout (``repack_q4_1``: uint8 ``[N, K / 32 *
+    20]``, read without byte shuffles); fp32 multiply-adds, so it equals ``F.linear`` over
     ``dequantize_weight(blocks)`` within float32 rounding. ``linear_packed`` takes the same
     blocks (with ``n = N``). Raises ``RuntimeError`` on another layout, dtype or K."""
     dequantize_blocks: Callable[..., Any]
     """``(blocks) -> [N, K] fp32``: the values of GGUF Q8_0 / Q4_1 blocks (uint8 ``[N, K / 32,
-    34 | 20]``), equal to ``dequantize_weight(blocks)`` (both compute ``d * q (+ m)`` in
+    34 | 20]``, or ``repack_q4_1``'s ``[N, K / 32 * 20]``), equal to ``dequantize_weight(blocks)`` (both compute ``d * q (+ m)`` in
     float32); rows split over threads. Raises ``RuntimeError`` on another layout or dtype."""
     linear_rows: Callable[..., Any]
     """``(x [..., K] fp32, w [N, K] fp32 input-major, bias [N] fp32 or None) -> [..., N]``:
@@ -330,18 +333,21 @@ def quantize_weight(weight: Any, fmt: str) -> Any:
 
 def dequantize_weight(blocks: Any) -> Any:
     """The fp32 ``[N, K]`` values of ``quantize_weight``'s blocks (``gguf.quants.dequantize``:
-    ``d * q``, ``d * q + m`` for Q4_1, in float32), the format read from the block size.
+    ``d * q``, ``d * q + m`` for Q4_1, in float32), the format read from the block size; Q4_1 in
+    the kernel layout (``repack_q4_1``'s ``[N, K / 32 * 20]``) is unpacked first.
 
     Raises:
-        ValueError: ``blocks`` is not uint8 ``[N, K / 32, 34 | 20]``.
+        ValueError: ``blocks`` is not uint8 ``[N, K / 32, 34 | 20]`` or ``[N, K / 32 * 20]``.
     """
     import numpy as np
     import torch
     from gguf.quants import dequantize
 
+    if blocks.dtype == torch.uint8 and blocks.dim() == 2:
+        blocks = unpack_q4_1(blocks)
     if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[2] not in (34, 20):
-        raise ValueError(f"dequantize_weight: blocks must be uint8 [N, K / 32, 34 | 20], not "
-                         f"{blocks.dtype} {tuple(blocks.shape)}")  # fmt: skip
+        raise ValueError(f"dequantize_weight: blocks must be uint8 [N, K / 32, 34 | 20] or "
+                         f"[N, K / 32 * 20], not {blocks.dtype} {tuple(blocks.shape)}")  # fmt: skip
     fmt = "q8_0" if blocks.shape[2] == _QUANT_BYTES["q8_0"] else "q4_1"
     n, nb, _ = blocks.shape
     raw = np.ascontiguousarray(blocks.reshape(n, -1).numpy())
@@ -350,5 +356,69 @@ def dequantize_weight(blocks: Any) -> Any:
 
 
 def quant_format_of(blocks: Any) -> QuantFormat:
-    """``"q8_0"`` or ``"q4_1"`` from a block array's last dimension (34 or 20 bytes)."""
-    return "q8_0" if blocks.shape[-1] == _QUANT_BYTES["q8_0"] else "q4_1"
+    """``"q8_0"`` or ``"q4_1"`` from a block array's last dimension (34 or 20 bytes); a 2-D
+    array is Q4_1 in the kernel layout (``repack_q4_1``)."""
+    return "q8_0" if blocks.dim() == 3 and blocks.shape[-1] == _QUANT_BYTES["q8_0"] else "q4_1"
+
+
+_GROUP_BLOCKS = 4
+"""Blocks per nibble group of the kernel layout (``repack_q4_1``)."""
+
+
+def _nibble_groups(nb: int) -> list[tuple[int, int]]:
+    """``(first block, blocks)`` of each nibble group of a row of ``nb`` blocks: groups of 4,
+    then the last ``nb % 4`` blocks one by one."""
+    whole = nb - nb % _GROUP_BLOCKS
+    return [(b, _GROUP_BLOCKS) for b in range(0, whole, _GROUP_BLOCKS)] + [
+        (b, 1) for b in range(whole, nb)
+    ]
+
+
+def repack_q4_1(blocks: Any) -> Any:
+    """GGUF Q4_1 blocks (uint8 ``[N, K / 32, 20]``, ``quantize_weight``'s or a file's) in the
+    kernel layout that ``linear_quantized`` reads without byte shuffles: uint8 ``[N, K / 32 *
+    20]``, the same bytes moved within each row, so the same values and size.
+
+    A row of ``nb`` blocks holds their fp16 scales ``d`` (``2 nb`` bytes, block order), their fp16
+    minimums ``m`` (``2 nb``), then their nibbles (``16 nb``): groups of 4 blocks where byte
+    ``4 i + j`` is block ``4 g + j``'s GGUF byte ``i`` (input ``i`` in the low nibble, ``16 + i``
+    in the high one), so a 32-bit lane holds inputs ``i`` and ``16 + i`` of 4 blocks; then the
+    last ``nb % 4`` blocks' 16 bytes each as GGUF stores them. ``unpack_q4_1`` reverses it.
+    The layout is ours (``quantized.cpp``); GGUF's block format is ggml's ``block_q4_1``.
+
+    Raises:
+        ValueError: ``blocks`` is not uint8 ``[N, K / 32, 20]``.
+    """
+    import torch
+
+    if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[2] != 20:
+        raise ValueError(f"repack_q4_1: blocks must be uint8 [N, K / 32, 20], not "
+                         f"{blocks.dtype} {tuple(blocks.shape)}")  # fmt: skip
+    n, nb, _ = blocks.shape
+    nibbles = [blocks[:, b : b + size, 4:].transpose(1, 2).reshape(n, 16 * size)
+               for b, size in _nibble_groups(nb)]  # fmt: skip
+    parts = [blocks[:, :, 0:2].reshape(n, -1), blocks[:, :, 2:4].reshape(n, -1), *nibbles]
+    return torch.cat(parts, dim=1).contiguous()
+
+
+def unpack_q4_1(rows: Any) -> Any:
+    """``repack_q4_1``'s kernel layout (uint8 ``[N, K / 32 * 20]``) back to GGUF's Q4_1 blocks
+    (uint8 ``[N, K / 32, 20]``).
+
+    Raises:
+        ValueError: ``rows`` is not uint8 ``[N, a multiple of 20]``.
+    """
+    import torch
+
+    if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] % 20 != 0:
+        raise ValueError(f"unpack_q4_1: rows must be uint8 [N, K / 32 * 20], not "
+                         f"{rows.dtype} {tuple(rows.shape)}")  # fmt: skip
+    n, nb = rows.shape[0], rows.shape[1] // 20
+    out = torch.empty(n, nb, 20, dtype=torch.uint8)
+    out[:, :, 0:2] = rows[:, : 2 * nb].reshape(n, nb, 2)
+    out[:, :, 2:4] = rows[:, 2 * nb : 4 * nb].reshape(n, nb, 2)
+    at = 4 * nb
+    for b, size in _nibble_groups(nb):
+        out[:, b : b + size, 4:] = rows[:, at : at + 16 * size].reshape(n, 16, size).transpose(1, 2)
+        at += 16 * size
+    return out

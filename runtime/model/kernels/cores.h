@@ -86,9 +86,14 @@ void linear_q8_0(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t
                  const float* bias, float* out);
 void linear_q4_1(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
                  const float* bias, float* out);
+// Q4_1 in the kernel layout (quantized.cpp's top; repack_q4_1 in Python): the same 20 bytes a
+// block, a row's fp16 scales, then its fp16 minimums, then its nibbles in groups of 4 blocks.
+void linear_q4_1r(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
+                  const float* bias, float* out);
 // out [N, K] fp32 = the blocks' values (d * q, + m for Q4_1), serially.
 void dequantize_q8_0(const uint8_t* w, int64_t N, int64_t K, float* out);
 void dequantize_q4_1(const uint8_t* w, int64_t N, int64_t K, float* out);
+void dequantize_q4_1r(const uint8_t* w, int64_t N, int64_t K, float* out);
 
 // The ISA this library was built for: "avx512", "avx2", "neon" or "scalar".
 const char* isa_name();

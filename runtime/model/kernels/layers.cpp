@@ -47,17 +47,20 @@ DecodeLayers::DecodeLayers(
                     input_major(down_[i]),
                 "DecodeLayers: rows_max needs input-major weights (layer ", i, ")");
   // packed: empty, or per layer the blocks of qkv, o, gate_up and down (pack_weight), of one
-  // element type (bf16 or fp32), or GGUF's quantized blocks (uint8 [N, K / 32, 34 | 20])
+  // element type (bf16 or fp32), or GGUF's quantized blocks (uint8 [N, K / 32, 34 | 20]), or
+  // Q4_1 in the kernel layout (uint8 [N, K / 32 * 20], repack_q4_1)
   TORCH_CHECK(packed_.empty() || packed_.size() == 4 * L,
               "DecodeLayers: packed holds 4 weights per layer, or none");
   for (size_t i = 0; i < packed_.size(); ++i) {
     const auto& w = i % 4 == 0 ? qkv_[i / 4] : i % 4 == 1 ? o_[i / 4]
                   : i % 4 == 2 ? gate_up_[i / 4] : down_[i / 4];
     if (packed_[i].scalar_type() == at::kByte) {
-      TORCH_CHECK(packed_[i].is_contiguous() && packed_[i].dim() == 3 &&
-                      packed_[i].size(0) == w.size(0) &&
-                      packed_[i].size(1) * kQuantBlock == w.size(1) &&
-                      (packed_[i].size(2) == kQ8_0Bytes || packed_[i].size(2) == kQ4_1Bytes),
+      const auto& b = packed_[i];
+      const bool is_blocks = b.dim() == 3 && b.size(1) * kQuantBlock == w.size(1) &&
+                             (b.size(2) == kQ8_0Bytes || b.size(2) == kQ4_1Bytes);
+      const bool is_rows = b.dim() == 2 && b.size(1) == w.size(1) / kQuantBlock * kQ4_1Bytes &&
+                           w.size(1) % kQuantBlock == 0;
+      TORCH_CHECK(b.is_contiguous() && b.size(0) == w.size(0) && (is_blocks || is_rows),
                   "DecodeLayers: quantized weight ", i, " does not match its fp32 weight");
       continue;
     }

@@ -146,6 +146,32 @@ at::Tensor segment_attention(at::Tensor q, at::Tensor k_new, at::Tensor v_new,
   return out;
 }
 
+namespace {
+
+// The layout of a quantized weight: uint8 [N, K / 32, 34] (GGUF's Q8_0), [N, K / 32, 20]
+// (GGUF's Q4_1) or [N, K / 32 * 20] (Q4_1 in the kernel layout: repack_q4_1), contiguous.
+enum class QuantLayout { kQ8_0, kQ4_1, kQ4_1R };
+struct QuantShape {
+  int64_t N, K;
+  QuantLayout format;
+};
+
+QuantShape quant_layout(const at::Tensor& blocks, const char* op) {
+  const bool is_blocks = blocks.dim() == 3 && (blocks.size(2) == kQ8_0Bytes ||
+                                                blocks.size(2) == kQ4_1Bytes);
+  const bool is_rows = blocks.dim() == 2 && blocks.size(1) % kQ4_1Bytes == 0;
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && (is_blocks || is_rows) &&
+                  blocks.is_contiguous(),
+              op, ": blocks must be contiguous uint8 [N, K / 32, 34] (Q8_0), [N, K / 32, 20] "
+              "(Q4_1; quantize_weight) or [N, K / 32 * 20] (Q4_1, repack_q4_1)");
+  if (is_rows) return {blocks.size(0), blocks.size(1) / kQ4_1Bytes * kQuantBlock,
+                       QuantLayout::kQ4_1R};
+  return {blocks.size(0), blocks.size(1) * kQuantBlock,
+          blocks.size(2) == kQ8_0Bytes ? QuantLayout::kQ8_0 : QuantLayout::kQ4_1};
+}
+
+}  // namespace
+
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
                          const std::optional<at::Tensor>& bias, int64_t n) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "linear_packed: CPU tensors only");
@@ -153,9 +179,9 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
   TORCH_CHECK(x.dim() >= 1, "linear_packed: x must be [..., K], not a 0-dim tensor");
   const auto type = packed.scalar_type();
   if (type == at::kByte) {
-    TORCH_CHECK(packed.dim() == 3 && packed.size(0) == n, "linear_packed: n = ", n,
-                " does not match the quantized weight's ", packed.dim() == 3 ? packed.size(0) : 0,
-                " rows");
+    TORCH_CHECK((packed.dim() == 3 || packed.dim() == 2) && packed.size(0) == n,
+                "linear_packed: n = ", n, " does not match the quantized weight's ",
+                packed.dim() >= 2 ? packed.size(0) : 0, " rows");
     return linear_quantized(x, packed, bias);
   }
   TORCH_CHECK((type == at::kBFloat16 || type == at::kFloat) && packed.dim() == 3 &&
@@ -195,11 +221,9 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& blocks,
               "linear_quantized: CPU tensors only");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "linear_quantized: x must be fp32");
   TORCH_CHECK(x.dim() >= 1, "linear_quantized: x must be [..., K], not a 0-dim tensor");
-  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 3 && blocks.is_contiguous() &&
-                  (blocks.size(2) == kQ8_0Bytes || blocks.size(2) == kQ4_1Bytes),
-              "linear_quantized: blocks must be contiguous uint8 [N, K / 32, 34] (Q8_0) or "
-              "[N, K / 32, 20] (Q4_1) (quantize_weight)");
-  const int64_t N = blocks.size(0), K = blocks.size(1) * kQuantBlock;
+  const QuantShape layout = quant_layout(blocks, "linear_quantized");
+  const int64_t N = layout.N, K = layout.K;
+  const QuantLayout format = layout.format;
   TORCH_CHECK(N >= 1 && K >= 1, "linear_quantized: the quantized weight is empty");
   TORCH_CHECK(x.size(-1) == K, "linear_quantized: x has ", x.size(-1), " inputs, the weight ", K);
   TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->dim() == 1 &&
@@ -213,7 +237,9 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& blocks,
   if (m == 0) return out.view(shape);
   std::optional<at::Tensor> b;
   if (bias.has_value()) b = bias->contiguous();
-  const auto product = blocks.size(2) == kQ8_0Bytes ? linear_q8_0 : linear_q4_1;
+  const auto product = format == QuantLayout::kQ8_0   ? linear_q8_0
+                       : format == QuantLayout::kQ4_1 ? linear_q4_1
+                                                      : linear_q4_1r;
   product(xs.data_ptr<float>(), m, K, blocks.data_ptr<uint8_t>(), N,
           b.has_value() ? b->data_ptr<float>() : nullptr, out.data_ptr<float>());
   return out.view(shape);
@@ -221,14 +247,15 @@ at::Tensor linear_quantized(const at::Tensor& x, const at::Tensor& blocks,
 
 at::Tensor dequantize_blocks(const at::Tensor& blocks) {
   TORCH_CHECK(blocks.device().is_cpu(), "dequantize_blocks: CPU tensors only");
-  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 3 && blocks.is_contiguous() &&
-                  (blocks.size(2) == kQ8_0Bytes || blocks.size(2) == kQ4_1Bytes),
-              "dequantize_blocks: blocks must be contiguous uint8 [N, K / 32, 34] (Q8_0) or "
-              "[N, K / 32, 20] (Q4_1) (quantize_weight)");
-  const int64_t N = blocks.size(0), K = blocks.size(1) * kQuantBlock, bytes = blocks.size(2);
+  const QuantShape layout = quant_layout(blocks, "dequantize_blocks");
+  const int64_t N = layout.N, K = layout.K;
+  const QuantLayout format = layout.format;
+  const int64_t bytes = format == QuantLayout::kQ8_0 ? kQ8_0Bytes : kQ4_1Bytes;
   auto out = at::empty({N, K}, blocks.options().dtype(at::kFloat));
   if (N == 0 || K == 0) return out;
-  const auto rows = bytes == kQ8_0Bytes ? dequantize_q8_0 : dequantize_q4_1;
+  const auto rows = format == QuantLayout::kQ8_0   ? dequantize_q8_0
+                    : format == QuantLayout::kQ4_1 ? dequantize_q4_1
+                                                   : dequantize_q4_1r;
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   constexpr int64_t kChunk = 16;  // rows per task

@@ -11,6 +11,18 @@
 // x over each block computed once per call. The result equals fp32 arithmetic on the
 // dequantized weights within float32 rounding.
 //
+// Q4_1 also comes in the kernel layout (repack_q4_1 in Python; the same 20 bytes a block, the
+// same values), which a one-row product reads without byte shuffles. A row of nb blocks:
+//   [0, 2 nb)      the blocks' fp16 scales d, in block order
+//   [2 nb, 4 nb)   their fp16 minimums m
+//   [4 nb, 20 nb)  the nibbles: groups of 4 blocks (64 bytes: byte 4 i + j is block 4 g + j's
+//                  GGUF byte i, weight i low and 16 + i high), then the nb % 4 last blocks'
+//                  16 bytes each as GGUF stores them.
+// So 32-bit lane i of a group holds inputs i and 16 + i of its 4 blocks: block j's weights are
+// (lane >> 8 j) & 15 and (lane >> (8 j + 4)) & 15, a shift and a mask per vector (ALU ports)
+// where GGUF's bytes need a byte -> 32-bit widening (a shuffle) per vector; the scales of a
+// tile's rows are converted to fp32 once per tile and read as broadcasts from memory.
+//
 // Few rows (a decode step's): register tiles of up to kQuantRows rows of x by 2-4 outputs read
 // each weight block once per tile, straight from the packed bytes (prefetched ahead along each
 // row); threads take chunks of 16 outputs.
@@ -18,6 +30,7 @@
 // fp32 scratch and runs every row of x against them in register tiles, so the integer widening is
 // paid once per output, not once per tile of rows. From kPanelMinRows rows (a prefill chunk):
 // 32 outputs at a time into a [K, 32] panel run through linear_packed's fp32 register tiles.
+#include <type_traits>
 #include <vector>
 
 #if defined(__F16C__) || defined(__AVX2__)
@@ -117,6 +130,7 @@ inline vf load_s8(const uint8_t* p) {
 struct Q8_0 {
   static constexpr int64_t kBytes = kQ8_0Bytes;
   static constexpr bool kHasMin = false;
+  static constexpr bool kRepacked = false;
   static inline void load(const uint8_t* b, vf* q, float& d, float& m) {
     d = half_to_float(b);
     m = 0.f;
@@ -124,9 +138,39 @@ struct Q8_0 {
   }
 };
 
+// A GGUF Q4_1 block's 16 bytes of nibbles at p as kBlockVecs fp32 vectors in input order.
+inline void gguf_nibbles(const uint8_t* p, vf* q) {
+  // NOTE: byte j: weight j low, weight 16 + j high; the first half of the vectors holds the
+  // low nibbles of bytes [0, 16), the second half the high ones.
+#if defined(__AVX2__) && !defined(__AVX512F__) && AGENTCACHE_VEC_FLOATS == 8
+  // NOTE: as load_s8: GCC moves an 8-byte vector through general registers lane by lane.
+  // Bytes [0, 8) and [8, 16) zero-extended straight from memory to 32-bit lanes (vpmovzxbd's
+  // load form): a lane's low 4 bits are the low nibble, the lane shifted right by 4 the high
+  // one, the same integers with no byte shuffles (AVX2 decode was half AVX-512's with the
+  // generic loop, and a 16-byte load split by shifts cost 6 shuffles a block).
+  const auto eight = [](const uint8_t* at) {  // 8 bytes at `at`, zero-extended to 32 bits
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at)));
+  };
+  const __m256i first = eight(p), second = eight(p + 8);
+  const __m256i nib = _mm256_set1_epi32(0x0F);
+  const __m256 parts[4] = {_mm256_cvtepi32_ps(_mm256_and_si256(first, nib)),
+                           _mm256_cvtepi32_ps(_mm256_and_si256(second, nib)),
+                           _mm256_cvtepi32_ps(_mm256_srli_epi32(first, 4)),
+                           _mm256_cvtepi32_ps(_mm256_srli_epi32(second, 4))};
+  std::memcpy(q, parts, sizeof parts);
+#else
+  for (int64_t v = 0; v < kBlockVecs / 2; ++v) {
+    const vu8 bytes = load_bytes<vu8>(p + v * kW);
+    q[v] = widen(static_cast<vu8>(bytes & 0x0F));
+    q[kBlockVecs / 2 + v] = widen(static_cast<vu8>(bytes >> 4));
+  }
+#endif
+}
+
 struct Q4_1 {
   static constexpr int64_t kBytes = kQ4_1Bytes;
   static constexpr bool kHasMin = true;
+  static constexpr bool kRepacked = false;
   static inline void load(const uint8_t* b, vf* q, float& d, float& m) {
 #if defined(__F16C__)
     // NOTE: d and m are adjacent halves: one conversion for both.
@@ -139,33 +183,99 @@ struct Q4_1 {
     d = half_to_float(b);
     m = half_to_float(b + 2);
 #endif
-    // NOTE: byte j: weight j low, weight 16 + j high; the first half of the vectors holds the
-    // low nibbles of bytes [0, 16), the second half the high ones.
-#if defined(__AVX2__) && !defined(__AVX512F__) && AGENTCACHE_VEC_FLOATS == 8
-    // NOTE: as load_s8: GCC moves an 8-byte vector through general registers lane by lane.
-    // Bytes [0, 8) and [8, 16) zero-extended straight from memory to 32-bit lanes (vpmovzxbd's
-    // load form): a lane's low 4 bits are the low nibble, the lane shifted right by 4 the high
-    // one, the same integers with no byte shuffles (AVX2 decode was half AVX-512's with the
-    // generic loop, and a 16-byte load split by shifts cost 6 shuffles a block).
-    const auto eight = [](const uint8_t* p) {  // 8 bytes at p, zero-extended to 32 bits
-      return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    };
-    const __m256i first = eight(b + 4), second = eight(b + 12);
-    const __m256i nib = _mm256_set1_epi32(0x0F);
-    const __m256 parts[4] = {_mm256_cvtepi32_ps(_mm256_and_si256(first, nib)),
-                             _mm256_cvtepi32_ps(_mm256_and_si256(second, nib)),
-                             _mm256_cvtepi32_ps(_mm256_srli_epi32(first, 4)),
-                             _mm256_cvtepi32_ps(_mm256_srli_epi32(second, 4))};
-    std::memcpy(q, parts, sizeof parts);
-#else
-    for (int64_t v = 0; v < kBlockVecs / 2; ++v) {
-      const vu8 bytes = load_bytes<vu8>(b + 4 + v * kW);
-      q[v] = widen(static_cast<vu8>(bytes & 0x0F));
-      q[kBlockVecs / 2 + v] = widen(static_cast<vu8>(bytes >> 4));
-    }
-#endif
+    gguf_nibbles(b + 4, q);
   }
 };
+
+// Q4_1 in the kernel layout (the top of this file). NOTE: a group's 16 lanes are whole vectors
+// on every ISA (kW 1, 4, 8 or 16).
+constexpr int64_t kGroupBlocks = 4;                                // blocks per nibble group
+constexpr int64_t kGroupBytes = kGroupBlocks * kQuantBlock / 2;    // 64
+constexpr int64_t kLaneVecs = kQuantBlock / 2 / kW;                // vectors of a group's lanes
+static_assert(kQuantBlock / 2 % kW == 0, "a group's 16 lanes are whole vectors");
+
+struct Q4_1R {
+  static constexpr int64_t kBytes = kQ4_1Bytes;
+  static constexpr bool kHasMin = true;
+  static constexpr bool kRepacked = true;
+};
+
+// Small integers in 32-bit lanes as floats (vcvtdq2ps on x86: as signed, one instruction).
+inline vf lane_floats(vu v) {
+#if AGENTCACHE_VEC_FLOATS > 1
+  return __builtin_convertvector(reinterpret_cast<vi32>(v), vf);
+#else
+  return static_cast<float>(static_cast<int32_t>(v));
+#endif
+}
+
+// Block J (0-3) of a group whose kLaneVecs lane vectors are held: kBlockVecs fp32 vectors in
+// input order (lanes hold inputs i and 16 + i).
+template <int J>
+inline void group_block(const vu* lanes, vf* q) {
+  for (int64_t h = 0; h < kLaneVecs; ++h) {
+    q[h] = lane_floats((lanes[h] >> (8 * J)) & 0xFu);
+    q[kLaneVecs + h] = lane_floats((lanes[h] >> (8 * J + 4)) & 0xFu);
+  }
+}
+
+// body(J) for J = 0..3 as compile-time constants (the shift counts are immediates).
+template <class Body>
+inline void each_group_block(const Body& body) {
+  body(std::integral_constant<int, 0>{});
+  body(std::integral_constant<int, 1>{});
+  body(std::integral_constant<int, 2>{});
+  body(std::integral_constant<int, 3>{});
+}
+
+// n fp16 values at p as fp32 at out (F16C: 8 a conversion).
+inline void halves_to_floats(const uint8_t* p, int64_t n, float* out) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(
+                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i))));
+#endif
+  for (; i < n; ++i) out[i] = half_to_float(p + 2 * i);
+}
+
+// One row of a Q4_1 weight in the kernel layout (K inputs) as its K fp32 values d * q + m.
+inline void dequantize_row_r(const uint8_t* row, int64_t K, float* out) {
+  const int64_t nb = K / kQuantBlock, groups = nb / kGroupBlocks;
+  const uint8_t* nib = row + 4 * nb;
+  for (int64_t g = 0; g < groups; ++g) {
+    vu lanes[kLaneVecs];
+    for (int64_t l = 0; l < kLaneVecs; ++l) lanes[l] = vload_bits(nib + g * kGroupBytes + l * 4 * kW);
+    each_group_block([&](auto J) {
+      const int64_t b = g * kGroupBlocks + J;
+      const float d = half_to_float(row + 2 * b), m = half_to_float(row + 2 * (nb + b));
+      vf q[kBlockVecs];
+      group_block<J>(lanes, q);
+      for (int64_t v = 0; v < kBlockVecs; ++v) vstore(out + b * kQuantBlock + v * kW, q[v] * d + m);
+    });
+  }
+  for (int64_t b = groups * kGroupBlocks; b < nb; ++b) {
+    const float d = half_to_float(row + 2 * b), m = half_to_float(row + 2 * (nb + b));
+    vf q[kBlockVecs];
+    gguf_nibbles(nib + groups * kGroupBytes + (b - groups * kGroupBlocks) * 16, q);
+    for (int64_t v = 0; v < kBlockVecs; ++v) vstore(out + b * kQuantBlock + v * kW, q[v] * d + m);
+  }
+}
+
+// One row of weights (K inputs, F's layout) as its K fp32 values.
+template <class F>
+inline void dequantize_row(const uint8_t* row, int64_t K, float* out) {
+  if constexpr (F::kRepacked) {
+    dequantize_row_r(row, K, out);
+  } else {
+    for (int64_t b = 0; b < K / kQuantBlock; ++b) {
+      vf q[kBlockVecs];
+      float d, m;
+      F::load(row + b * F::kBytes, q, d, m);
+      for (int64_t v = 0; v < kBlockVecs; ++v) vstore(out + b * kQuantBlock + v * kW, q[v] * d + m);
+    }
+  }
+}
 
 inline float hsum(vf v) {
 #if AGENTCACHE_VEC_FLOATS > 1
@@ -272,6 +382,114 @@ void direct(const float* x, int64_t m, int64_t K, const float* xsum, const uint8
   });
 }
 
+// acc[r][held + h] += d_h * (x_r . q_h) over block b (x row stride K; d_h at ds[2 (held + h)
+// nbp]: direct_tile_r's scratch from block b on).
+template <int MR, int NO, int kHeld>
+inline void block_step(const vf (*q)[kBlockVecs], const float* __restrict x, int64_t K, int64_t b,
+                       const float* ds, int64_t nbp, int held, vf (&acc)[MR][NO]) {
+  for (int r = 0; r < MR; ++r) {
+    const float* xb = x + r * K + b * kQuantBlock;
+    for (int h = 0; h < kHeld; ++h) {
+      vf t = vload(xb) * q[h][0];
+      for (int64_t v = 1; v < kBlockVecs; ++v) t += vload(xb + v * kW) * q[h][v];
+      acc[r][held + h] += t * ds[2 * (held + h) * nbp];
+    }
+  }
+}
+
+// block_step for block J of a group whose lanes are held (b: that block).
+template <int J, int MR, int NO, int kHeld>
+inline void group_step(const vu (*lanes)[kLaneVecs], const float* __restrict x, int64_t K,
+                       int64_t b, const float* ds, int64_t nbp, int held, vf (&acc)[MR][NO]) {
+  vf q[kHeld][kBlockVecs];
+  for (int h = 0; h < kHeld; ++h) group_block<J>(lanes[h], q[h]);
+  block_step<MR, NO, kHeld>(q, x, K, b, ds, nbp, held, acc);
+}
+
+// direct_tile for a Q4_1 weight in the kernel layout (the same arguments), and: xsum [MR, nbp]
+// (nbp: nb rounded up to whole vectors, zeros past nb); sc a scratch of [NO, 2, nbp] floats
+// whose entries past nb are zero. The tile's d and m become fp32 in sc once, the m terms are one
+// lane-wise product over blocks, each block's d a broadcast from sc. Each (row, output) sums
+// x . q per block in the same order as direct_tile; the m terms in another order (float32
+// rounding).
+template <int MR, int NO>
+inline void direct_tile_r(const float* __restrict x, int64_t K, const float* __restrict xsum,
+                          int64_t nbp, const uint8_t* __restrict w, int64_t row_bytes, int64_t o0,
+                          int64_t nout, float* __restrict out, int64_t ldo, const float* bias,
+                          float* __restrict sc) {
+  const int64_t nb = K / kQuantBlock, groups = nb / kGroupBlocks;
+  const uint8_t* rows[NO];
+  for (int o = 0; o < NO; ++o) {
+    rows[o] = w + (o0 + std::min<int64_t>(o, nout - 1)) * row_bytes;
+    halves_to_floats(rows[o], nb, sc + 2 * o * nbp);                // d
+    halves_to_floats(rows[o] + 2 * nb, nb, sc + (2 * o + 1) * nbp);  // m
+  }
+  vf acc[MR][NO];
+  for (int r = 0; r < MR; ++r)
+    for (int o = 0; o < NO; ++o) acc[r][o] = vzero();
+  for (int64_t v = 0; v < nbp; v += kW)
+    for (int o = 0; o < NO; ++o) {
+      const vf mv = vload(sc + (2 * o + 1) * nbp + v);
+      for (int r = 0; r < MR; ++r) acc[r][o] += mv * vload(xsum + r * nbp + v);
+    }
+  // NOTE: one prefetch stream past the tile's contiguous NO * row_bytes bytes, as direct_tile's,
+  // spread over the groups.
+  const uint8_t* ahead = w + o0 * row_bytes + kAheadBytes;
+  const int64_t step = groups > 0 ? (NO * row_bytes + groups - 1) / groups : 0;
+  constexpr int kHeld = kRegs >= 32 ? NO : 1;  // outputs' groups held at once (direct_tile)
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t off = 0; off < step; off += 64) __builtin_prefetch(ahead + g * step + off);
+    for (int held = 0; held < NO; held += kHeld) {
+      vu lanes[kHeld][kLaneVecs];
+      for (int h = 0; h < kHeld; ++h)
+        for (int64_t l = 0; l < kLaneVecs; ++l)
+          lanes[h][l] = vload_bits(rows[held + h] + 4 * nb + g * kGroupBytes + l * 4 * kW);
+      const int64_t b = g * kGroupBlocks;
+      group_step<0, MR, NO, kHeld>(lanes, x, K, b, sc + b, nbp, held, acc);
+      group_step<1, MR, NO, kHeld>(lanes, x, K, b + 1, sc + b + 1, nbp, held, acc);
+      group_step<2, MR, NO, kHeld>(lanes, x, K, b + 2, sc + b + 2, nbp, held, acc);
+      group_step<3, MR, NO, kHeld>(lanes, x, K, b + 3, sc + b + 3, nbp, held, acc);
+    }
+  }
+  for (int64_t b = groups * kGroupBlocks; b < nb; ++b)  // the last nb % 4 blocks: GGUF's bytes
+    for (int held = 0; held < NO; held += kHeld) {
+      vf q[kHeld][kBlockVecs];
+      for (int h = 0; h < kHeld; ++h)
+        gguf_nibbles(rows[held + h] + 4 * nb + groups * kGroupBytes +
+                         (b - groups * kGroupBlocks) * (kQuantBlock / 2),
+                     q[h]);
+      block_step<MR, NO, kHeld>(q, x, K, b, sc + b, nbp, held, acc);
+    }
+  for (int r = 0; r < MR; ++r)
+    for (int o = 0; o < nout; ++o)
+      out[r * ldo + o0 + o] = hsum(acc[r][o]) + (bias != nullptr ? bias[o0 + o] : 0.f);
+}
+
+// direct for a Q4_1 weight in the kernel layout: xsum [m, nbp] (direct_tile_r).
+void direct_r(const float* x, int64_t m, int64_t K, const float* xsum, int64_t nbp,
+              const uint8_t* w, int64_t N, const float* bias, float* out) {
+  const int64_t chunks = (N + kQuantChunk - 1) / kQuantChunk, nbx = nbp;
+  const int64_t row_bytes = (K / kQuantBlock) * kQ4_1Bytes;
+  parallel_for(chunks, [&](int64_t first, int64_t last) {
+    std::vector<float> sc(2 * 4 * nbx, 0.f);  // [NO <= 4, 2, nbp]: d, m per output
+    const int64_t o0 = first * kQuantChunk, o1 = std::min(N, last * kQuantChunk);
+    for (int64_t r = 0; r < m; r += kQuantRows) {
+      const auto rows = [&](auto MR) {
+        constexpr int NO = direct_outs<MR>();
+        for (int64_t o = o0; o < o1; o += NO)
+          direct_tile_r<MR, NO>(x + r * K, K, xsum + r * nbx, nbx, w, row_bytes, o,
+                                std::min<int64_t>(NO, o1 - o), out + r * N, N, bias, sc.data());
+      };
+      switch (std::min<int64_t>(kQuantRows, m - r)) {
+        case 4: if constexpr (kQuantRows >= 4) rows(std::integral_constant<int, 4>{}); break;
+        case 3: if constexpr (kQuantRows >= 3) rows(std::integral_constant<int, 3>{}); break;
+        case 2: rows(std::integral_constant<int, 2>{}); break;
+        default: rows(std::integral_constant<int, 1>{}); break;
+      }
+    }
+  });
+}
+
 // The widened path: kWideOuts outputs' rows dequantized once into an fp32 scratch ([kWideOuts,
 // K] row-major, in L1 for K up to a few thousand), then every row of x against them in register
 // tiles of kWideRows rows by kWideOuts outputs (dot products along K, one horizontal sum per
@@ -323,15 +541,8 @@ inline void dot_tile(const float* __restrict x, int64_t K, const float* __restri
 
 template <class F>
 void dequantize_rows(const uint8_t* w, int64_t N, int64_t K, float* out) {
-  const int64_t nb = K / kQuantBlock;
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t b = 0; b < nb; ++b) {
-      vf q[kBlockVecs];
-      float d, m;
-      F::load(w + (n * nb + b) * F::kBytes, q, d, m);
-      for (int64_t v = 0; v < kBlockVecs; ++v)
-        vstore(out + n * K + b * kQuantBlock + v * kW, q[v] * d + m);
-    }
+  const int64_t row_bytes = (K / kQuantBlock) * F::kBytes;
+  for (int64_t n = 0; n < N; ++n) dequantize_row<F>(w + n * row_bytes, K, out + n * K);
 }
 
 template <class F>
@@ -356,20 +567,15 @@ void widened(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
 
 // Outputs [0, nc) (nc <= kPackedCols) of the weight rows at w dequantized into panel, [K, 32]
 // (input k's 32 outputs in one line, as pack_weight lays out fp32), columns past nc left as they
-// are (never stored by packed_panel_f32).
+// are (never stored by packed_panel_f32); vals: a scratch of K floats.
 template <class F>
-void dequantize_panel(const uint8_t* w, int64_t nc, int64_t K, float* __restrict panel) {
-  const int64_t nb = K / kQuantBlock, row_bytes = nb * F::kBytes;
-  alignas(64) float vals[kQuantBlock];
-  for (int64_t o = 0; o < nc; ++o)
-    for (int64_t b = 0; b < nb; ++b) {
-      vf q[kBlockVecs];
-      float d, m;
-      F::load(w + o * row_bytes + b * F::kBytes, q, d, m);
-      for (int64_t v = 0; v < kBlockVecs; ++v) vstore(vals + v * kW, q[v] * d + m);
-      float* col = panel + b * kQuantBlock * kPackedCols + o;
-      for (int64_t i = 0; i < kQuantBlock; ++i) col[i * kPackedCols] = vals[i];
-    }
+void dequantize_panel(const uint8_t* w, int64_t nc, int64_t K, float* __restrict panel,
+                      float* __restrict vals) {
+  const int64_t row_bytes = (K / kQuantBlock) * F::kBytes;
+  for (int64_t o = 0; o < nc; ++o) {
+    dequantize_row<F>(w + o * row_bytes, K, vals);
+    for (int64_t i = 0; i < K; ++i) panel[i * kPackedCols + o] = vals[i];
+  }
 }
 
 // Many rows (a prefill chunk): each task dequantizes 32 outputs at a time into an fp32 panel laid
@@ -389,10 +595,10 @@ void paneled(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
   const int64_t row_bytes = (K / kQuantBlock) * F::kBytes;
   const int64_t panels = (N + kPackedCols - 1) / kPackedCols;
   parallel_for(panels, [&](int64_t first, int64_t last) {
-    std::vector<float> panel(K * kPackedCols, 0.f);  // [K, 32]
+    std::vector<float> panel(K * kPackedCols, 0.f), vals(K);  // [K, 32], [K]
     for (int64_t p = first; p < last; ++p) {
       const int64_t o = p * kPackedCols, nc = std::min<int64_t>(kPackedCols, N - o);
-      dequantize_panel<F>(w + o * row_bytes, nc, K, panel.data());
+      dequantize_panel<F>(w + o * row_bytes, nc, K, panel.data(), vals.data());
       packed_panel_f32(x, m, K, panel.data(), out + o, N, nc, bias != nullptr ? bias + o : nullptr);
     }
   });
@@ -411,16 +617,22 @@ void linear_quant(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_
     return;
   }
   const int64_t nb = K / kQuantBlock;
-  std::vector<float> xsum(F::kHasMin ? m * nb : 0);
+  // xsum [m, nbs]: sums of x over each block (Q4_1's m terms); the kernel layout's rows are
+  // whole vectors, zero past nb (direct_tile_r)
+  const int64_t nbs = F::kRepacked ? (nb + kW - 1) / kW * kW : nb;
+  std::vector<float> xsum(F::kHasMin ? m * nbs : 0, 0.f);
   if constexpr (F::kHasMin)
     for (int64_t r = 0; r < m; ++r)
       for (int64_t b = 0; b < nb; ++b) {
         const float* xb = x + r * K + b * kQuantBlock;
         float s = 0.f;
         for (int64_t i = 0; i < kQuantBlock; ++i) s += xb[i];
-        xsum[r * nb + b] = s;
+        xsum[r * nbs + b] = s;
       }
-  direct<F>(x, m, K, xsum.data(), w, N, bias, out);
+  if constexpr (F::kRepacked)
+    direct_r(x, m, K, xsum.data(), nbs, w, N, bias, out);
+  else
+    direct<F>(x, m, K, xsum.data(), w, N, bias, out);
 }
 
 }  // namespace
@@ -435,12 +647,21 @@ void linear_q4_1(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t
   linear_quant<Q4_1>(x, m, K, w, N, bias, out);
 }
 
+void linear_q4_1r(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
+                  const float* bias, float* out) {
+  linear_quant<Q4_1R>(x, m, K, w, N, bias, out);
+}
+
 void dequantize_q8_0(const uint8_t* w, int64_t N, int64_t K, float* out) {
   dequantize_rows<Q8_0>(w, N, K, out);
 }
 
 void dequantize_q4_1(const uint8_t* w, int64_t N, int64_t K, float* out) {
   dequantize_rows<Q4_1>(w, N, K, out);
+}
+
+void dequantize_q4_1r(const uint8_t* w, int64_t N, int64_t K, float* out) {
+  dequantize_rows<Q4_1R>(w, N, K, out);
 }
 
 AGENTCACHE_END
