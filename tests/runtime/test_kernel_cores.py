@@ -21,7 +21,13 @@ from tests.runtime.kernel_isas import KERNEL_ISAS
 HERE = Path(__file__).parent
 KERNELS = Path(_build.__file__).parent
 CHECKS = 92
-CORES = ("attention.cpp", "prefill_attention.cpp", "products.cpp", "quantized.cpp")
+CORES = (
+    "attention.cpp",
+    "prefill_attention.cpp",
+    "products.cpp",
+    "quantized.cpp",
+    "q4_1_lanes.cpp",
+)
 """The torch-free sources the self-test links."""
 """Checks the self-test makes (its summary line says how many ran)."""
 

@@ -102,8 +102,9 @@ class NativeKernels(NamedTuple):
     blocks (with ``n = N``). Raises ``RuntimeError`` on another layout, dtype or K."""
     dequantize_blocks: Callable[..., Any]
     """``(blocks) -> [N, K] fp32``: the values of GGUF Q8_0 / Q4_1 blocks (uint8 ``[N, K / 32,
-    34 | 20]``, or ``repack_q4_1``'s ``[N, K / 32 * 20]``), equal to ``dequantize_weight(blocks)`` (both compute ``d * q (+ m)`` in
-    float32); rows split over threads. Raises ``RuntimeError`` on another layout or dtype."""
+    34 | 20]``, or ``repack_q4_1``'s ``[N, K / 32 * 20]``), equal to ``dequantize_weight(blocks)``
+    (both compute ``d * q (+ m)`` in float32); rows split over threads. Raises ``RuntimeError``
+    on another layout or dtype."""
     linear_rows: Callable[..., Any]
     """``(x [..., K] fp32, w [N, K] fp32 input-major, bias [N] fp32 or None) -> [..., N]``:
     ``x . w^T + bias`` for few rows straight from the compact forward's input-major weights

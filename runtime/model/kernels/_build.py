@@ -62,12 +62,13 @@ SOURCES = (
     "prefill_attention.cpp",
     "products.cpp",
     "quantized.cpp",
+    "q4_1_lanes.cpp",
     "ops.cpp",
     "layers.cpp",
     "module.cpp",
 )
 """Translation units, torch-free cores first (module.cpp, the pybind11 one, is the slowest)."""
-_HEADERS = ("vec.h", "cores.h", "ops.h", "layers.h")
+_HEADERS = ("vec.h", "cores.h", "quant_blocks.h", "ops.h", "layers.h")
 _CFLAGS = (
     "-O3", "-fopenmp",
     "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
