@@ -166,19 +166,23 @@ def fused_layer(layer: Any) -> Layer:
 
 
 def quantized_copies(
-    layers: Sequence[Layer], fmt: str, blocks: Mapping[str, torch.Tensor]
+    layers: Sequence[Layer],
+    fmt: str,
+    blocks: Mapping[str, torch.Tensor],
+    *,
+    kernel_layout: bool = False,
 ) -> list[torch.Tensor]:
     """Per layer the GGUF blocks of qkv, o, gate_up and down in ``fmt``: the given ones
     (fused weights concatenate their parts' rows) where every part is given in ``fmt``, else
-    ``quantize_weight`` of the fp32 weight; Q4_1 in the kernel layout (``repack_q4_1``: the same
-    bytes, which one-row products read without byte shuffles)."""
+    ``quantize_weight`` of the fp32 weight; with ``kernel_layout`` Q4_1 in the kernel layout
+    (``repack_q4_1``: the same bytes, which one-row products read without byte shuffles)."""
     copies = []
     for i, layer in enumerate(layers):
         fused = (layer.qkv, layer.o, layer.gate_up, layer.down)
         for parts, weight in zip(FUSED_PARTS, fused, strict=True):
             names = tuple(f"model.layers.{i}.{part}" for part in parts)
             copy = given(blocks, names, weight, fmt, fused=True)
-            copies.append(repack_q4_1(copy) if fmt == "q4_1" else copy)
+            copies.append(repack_q4_1(copy) if kernel_layout and fmt == "q4_1" else copy)
     return copies
 
 
