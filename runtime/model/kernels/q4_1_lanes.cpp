@@ -131,16 +131,16 @@ inline void direct_tile_r(const float* __restrict x, int64_t K, const float* __r
 // direct for a Q4_1 weight in the kernel layout: xsum [m, nbp] (direct_tile_r).
 void direct_r(const float* x, int64_t m, int64_t K, const float* xsum, int64_t nbp,
               const uint8_t* w, int64_t N, const float* bias, float* out) {
-  const int64_t chunks = (N + kQuantChunk - 1) / kQuantChunk, nbx = nbp;
+  const int64_t chunks = (N + kQuantChunk - 1) / kQuantChunk;
   const int64_t row_bytes = (K / kQuantBlock) * kQ4_1Bytes;
   parallel_for(chunks, [&](int64_t first, int64_t last) {
-    std::vector<float> sc(2 * 4 * nbx, 0.f);  // [NO <= 4, 2, nbp]: d, m per output
+    std::vector<float> sc(2 * 4 * nbp, 0.f);  // [NO <= 4, 2, nbp]: d, m per output
     const int64_t o0 = first * kQuantChunk, o1 = std::min(N, last * kQuantChunk);
     for (int64_t r = 0; r < m; r += kQuantRows) {
       const auto rows = [&](auto MR) {
         constexpr int NO = direct_outs<MR>();
         for (int64_t o = o0; o < o1; o += NO)
-          direct_tile_r<MR, NO>(x + r * K, K, xsum + r * nbx, nbx, w, row_bytes, o,
+          direct_tile_r<MR, NO>(x + r * K, K, xsum + r * nbp, nbp, w, row_bytes, o,
                                 std::min<int64_t>(NO, o1 - o), out + r * N, N, bias, sc.data());
       };
       switch (std::min<int64_t>(kQuantRows, m - r)) {
