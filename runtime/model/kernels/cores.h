@@ -86,7 +86,7 @@ void linear_q8_0(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t
                  const float* bias, float* out);
 void linear_q4_1(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
                  const float* bias, float* out);
-// Q4_1 in the kernel layout (quantized.cpp's top; repack_q4_1 in Python): the same 20 bytes a
+// Q4_1 in the kernel layout (quant_blocks.h's top; repack_q4_1 in Python): the same 20 bytes a
 // block, a row's fp16 scales, then its fp16 minimums, then its nibbles in groups of 4 blocks.
 void linear_q4_1r(const float* x, int64_t m, int64_t K, const uint8_t* w, int64_t N,
                   const float* bias, float* out);
