@@ -34,6 +34,7 @@ from runtime.model.attention import (
     sdpa,
 )
 from runtime.model.compact_weights import (
+    KERNEL_LAYOUT_ISAS,
     compact_blocker,
     fused_layer,
     given,
@@ -180,11 +181,8 @@ class CompactLlama:
         self._packed_max_rows = 0
         vectorized = self.native is not None and self.native.is_vectorized
         if vectorized and isinstance(packed, str):
-            # NOTE: Q4_1's kernel layout only where it measured faster: SmolLM2's 30 layers at
-            # one row, 2 threads, alternating rounds: AVX-512 1.03 / 1.07 / 1.15x (1 thread
-            # 1.16 / 1.18 / 1.18x), AVX2 0.92 / 0.95 / 0.97x (q4_1_lanes.cpp); NEON unmeasured
-            is_avx512 = self.native is not None and self.native.isa == "avx512"
-            copies = quantized_copies(self.layers, packed, blocks or {}, kernel_layout=is_avx512)
+            layout = self.native is not None and self.native.isa in KERNEL_LAYOUT_ISAS
+            copies = quantized_copies(self.layers, packed, blocks or {}, kernel_layout=layout)
             # NOTE: a GGUF file stores a tied head once, as the embedding (token_embd)
             tied = model.lm_head.weight is model.model.embed_tokens.weight
             head_names = ("lm_head", "model.embed_tokens") if tied else ("lm_head",)

@@ -19,6 +19,7 @@ from runtime.model.kernels import (
 )
 
 __all__ = [
+    "KERNEL_LAYOUT_ISAS",
     "fused_layer",
     "quantized_copies",
     "to_meta",
@@ -163,6 +164,13 @@ def fused_layer(layer: Any) -> Layer:
         layer.input_layernorm.weight.detach(), qkv, qkv_bias, o, o_bias,
         layer.post_attention_layernorm.weight.detach(), gate_up, down,
     )  # fmt: skip
+
+
+KERNEL_LAYOUT_ISAS = ("avx512",)
+"""The kernel ISAs whose Q4_1 copies take the kernel layout (``repack_q4_1``): only where it
+measured faster. SmolLM2's 30 layers of products at one row, 2 threads, alternating rounds:
+AVX-512 1.03 / 1.07 / 1.15x (1 thread 1.16 / 1.18 / 1.18x), AVX2 0.92 / 0.95 / 0.97x
+(``q4_1_lanes.cpp``); NEON unmeasured."""
 
 
 def quantized_copies(
