@@ -31,6 +31,7 @@ __all__ = [
     "Dtype",
     "EngineConfig",
     "ForwardPath",
+    "KVDtype",
     "WeightsDtype",
     "field_docs",
     "validate",
@@ -54,6 +55,14 @@ embedding to ``QUANT_HEAD_FORMAT``'s, Q8_0; see ``round_weights_quantized``), an
 forward with vectorized native kernels the blocks themselves kept for decode-step products
 (``linear_quantized``: 8.5 / 5 bits a weight). A quantized model is another model: its answers
 are those of the rounded weights, labelled so (``/v1/models``, usage)."""
+KVDtype: TypeAlias = Literal["auto", "float32", "float16"]
+"""The KV cache's element type, apart from the compute dtype (float32 models only; a 16-bit
+model's KV is of its dtype): ``float32`` as computed; ``float16``: keys and values rounded to
+IEEE fp16 (nearest even) when they are written, and every attention, prefill's and decode's,
+reads those rounded values (computing in fp32), so a prefix-cache hit still equals a miss; half
+the KV bytes (memory, the prefix cache's budget, and what each decode step reads); ``auto``:
+``float16`` where the compact forward keeps quantized weight blocks (``q8_0`` / ``q4_1``;
+llama.cpp's default KV type is f16 too), else the model's dtype."""
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 """Prefix cache budget when none is given: 1 GiB of KV blocks."""
 DEFAULT_CHUNK_CACHE_BYTES = 256 << 20
@@ -85,6 +94,12 @@ class EngineConfig:
     are freed). q8_0 / q4_1: a quantized
     model (labelled so): linear weights rounded to GGUF's Q8_0 / Q4_1 blocks (a .gguf file's
     own blocks when it holds them) that decode steps read directly, 8.5 / 5 bits a weight."""
+    kv_dtype: KVDtype = "auto"
+    """KV cache element type: float16 rounds keys and values to fp16 when written (half the KV
+    memory and the bytes a decode step reads; every attention reads the rounded values, so a
+    cache hit still equals a miss; compact forward only); float32 keeps them as computed; auto
+    is float16 for q8_0 / q4_1 weights on the compact forward (like llama.cpp's f16 KV), else
+    the model's dtype (the only choice for a 16-bit dtype)."""
     forward: ForwardPath = "auto"
     """Which forward runs the model: auto (the compact Llama-family forward where it applies,
     else the model's own), compact, or transformers (the reference)."""
@@ -186,6 +201,7 @@ def validate(values: Mapping[str, Any], spell: Callable[[str], str] = str) -> No
     get = values.get
     _choice("dtype", get("dtype", "float32"), get_args(Dtype), spell)
     _choice("forward", get("forward", "auto"), get_args(ForwardPath), spell)
+    _choice("kv_dtype", get("kv_dtype", "auto"), get_args(KVDtype), spell)
     _choice("eviction", get("eviction", "adaptive"), EVICTION_POLICIES, spell)
     weights, dtype = get("weights", "float32"), get("dtype", "float32")
     if weights not in get_args(WeightsDtype):
@@ -195,6 +211,11 @@ def validate(values: Mapping[str, Any], spell: Callable[[str], str] = str) -> No
     if weights != "float32" and dtype != "float32":
         raise ValueError(
             f"{spell('weights')} {weights} needs {spell('dtype')} float32, not {dtype}"
+        )
+    kv_dtype = get("kv_dtype", "auto")
+    if kv_dtype != "auto" and dtype != "float32":
+        raise ValueError(
+            f"{spell('kv_dtype')} {kv_dtype} needs {spell('dtype')} float32, not {dtype}"
         )
     if get("block_size", 16) < 1:
         raise ValueError(f"{spell('block_size')} must be >= 1, got {get('block_size')!r}")

@@ -96,8 +96,8 @@ class Engine:
         Raises:
             TypeError: an option that is not an ``EngineConfig`` field.
             ValueError: an option out of range (``EngineConfig``), ``forward="compact"`` on a
-                model outside the compact family, or ``weights`` other than ``"float32"`` on
-                a model that is not float32.
+                model outside the compact family, ``weights`` other than ``"float32"`` on
+                a model that is not float32, or ``kv_dtype="float16"`` off the compact forward.
             ModelLoadError: when the model exposes no usable per-layer KV cache.
             OSError: ``kv_disk_dir`` cannot be created or read.
         """
@@ -105,7 +105,11 @@ class Engine:
         self.config = config
         """The options this engine runs with (frozen; what loading found lives on the engine)."""
         self.runner = ModelRunner(
-            model, forward=config.forward, weights=config.weights, blocks=weight_blocks
+            model,
+            forward=config.forward,
+            weights=config.weights,
+            blocks=weight_blocks,
+            kv_dtype=config.kv_dtype,
         )
         logger.info("forward path for %r: %s (%s)", model_id, self.runner.path,
                     self.runner.path_reason or "supported")  # fmt: skip
@@ -177,6 +181,12 @@ class Engine:
     def weights(self) -> WeightsDtype:
         """How the model holds its weights (``WeightsDtype``; ``"q4_1"``: a quantized model)."""
         return self.runner.weights
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's element type as loading resolved ``EngineConfig.kv_dtype``:
+        ``"float16"`` (keys and values rounded to fp16 when written) or the model's dtype."""
+        return str(self.runner.kv_dtype).removeprefix("torch.")
 
     @property
     def forward_path(self) -> str:

@@ -104,7 +104,7 @@ class KVStores:
             head_dim=shape.head_dim,
             block_size=block_size,
             budget_bytes=budget,
-            dtype=self.runner.dtype,
+            dtype=self.runner.kv_dtype,
             device=self.runner.device,
         )
 
@@ -120,7 +120,8 @@ class KVStores:
 
     def _make_disk_tier(self, path: str, budget: int) -> DiskTier:
         pool = self.prefix_cache.pool
-        layout = f"{pool.block_shape}|{self.runner.dtype}"
+        # NOTE: the KV element type, not the compute dtype: fp16 blocks never meet fp32 ones
+        layout = f"{pool.block_shape}|{self.runner.kv_dtype}"
         fingerprint = f"{self.runner.fingerprint}|{layout}"
         return DiskTier(path, budget_bytes=budget, fingerprint=fingerprint,
-                        block_shape=pool.block_shape, dtype=self.runner.dtype)  # fmt: skip
+                        block_shape=pool.block_shape, dtype=self.runner.kv_dtype)  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from runtime.config import KVDtype
 from runtime.engine import Engine
 from runtime.model.runner import (
     ForwardPath,
@@ -128,6 +129,7 @@ def kernels_record() -> tuple[str, dict[str, str | bool | None]]:
 def bench_engine(
     model: Any, *, kv_bytes: int, prefix_cache: bool = True, forward: ForwardPath = "auto",
     disk_dir: str | None = None, disk_bytes: int = 0, weights: WeightsDtype = "float32",
+    kv_dtype: KVDtype = "auto",
 ) -> Engine:  # fmt: skip
     disk: dict[str, Any] = {} if disk_dir is None else {"kv_disk_dir": disk_dir,
                                                          "kv_disk_bytes": disk_bytes}  # fmt: skip
@@ -141,7 +143,7 @@ def bench_engine(
         model = copy.deepcopy(model)
     return Engine(model, NullTokenizer(), model_id="bench-w1", kv_cache_bytes=kv_bytes,
                   prefix_cache=prefix_cache, forward=forward, weights=weights,
-                  **disk)  # fmt: skip
+                  kv_dtype=kv_dtype, **disk)  # fmt: skip
 
 
 def ttft(eng: Engine, ids: list[int], *, use_cache: bool = True, max_tokens: int = 1) -> Any:

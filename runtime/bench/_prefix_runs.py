@@ -83,8 +83,14 @@ def measure_prefix(
     suffixes = [toks(args.suffix_len) for _ in range(reps + 1)]
     kv_bytes = args.kv_cache_bytes
     eng, off = (
-        bench_engine(model, kv_bytes=kv_bytes, weights=args.weights),
-        bench_engine(model, kv_bytes=kv_bytes, prefix_cache=False, weights=args.weights),
+        bench_engine(model, kv_bytes=kv_bytes, weights=args.weights, kv_dtype=args.kv_dtype),
+        bench_engine(
+            model,
+            kv_bytes=kv_bytes,
+            prefix_cache=False,
+            weights=args.weights,
+            kv_dtype=args.kv_dtype,
+        ),
     )
     products = products_record(eng)
     ttft(eng, prefix + suffixes[-1])  # warm-up + store the prefix
@@ -134,8 +140,10 @@ def measure_peers(
     threads = torch.get_num_threads()
     peer = LlamaCppPeer(peer_python(args.llama_cpp), Path(gguf), n_ctx=n_ctx, threads=threads)
     paths: tuple[ForwardPath, ...] = ("compact", "transformers")
+    # NOTE: kv_dtype float16 exists on the compact forward only: transformers keeps fp32 K/V
+    kv = {"compact": args.kv_dtype, "transformers": "auto"}
     engines = {p: bench_engine(model, kv_bytes=args.kv_cache_bytes, forward=p,
-                               weights=args.weights) for p in paths}  # fmt: skip
+                               weights=args.weights, kv_dtype=kv[p]) for p in paths}  # fmt: skip
     rng = random.Random(1)
     hw = [measure_hardware()]
     out: dict[str, list[float]] = {}

@@ -38,6 +38,7 @@ from runtime.bench.llama_cpp_peer import (
     gguf_problem,
     peer_python,
 )
+from runtime.config import KVDtype
 from runtime.engine import Engine
 from runtime.model.runner import WeightsDtype
 from runtime.serve.argtypes import positive_int
@@ -85,7 +86,8 @@ def _measure_restart(args: argparse.Namespace) -> dict[str, float]:
 
         def engine() -> Engine:
             return bench_engine(model, kv_bytes=args.kv_cache_bytes, disk_dir=disk_dir,
-                                disk_bytes=8 << 30, weights=args.weights)  # fmt: skip
+                                disk_bytes=8 << 30, weights=args.weights,
+                                kv_dtype=args.kv_dtype)  # fmt: skip
 
         first = engine()
         ttft(first, prefix + toks(args.suffix_len))
@@ -157,6 +159,13 @@ def prefix_main(argv: list[str]) -> int:
         "converter; q4_1 needs --gguf, which the converter cannot write); default float32",
     )
     p.add_argument(
+        "--kv-dtype",
+        choices=list(get_args(KVDtype)),
+        default="auto",
+        help="our engine's KV cache element type (serve --kv-dtype): auto is float16 with "
+        "q8_0 / q4_1 weights (llama.cpp's f16 KV), else the model's; default auto",
+    )
+    p.add_argument(
         "--gguf",
         default=None,
         help="give llama.cpp this GGUF instead of converting the weights (of the same model: "
@@ -188,7 +197,7 @@ def prefix_main(argv: list[str]) -> int:
     kernels_line, kernels = kernels_record()
     workload = "W1" if args.model is None else f"model {args.model}"
     header = {"workload": workload, "layers": args.layers, "prefix_len": args.prefix_len,
-              "dtype": args.dtype, "weights": args.weights,
+              "dtype": args.dtype, "weights": args.weights, "kv_dtype": args.kv_dtype,
               "kernel_isa": kernels["isa"] or "off"}  # fmt: skip
     if args.warm_restart:
         report(_measure_restart(args), args.json, {**header, "suffix_len": args.suffix_len})

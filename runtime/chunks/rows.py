@@ -85,8 +85,8 @@ class RowForward:
         """Layer ``i`` for ``rows`` (``h`` is theirs): write their K/V, attend causally to all."""
         qs, ks, vs = qkv
         at = self.positions[rows]  # [r]
-        self.kv[i, 0].index_copy_(1, at, ks[0])
-        self.kv[i, 1].index_copy_(1, at, vs[0])
+        self.kv[i, 0].index_copy_(1, at, ks[0].to(self.kv.dtype))  # an fp16 KV rounds here
+        self.kv[i, 1].index_copy_(1, at, vs[0].to(self.kv.dtype))
         allowed = self.cols.unsqueeze(0) <= at.unsqueeze(1)  # [r, n]
         keys, values = self.kv[i, 0].unsqueeze(0), self.kv[i, 1].unsqueeze(0)
         attn = self.model.attend(qs, keys, values, allowed.view(1, 1, len(rows), -1))

@@ -356,8 +356,9 @@ class BatchKV:
         """
         n, end = keys.shape[0], self.step_kv_len
         k_buf, v_buf = self.buffer[layer_idx, 0], self.buffer[layer_idx, 1]
-        k_buf[self._step_rows, :, self._step_pos] = keys[:, :, 0]
-        v_buf[self._step_rows, :, self._step_pos] = values[:, :, 0]
+        # NOTE: an fp16 buffer rounds here (to nearest even), as every other write does
+        k_buf[self._step_rows, :, self._step_pos] = keys[:, :, 0].to(k_buf.dtype)
+        v_buf[self._step_rows, :, self._step_pos] = values[:, :, 0].to(v_buf.dtype)
         return k_buf[:n, :, :end], v_buf[:n, :, :end]
 
     def check_integrity(self) -> None:

@@ -32,6 +32,7 @@ from runtime.model.attention import (
     decode_mask,
     lse_attention,
     sdpa,
+    widened,
 )
 from runtime.model.compact_weights import (
     KERNEL_LAYOUT_ISAS,
@@ -65,6 +66,10 @@ __all__ = [
     "StepSlots",
     "compact_blocker",
 ]
+
+NATIVE_KV_DTYPES = (torch.float32,)
+"""KV element types the native decode kernels read (``decode_attention``, the C++ layer loop);
+an fp16 KV cache is attended in torch over widened copies (``attention.widened``)."""
 
 PACKED_MAX_ROWS = FEW_ROWS
 """With packed weights (``CompactLlama``'s ``packed``), products of at most this many rows
@@ -265,7 +270,9 @@ class CompactLlama:
         One query per row (a decode step) takes the native kernel when there is one and the
         mask is additive ``[B, 1, 1, kv_len]`` or None, else two batched matrix products and a
         softmax (``decode_attention``); longer queries take SDPA. ``mask``: boolean (True =
-        attend) or additive float, broadcast to ``[B, 1, q, kv_len]``.
+        attend) or additive float, broadcast to ``[B, 1, q, kv_len]``. K/V of an fp16 KV cache
+        under fp32 queries are attended as their fp32 values (the native kernel widens them
+        itself; the torch paths take a widened copy).
 
         NOTE: torch's bf16 attention on CPU runs about 6x slower than fp32 (measured in issue
         19's profile: ~35 ms vs ~6 ms per decode step on W1), while the upcast of one layer's
@@ -281,16 +288,18 @@ class CompactLlama:
             assert self.native is not None
             flat = None if mask is None else mask.reshape(mask.shape[0], -1)
             out = self.native.decode_attention(q[:, :, 0], k, v, flat, self.scale).unsqueeze(2)
-        elif q.shape[2] == 1:
+            return out if dtype == torch.float32 else out.to(dtype)
+        k, v = widened(k, q.dtype), widened(v, q.dtype)
+        if q.shape[2] == 1:
             out = decode_attention(q, k, v, mask, self.scale)
         else:
             out = sdpa(q, k, v, mask, self.scale)
         return out if dtype == torch.float32 else out.to(dtype)
 
     def _native_fits(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
-        """Whether the native kernel takes this step: CPU, K/V rows contiguous, and the mask
-        None or additive with one value per (row, key)."""
-        if self.native is None or k.device.type != "cpu":
+        """Whether the native kernel takes this step: CPU, K/V fp32 or fp16 with rows
+        contiguous, and the mask None or additive with one value per (row, key)."""
+        if self.native is None or k.device.type != "cpu" or k.dtype not in NATIVE_KV_DTYPES:
             return False
         if k.stride(-1) != 1 or v.stride(-1) != 1:
             return False
@@ -401,7 +410,9 @@ class CompactLlama:
         cos, sin = self.rope(h, positions)
         if mask is not None and ids.shape[1] == 1 and mask.dtype == torch.bool:
             mask = decode_mask(mask)
-        if slots is not None and ids.shape[1] == 1 and self._layers_native is not None:
+        native_slots = slots is not None and slots.buffer.dtype in NATIVE_KV_DTYPES
+        if native_slots and ids.shape[1] == 1 and self._layers_native is not None:
+            assert slots is not None
             h = self._layers_native.run(
                 h, cos, sin, slots.buffer, slots.rows, slots.pos, slots.kv_len, mask,
                 slots.src, slots.shared,
@@ -460,7 +471,7 @@ class CompactLlama:
             for seg, mask in zip(segments, masks, strict=True):
                 part = slice(start, start + seg.length)
                 keys, values = seg.write_kv(i, ks[:, :, part], vs[:, :, part])
-                parts.append((part, keys, values, mask))
+                parts.append((part, widened(keys, qs.dtype), widened(values, qs.dtype), mask))
                 start += seg.length
             if cascade and qs.dtype == torch.float32 and qs.device.type == "cpu":
                 attn = self._attend_cascade(qs, parts, shared_len, own_masks)

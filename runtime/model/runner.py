@@ -14,7 +14,7 @@ from typing import Any, Literal, NamedTuple, get_args
 import torch
 from transformers import DynamicCache
 
-from runtime.config import ForwardPath, WeightsDtype
+from runtime.config import ForwardPath, KVDtype, WeightsDtype
 from runtime.exceptions import ModelLoadError
 from runtime.model.attention import Segment, prefill_mask
 from runtime.model.batch_kv import BatchKV
@@ -89,6 +89,7 @@ class ModelRunner:
         forward: ForwardPath = "auto",
         weights: WeightsDtype = "float32",
         blocks: Mapping[str, torch.Tensor] | None = None,
+        kv_dtype: KVDtype = "auto",
     ) -> None:
         """Wrap a loaded model.
 
@@ -112,12 +113,19 @@ class ModelRunner:
             blocks: With a quantized ``weights``, GGUF blocks by module name to keep as they
                 are (a ``.gguf`` file's own tensors: ``runtime.model.gguf_blocks``); see
                 ``CompactLlama``'s ``blocks``.
+            kv_dtype: The KV cache's element type (``EngineConfig.kv_dtype``): ``"float16"``
+                rounds keys and values to fp16 when written (the compact forward attends over
+                the rounded values everywhere), ``"float32"`` keeps them; ``"auto"``:
+                ``"float16"`` where the compact forward keeps quantized blocks, else the
+                model's dtype.
 
         Raises:
             ValueError: ``forward="compact"`` on a model ``compact_blocker`` refuses, an unknown
                 ``weights``, ``weights`` other than ``"float32"`` on a model that is not
                 float32, a quantized ``weights`` on a model with a linear layer whose input size
-                is not a multiple of 32 (named), or ``blocks`` that do not fit their weights.
+                is not a multiple of 32 (named), ``blocks`` that do not fit their weights, or
+                a ``kv_dtype`` other than ``"auto"`` on a model that is not float32 or (for
+                ``"float16"``) off the compact forward.
         """
         self.model = model
         self.device = next(model.parameters()).device
@@ -126,6 +134,9 @@ class ModelRunner:
             raise ValueError(f"unknown weights {weights!r}; valid: {sorted(_WEIGHTS)}")
         if weights != "float32" and self.dtype != torch.float32:
             raise ValueError(f"weights={weights!r} needs a float32 model (dtype='float32'), "
+                             f"not {self.dtype}")  # fmt: skip
+        if kv_dtype != "auto" and self.dtype != torch.float32:
+            raise ValueError(f"kv_dtype={kv_dtype!r} needs a float32 model (dtype='float32'), "
                              f"not {self.dtype}")  # fmt: skip
         if weights == "bfloat16":
             round_weights_bf16(model)
@@ -178,6 +189,25 @@ class ModelRunner:
         """Why the compact forward is not used (None when it is)."""
         if self.compact is not None:
             self.batch_blocker = None  # NOTE: the compact forward builds its own decode masks.
+        self.kv_dtype = self._kv_dtype(kv_dtype)
+        """The KV cache's element type (``torch.float16``: rounded when written, see
+        ``EngineConfig.kv_dtype``); every KV buffer, the batch KV, the pool and the disk tier
+        hold it."""
+
+    def _kv_dtype(self, choice: KVDtype) -> torch.dtype:
+        """``kv_dtype``'s torch dtype (see ``__init__``).
+
+        Raises:
+            ValueError: ``"float16"`` off the compact forward (transformers' attention takes
+                one dtype for queries and keys).
+        """
+        if choice == "float16" and self.compact is None:
+            raise ValueError(f"kv_dtype='float16' needs the compact forward: {self.path_reason}")
+        if choice == "auto":
+            quantized = self.weights in ("q8_0", "q4_1")
+            kept = self.compact is not None and self.compact.packed_products
+            return torch.float16 if quantized and kept else self.dtype
+        return torch.float16 if choice == "float16" else torch.float32
 
     @property
     def decode_attention(self) -> str:
@@ -205,7 +235,7 @@ class ModelRunner:
             num_kv_heads=self.kv_shape.num_kv_heads,
             head_dim=self.kv_shape.head_dim,
             capacity=capacity,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
             device=self.device,
         )
 

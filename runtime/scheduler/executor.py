@@ -76,7 +76,7 @@ class Executor:
             num_layers=shape.num_layers,
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
-            dtype=runner.dtype,
+            dtype=runner.kv_dtype,
             device=runner.device,
             budget_bytes=config.batch_kv_bytes,
         )

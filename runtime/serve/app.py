@@ -468,6 +468,8 @@ def _model_card(engine: ServingEngine) -> dict[str, Any]:
         "max_model_len": engine.max_context_len,
         # NOTE: our extension: a quantized model is another model than its fp32 original
         "weights": getattr(engine, "weights", "float32"),
+        # NOTE: an fp16 KV cache rounds what attention reads: answers differ in the last bits
+        "kv_cache_dtype": getattr(engine, "kv_dtype", None),
     }
 
 

@@ -175,9 +175,10 @@ def _unusable_dir(folder: str) -> str | None:
 
 
 def _runs(engine: ServingEngine) -> str:
-    """``" (float32, compact forward, native decode attention)"``: what a local ``Engine`` runs,
-    ending ``", oneDNN products"`` where its fp32 products run there (``fp32_products``; ""
-    for other engines)."""
+    """``" (float32, compact forward, native decode attention)"``: what a local ``Engine`` runs
+    (``" (float32, q4_1 weights, float16 KV cache, compact ..."`` where the KV cache's element
+    type is not the model's), ending ``", oneDNN products"`` where its fp32 products run there
+    (``fp32_products``; "" for other engines)."""
     runner, path = getattr(engine, "runner", None), getattr(engine, "forward_path", None)
     if runner is None or path is None:
         return ""
@@ -185,9 +186,11 @@ def _runs(engine: ServingEngine) -> str:
     compact = getattr(runner, "compact", None)
     label = compact.products_label if compact is not None else ""
     products = f", {label}" if label else ""
+    kv_dtype = getattr(runner, "kv_dtype", runner.dtype)
+    kv = "" if kv_dtype == runner.dtype else f", {str(kv_dtype).removeprefix('torch.')} KV cache"
     return (
-        f" ({str(runner.dtype).removeprefix('torch.')}{_weights(runner)}, {path} forward{kernel}"
-        f"{products})"
+        f" ({str(runner.dtype).removeprefix('torch.')}{_weights(runner)}{kv}, {path} forward"
+        f"{kernel}{products})"
     )
 
 

@@ -50,10 +50,13 @@ def block_file(engine: Engine, ids: list[int], index: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "llama-kv16"])
 def test_blocks_loaded_from_disk_give_the_cache_off_answer(tmp_path: Path, arch: str) -> None:
+    """``llama-kv16``: an fp16 KV cache's blocks round-trip through disk as they are."""
+    arch, _, kv = arch.partition("-")
     model_dir = save_tiny_model(arch, tmp_path / arch)
-    engine = disk_engine(model_dir, tmp_path / "kv")
+    engine = disk_engine(model_dir, tmp_path / "kv", kv_dtype="float16" if kv else "auto")
+    assert engine.prefix_cache.pool.data.dtype == (torch.float16 if kv else torch.float32)
     for ids in prompts(1, 3, 22):
         ref = run(engine, ids, 6, use_cache=False)
         run(engine, ids, 6, use_cache=True)
@@ -69,7 +72,7 @@ def test_blocks_loaded_from_disk_give_the_cache_off_answer(tmp_path: Path, arch:
     engine.close()
 
 
-def test_warm_restart_hits_from_disk_and_other_weights_or_dtype_never_do(tmp_path: Path) -> None:
+def test_warm_restart_hits_from_disk_and_other_weights_or_dtypes_never_do(tmp_path: Path) -> None:
     model_dir = save_tiny_model("llama", tmp_path / "m")
     (ids,) = prompts(2, 1, 30)
     first = disk_engine(model_dir, tmp_path / "kv")
@@ -91,6 +94,10 @@ def test_warm_restart_hits_from_disk_and_other_weights_or_dtype_never_do(tmp_pat
     assert run(other_dtype, ids, 2, use_cache=True)[2] == 0
     other_dtype.check_integrity()
     other_dtype.close()
+    other_kv = disk_engine(model_dir, tmp_path / "kv", kv_dtype="float16")  # fp16 KV blocks
+    assert run(other_kv, ids, 2, use_cache=True)[2] == 0
+    other_kv.check_integrity()
+    other_kv.close()
 
 
 def test_corrupted_and_truncated_block_files_are_misses_never_wrong(tmp_path: Path) -> None:

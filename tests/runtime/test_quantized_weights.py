@@ -263,6 +263,9 @@ def test_quantized_engine_cache_on_equals_off(arch: str, fmt: str, tmp_path: Pat
     else:
         head = engine.runner.model.lm_head.weight
         assert torch.equal(dequantize_weight(quantize_weight(head, head_fmt)), head)
+    # NOTE: kv_dtype "auto": an fp16 KV cache where the blocks are read (the hit below reads it)
+    reads_blocks = compact is not None and compact.packed_products
+    assert engine.kv_dtype == ("float16" if reads_blocks else "float32")
     ids = [(11 * i + 5) % 90 + 3 for i in range(37)]
     run(engine, ids[:20], 1, use_cache=True)  # warm the cache with a prefix
     miss = run(engine, ids, 8, use_cache=False)
@@ -369,7 +372,7 @@ def test_server_labels_a_quantized_model(tmp_path: Path) -> None:
     engine = Engine.from_pretrained(_tiny("llama", tmp_path), weights="q8_0")
     with ServerThread(create_app(engine)) as url, httpx.Client(base_url=url) as client:
         card = client.get("/v1/models").json()["data"][0]
-        assert card["weights"] == "q8_0"
+        assert card["weights"] == "q8_0" and card["kv_cache_dtype"] == engine.kv_dtype
         body = {"model": engine.model_id, "prompt": "abc", "max_tokens": 2}
         for stream in (False, True):
             resp = client.post("/v1/completions", json={**body, "stream": stream})

@@ -1,0 +1,133 @@
+"""An fp16 KV cache (``kv_dtype``): K/V rounded when written, attended as their rounded values.
+
+A hit still equals a miss (both attend over the same rounded values), batched decode equals a
+request alone (test_batch_exactness's ``llama-kv16``) and blocks survive the disk tier
+(test_disk_tier_engine). The answers are another model's within fp16 rounding of K/V: close to
+the fp32 cache's, not equal. ``auto`` picks fp16 only where quantized blocks are read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.chunks.spans import ChunkReuse
+from runtime.config import EngineConfig
+from runtime.engine import Engine
+from runtime.model.kv_cache import RequestKVCache
+from runtime.serve.cli import _runs
+from tests.conftest import VOCAB_SIZE, save_tiny_model
+from tests.runtime.kernel_isas import chosen_kernels
+from tests.runtime.test_engine_exactness import assert_same_answer, run
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def engines(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Engine, Engine]:
+    """The same tiny model with an fp16 and an fp32 KV cache."""
+    path = str(save_tiny_model(request.param, Path(tmp_path_factory.mktemp(request.param))))
+    half = Engine.from_pretrained(path, kv_cache_bytes=1 << 22, block_size=4, kv_dtype="float16")
+    full = Engine.from_pretrained(path, kv_cache_bytes=1 << 22, block_size=4, kv_dtype="float32")
+    return half, full
+
+
+def test_every_kv_store_holds_fp16(engines: tuple[Engine, Engine]) -> None:
+    half, full = engines
+    assert half.kv_dtype == "float16" and full.kv_dtype == "float32"
+    assert half.prefix_cache.pool.data.dtype == torch.float16
+    assert half.scheduler.batch.buffer.dtype == torch.float16
+    assert half.chunk_store.pool.data.dtype == torch.float16
+    assert isinstance(half.runner.new_cache(4), RequestKVCache)
+    assert half.runner.new_cache(4).buffer.dtype == torch.float16
+    # half the bytes per cached block: twice the blocks in the same budget
+    assert half.prefix_cache.pool.num_blocks == 2 * full.prefix_cache.pool.num_blocks
+    assert ", float16 KV cache" in _runs(half) and "KV cache" not in _runs(full)
+
+
+@settings(max_examples=5, deadline=None)
+@given(data=st.data())
+def test_fp16_hit_matches_fp16_miss(engines: tuple[Engine, Engine], data: st.DataObject) -> None:
+    half, _ = engines
+    ids = data.draw(st.lists(st.integers(3, VOCAB_SIZE - 1), min_size=2, max_size=48))
+    split = data.draw(st.integers(1, len(ids)))
+    run(half, ids[:split], 1, use_cache=True)  # warm the cache with a prefix
+    miss = run(half, ids, 6, use_cache=False)
+    hit = run(half, ids, 6, use_cache=True)
+    assert hit[2] >= min((split // 4) * 4, len(ids) - 1)
+    assert_same_answer(miss[:2], hit[:2])
+    half.check_integrity()
+
+
+def test_fp16_answers_are_close_to_fp32_not_equal(engines: tuple[Engine, Engine]) -> None:
+    """Rounding K/V to fp16 moves the logits (so the KV really is rounded) by about fp16's
+    relative precision (2^-11) of their scale, no more."""
+    half, full = engines
+    ids = [(7 * i + 3) % (VOCAB_SIZE - 3) + 3 for i in range(40)]
+    got, want = run(half, ids, 1, use_cache=False), run(full, ids, 1, use_cache=False)
+    diff = (got[1][0] - want[1][0]).abs().max().item()
+    assert 0 < diff < 1e-2, diff
+
+
+def test_auto_is_fp16_only_where_quantized_blocks_are_read(tmp_path: Path) -> None:
+    path = str(save_tiny_model("llama", tmp_path / "m"))
+    assert Engine.from_pretrained(path).kv_dtype == "float32"
+    q8 = Engine.from_pretrained(_wide(path), weights="q8_0")
+    reads_blocks = q8.runner.compact is not None and q8.runner.compact.packed_products
+    assert reads_blocks == chosen_kernels().is_vectorized
+    assert q8.kv_dtype == ("float16" if reads_blocks else "float32")
+    assert Engine.from_pretrained(_wide(path), weights="q8_0", kv_dtype="float32").kv_dtype == (
+        "float32"
+    )
+    assert Engine.from_pretrained(path, dtype="bfloat16").kv_dtype == "bfloat16"
+
+
+def _wide(path: str) -> str:
+    """The tiny model at ``path`` widened to whole blocks of 32 (hidden 64, MLP 128), saved
+    next to it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    config.hidden_size, config.intermediate_size = 64, 128
+    torch.manual_seed(1)
+    wide = Path(path).with_name("wide")
+    AutoModelForCausalLM.from_config(config).save_pretrained(wide)
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(path).save_pretrained(wide)
+    return str(wide)
+
+
+def test_refusals_name_the_problem(tmp_path: Path) -> None:
+    path = str(save_tiny_model("llama", tmp_path / "m"))
+    with pytest.raises(ValueError, match="kv_dtype float16 needs dtype float32"):
+        EngineConfig(kv_dtype="float16", dtype="bfloat16")
+    with pytest.raises(ValueError, match="kv_dtype must be one of"):
+        EngineConfig(kv_dtype="int8")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="kv_dtype='float16' needs the compact forward"):
+        Engine.from_pretrained(path, forward="transformers", kv_dtype="float16")
+    gpt2 = str(save_tiny_model("gpt2", tmp_path / "g"))
+    with pytest.raises(ValueError, match="needs the compact forward"):
+        Engine.from_pretrained(gpt2, kv_dtype="float16")
+
+
+def test_chunk_reuse_moves_fp16_chunks(engines: tuple[Engine, Engine]) -> None:
+    """Chunks stored as fp16 are moved (keys re-rotated in fp32, rounded back) and reused; the
+    answer stays within fp16 rounding of the fp32 cache's (one more rounding of moved keys)."""
+    from tests.runtime.test_chunk_reuse import rag_prompt
+    from tests.runtime.test_chunk_reuse import run as run_chunks
+
+    half, full = engines
+    half.flush_cache()
+    first, first_spans = rag_prompt([0, 1, 2])
+    run_chunks(half, first, ChunkReuse(first_spans, "exact"), n=1)
+    ids, spans = rag_prompt([2, 0, 1])
+    got, logits = run_chunks(half, ids, ChunkReuse(spans, "exact"), n=1)
+    assert got.usage.chunk_reuse is not None and got.usage.chunk_reuse.missed_tokens == 0
+    want = run_chunks(full, ids, ChunkReuse(spans, "exact"), n=1)[1]
+    assert (want[0] - logits[0]).abs().max().item() < 1e-2
+    half.check_integrity()
