@@ -1,7 +1,8 @@
 // Runs the torch-free kernel cores (runtime/model/kernels/attention.cpp, products.cpp, quantized.cpp)
-// of one ISA's build against float64 loops written here, serially (vec.h's default threads). Built by
-// tests/runtime/test_kernel_cores.py for each ISA this machine runs, and for NEON with an aarch64
-// cross compiler, run under qemu: so the NEON path is executed, not only compiled, on x86.
+// and half.h's fp16 conversions of one ISA's build against float64 loops written here, serially
+// (vec.h's default threads). Built by tests/runtime/test_kernel_cores.py for each ISA this
+// machine runs, and for NEON with an aarch64 cross compiler, run under qemu: so the NEON path is
+// executed, not only compiled, on x86.
 // Prints one line per failed check and a summary; exit status 0 when every check passed.
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "cores.h"
+#include "half.h"
 
 namespace ac = agentcache;
 
@@ -355,7 +357,153 @@ void check_linear_quant(int64_t m, int64_t N, int64_t K, bool q41) {
 
 }  // namespace
 
+// Bits equal everywhere (one check).
+void expect_bits(const char* what, const uint16_t* got, const std::vector<uint16_t>& want,
+                 const std::vector<float>& from) {
+  ++checks;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (got[i] != want[i]) {
+      ++failures;
+      std::printf("FAIL %s: [%zu] %.9g (bits %08x) gave %04x want %04x\n", what, i, from[i],
+                  [&] { uint32_t b; std::memcpy(&b, &from[i], 4); return b; }(), got[i], want[i]);
+      return;
+    }
+}
+
+float from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// The value of fp16 bits h from its fields (IEEE 754 binary16), float64; NaN for NaN.
+double half_value(uint16_t h) {
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (e == 0x1F) return m ? NAN : sign * INFINITY;
+  return sign * (e ? std::ldexp(1024 + m, e - 25) : std::ldexp(m, -24));
+}
+
+// half.h: every fp16 value widens to its exact value; narrowing rounds to nearest, ties to even,
+// on every path (the vector loop, the build's per-element conversion, the integer one): each
+// finite half itself, each midpoint between neighbours (to the even one; 65520 to inf), a float
+// either side of it, huge and tiny values, inf and NaN.
+void check_half_conversion() {
+  std::vector<uint16_t> all(65536);
+  for (uint32_t h = 0; h < 65536; ++h) all[h] = uint16_t(h);
+  std::vector<float> wide(65536);
+  ac::widen_halves(all.data(), 65536, wide.data());
+  ++checks;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const double want = half_value(uint16_t(h));
+    uint32_t bits;  // NOTE: the sign read from the bits (-fno-signed-zeros folds signbit)
+    std::memcpy(&bits, &wide[h], 4);
+    const bool ok = std::isnan(want) ? std::isnan(wide[h])
+                                     : double(wide[h]) == want && (bits >> 31) == (h >> 15);
+    const float one = ac::half_bits_to_float(uint16_t(h));
+    if (!ok || std::memcmp(&one, &wide[h], 4) != 0) {
+      ++failures;
+      std::printf("FAIL widen_halves: %04x gave %.9g want %.9g\n", h, wide[h], want);
+      break;
+    }
+  }
+  std::vector<float> in;
+  std::vector<uint16_t> want;
+  for (uint16_t sign : {0, 0x8000})
+    for (uint32_t h = 0; h < 0x7C00; ++h) {
+      const double lo = half_value(uint16_t(h));
+      const double hi = h < 0x7BFF ? half_value(uint16_t(h + 1)) : 65536;  // 0x7C00: inf
+      const float mid = float((lo + hi) / 2), s = sign ? -1.f : 1.f;
+      const uint16_t even = uint16_t((h & 1) ? h + 1 : h) | sign;
+      in.insert(in.end(),
+                {s * mid, s * std::nextafter(mid, 0.f), s * std::nextafter(mid, INFINITY)});
+      want.insert(want.end(), {even, uint16_t(h | sign), uint16_t((h + 1) | sign)});
+      if (h == 0 && sign) continue;  // NOTE: -0: -fno-signed-zeros may store it as +0 (NEON)
+      in.push_back(s * float(lo));
+      want.push_back(uint16_t(h | sign));
+    }
+  for (float big : {1e10f, 65519.996f, 65520.f, INFINITY, 1e-30f, 2.9802322e-08f}) {
+    for (float s : {1.f, -1.f}) {
+      in.push_back(s * big);
+      const uint16_t sign = s < 0 ? 0x8000 : 0;
+      want.push_back(big >= 65520.f   ? uint16_t(0x7C00 | sign)
+                     : big > 65000.f ? uint16_t(0x7BFF | sign)
+                                     : sign);  // 2^-25: a tie, to 0
+    }
+  }
+  std::vector<uint16_t> got(in.size()), one(in.size()), ints(in.size());
+  ac::narrow_floats(in.data(), int64_t(in.size()), got.data());
+  for (size_t i = 0; i < in.size(); ++i) {
+    one[i] = ac::float_to_half_bits(in[i]);
+    ints[i] = ac::float_to_half_bits_scalar(in[i]);
+  }
+  expect_bits("narrow_floats", got.data(), want, in);
+  expect_bits("float_to_half_bits", one.data(), want, in);
+  expect_bits("float_to_half_bits_scalar", ints.data(), want, in);
+  ++checks;
+  const float nan = from_bits(0x7FC00000u);
+  for (uint16_t h : {ac::float_to_half_bits(nan), ac::float_to_half_bits_scalar(nan)})
+    if ((h & 0x7C00) != 0x7C00 || (h & 0x3FF) == 0) {
+      ++failures;
+      std::printf("FAIL NaN narrowed to %04x\n", h);
+    }
+}
+
+// decode_attention over fp16 K/V equals, bit for bit, decode_attention over fp32 K/V holding the
+// same (rounded) values; the fp32 result's own accuracy is check_decode_attention's.
+void check_decode_attention_half(int64_t B, int64_t G, int64_t Hkv, int64_t T, int64_t D,
+                                 bool masked, bool shared) {
+  const int64_t H = G * Hkv, n = B * Hkv * T * D;
+  auto q = randn(B * H * D), k = randn(n), v = randn(n);
+  std::vector<uint16_t> k16(n), v16(n);
+  ac::narrow_floats(k.data(), n, k16.data());
+  ac::narrow_floats(v.data(), n, v16.data());
+  ac::widen_halves(k16.data(), n, k.data());
+  ac::widen_halves(v16.data(), n, v.data());
+  std::vector<int64_t> src(B, 0), len(B, 0);
+  if (shared)  // rows 1.. copy row 0's first 3/4 of the keys
+    for (int64_t b = 1; b < B; ++b) {
+      for (int64_t i = 0; i < Hkv * T * D; ++i) {
+        const int64_t t = (i / D) % T, at = b * Hkv * T * D + i;
+        if (t >= T * 3 / 4) continue;
+        k[at] = k[i], v[at] = v[i], k16[at] = k16[i], v16[at] = v16[i];
+      }
+      len[b] = T * 3 / 4;
+    }
+  std::vector<float> mask(B * T, 0.f);
+  if (masked) {
+    for (int64_t t = T / 2 + 1; t < T; ++t) mask[(B - 1) * T + t] = -INFINITY;
+    if (B > 1 && T > 300)
+      for (int64_t t = 256; t < 512 && t < T; ++t) mask[t] = -INFINITY;  // a masked block
+  }
+  std::vector<float> out(B * H * D), out16(B * H * D);
+  ac::DecodeAttentionArgs a{q.data(), k.data(), v.data(), Hkv * T * D, T * D, D,
+                            Hkv * T * D, T * D, D, masked ? mask.data() : nullptr,
+                            shared ? src.data() : nullptr, shared ? len.data() : nullptr,
+                            B, H, Hkv, T, D, 1.f / std::sqrt(float(D)), out.data()};
+  ac::decode_attention(a);
+  a.k = a.v = nullptr;
+  a.k_half = k16.data();
+  a.v_half = v16.data();
+  a.out = out16.data();
+  ac::decode_attention(a);
+  ++checks;
+  if (std::memcmp(out.data(), out16.data(), out.size() * sizeof(float)) != 0) {
+    ++failures;
+    std::printf("FAIL decode_attention fp16 B=%ld G=%ld T=%ld D=%ld mask=%d shared=%d: not the "
+                "fp32 result over the rounded K/V\n", long(B), long(G), long(T), long(D), masked,
+                shared);
+  }
+}
+
 int main() {
+  check_half_conversion();
+  for (bool masked : {false, true}) {
+    check_decode_attention_half(3, 3, 2, 601, 64, masked, false);
+    check_decode_attention_half(2, 7, 2, 300, 40, masked, false);
+    check_decode_attention_half(4, 3, 2, 700, 64, masked, true);
+    check_decode_attention_half(5, 2, 2, 800, 80, masked, true);
+  }
   for (bool masked : {false, true}) {
     check_decode_attention(3, 3, 2, 601, 64, masked, false);
     check_decode_attention(2, 4, 1, 257, 128, masked, false);

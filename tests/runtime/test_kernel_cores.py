@@ -20,7 +20,7 @@ from tests.runtime.kernel_isas import KERNEL_ISAS
 
 HERE = Path(__file__).parent
 KERNELS = Path(_build.__file__).parent
-CHECKS = 92
+CHECKS = 105
 CORES = (
     "attention.cpp",
     "prefill_attention.cpp",
@@ -57,7 +57,8 @@ def _toolchain(isa: str) -> tuple[list[str], list[str]]:
 
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
 def test_kernel_cores_match_float64(isa: str, tmp_path: Path) -> None:
-    """Decode attention (masks, a shared prefix, head dims on and off the unrolled paths), prefix
+    """Decode attention (masks, a shared prefix, head dims on and off the unrolled paths; fp16 K/V
+    bit-equal to fp32 over the rounded values, the fp16 conversions exhaustively), prefix
     attention with its log-sum-exp, packed products in fp32 and bf16, ``linear_rows``, and the
     products over GGUF's Q8_0 and Q4_1 blocks (direct tiles and the widened path)."""
     cxx, runner = _toolchain(isa)

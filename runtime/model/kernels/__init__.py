@@ -2,10 +2,11 @@
 instruction set the CPU has (AVX-512, AVX2+FMA, ARM NEON) or a scalar path.
 
 The kernels (sources beside this file; ``vec.h`` says how one source serves every ISA):
-``decode_attention``, one query per row over grouped KV heads, fp32, as flash-decoding does it
-(blocks of keys on torch's intra-op threads, block-local softmax, one merge); ``DecodeLayers``,
-the layer loop of a compact decode step in C++ (RMSNorm and RoPE as plain loops, RoPE'd keys and
-the values written straight into the KV slots), equal to the Python loop within float32 rounding
+``decode_attention``, one query per row over grouped KV heads, fp32 (K/V fp32 or fp16, widened
+exactly: ``half.h``), as flash-decoding does it (blocks of keys on torch's intra-op threads,
+block-local softmax, one merge); ``DecodeLayers``, the layer loop of a compact decode step in C++
+(RMSNorm and RoPE as plain loops, RoPE'd keys and the values written straight into the KV slots,
+fp32 or fp16 rounded to nearest even), equal to the Python loop within float32 rounding
 without the Python and dispatch overhead of about 25 small ops per layer; ``linear_packed``, a
 product over weights packed in blocks of 32 output columns (``pack_weight``), as bfloat16 (half
 the bytes) or float32 (a copy that small products stream at the read bandwidth);
@@ -72,8 +73,11 @@ _log = logging.getLogger(__name__)
 
 DecodeAttention = Callable[..., Any]
 """``(q [B, H, D], k [B, H_kv, T, D], v, mask [B, T] additive fp32 or None, scale, src=None,
-shared=None) -> [B, H, D]``, all fp32 CPU tensors (K/V with a contiguous last dim, any other
-strides). A row whose every key is masked gets zeros. ``src`` / ``shared`` (``[B]`` int64,
+shared=None) -> [B, H, D]``, CPU tensors, fp32 but for K/V, which are both fp32 or both float16
+(a 16-bit KV cache; computed in fp32 over their exact values, so the result equals, bit for bit,
+the call with ``k.float()``, ``v.float()``); K/V with a contiguous last dim, any other strides.
+Another dtype mix raises ``RuntimeError`` naming the dtypes. A row whose every key is masked
+gets zeros. ``src`` / ``shared`` (``[B]`` int64,
 together): row ``b``'s keys ``[0, shared[b])`` are byte for byte row ``src[b]``'s, so whole
 blocks of them are read from there, once for every row sharing them, and those rows' queries
 run together (the same output within float32 rounding; see ``BatchKV.share_prefix``)."""
@@ -85,7 +89,9 @@ class NativeKernels(NamedTuple):
     decode_attention: DecodeAttention
     decode_layers: Any
     """The ``DecodeLayers`` class: built from one model's compact weights, ``run`` is the
-    layer loop of one decode step (``CompactLlama.forward`` with ``slots``)."""
+    layer loop of one decode step (``CompactLlama.forward`` with ``slots``) over an fp32 or
+    float16 KV buffer ``[L, 2, R, H_kv, capacity, D]`` (float16: the new K/V stored as
+    ``x.half()`` rounds them; another dtype raises ``RuntimeError``)."""
     isa: Isa
     """The instruction set this build runs (``"avx512"``, ``"avx2"``, ``"neon"``, ``"scalar"``)."""
     linear_packed: Callable[..., Any]

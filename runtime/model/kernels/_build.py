@@ -68,7 +68,7 @@ SOURCES = (
     "module.cpp",
 )
 """Translation units, torch-free cores first (module.cpp, the pybind11 one, is the slowest)."""
-_HEADERS = ("vec.h", "cores.h", "quant_blocks.h", "ops.h", "layers.h")
+_HEADERS = ("vec.h", "half.h", "cores.h", "quant_blocks.h", "ops.h", "layers.h")
 _CFLAGS = (
     "-O3", "-fopenmp",
     "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",

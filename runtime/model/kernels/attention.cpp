@@ -1,4 +1,7 @@
 // Attention kernels of agentcache's compact forward, fp32, one source for every ISA (vec.h).
+// fp16 K/V (the 16-bit KV cache) are widened to fp32 a block at a time (half.h) into a
+// per-thread scratch, and the same fp32 code runs on the copy: the results equal, bit for bit,
+// those over fp32 K/V of the same values, and the fp32 path is untouched.
 //
 // decode_attention: one query per row over grouped KV heads (a decode step), flash-decoding
 // layout. Every (row, KV head, block of kBlock keys) is one work item on the configured threads;
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "cores.h"
+#include "half.h"
 #include "vec.h"
 
 AGENTCACHE_BEGIN
@@ -325,6 +329,38 @@ std::vector<Work> plan_work(const DecodeAttentionArgs& a, int64_t S, std::vector
   return work;
 }
 
+// One work item's keys and values as fp32 rows (ks / vs floats apart).
+struct KeyBlock {
+  const float* k;
+  const float* v;
+  int64_t ks, vs;
+};
+
+// A thread's fp32 copy of one block of fp16 keys and values ([kBlock, D] each).
+struct WideBlock {
+  std::vector<float> k, v;
+  explicit WideBlock(int64_t floats) : k(floats), v(floats) {}
+};
+
+// Keys [t0, t0 + n) of KV head h of row `row`: fp32 K/V in place; fp16 K/V widened into `wide`
+// (exactly: the fp32 code then computes what it computes on fp32 K/V of the same values), except
+// for a block whose mask (nullptr: none) is -inf everywhere, which run_block never reads.
+KeyBlock block_of(const DecodeAttentionArgs& a, int64_t row, int64_t h, int64_t t0, int64_t n,
+                  const float* mask, WideBlock& wide) {
+  const int64_t koff = row * a.ks0 + h * a.ks1 + t0 * a.ks2;
+  const int64_t voff = row * a.vs0 + h * a.vs1 + t0 * a.vs2;
+  if (a.k_half == nullptr) return {a.k + koff, a.v + voff, a.ks2, a.vs2};
+  const int64_t D = a.D;
+  const KeyBlock wb{wide.k.data(), wide.v.data(), D, D};
+  if (mask != nullptr && std::all_of(mask, mask + n, [](float x) { return x == kNegInf; }))
+    return wb;
+  for (int64_t t = 0; t < n; ++t) {
+    widen_halves(a.k_half + koff + t * a.ks2, D, wide.k.data() + t * D);
+    widen_halves(a.v_half + voff + t * a.vs2, D, wide.v.data() + t * D);
+  }
+  return wb;
+}
+
 }  // namespace
 
 void decode_attention(const DecodeAttentionArgs& a) {
@@ -344,11 +380,12 @@ void decode_attention(const DecodeAttentionArgs& a) {
     std::vector<float> scores(G * kBlock);
     GroupScratch scratch;
     std::vector<GroupQuery> queries;
+    WideBlock wide(a.k_half != nullptr ? kBlock * D : 0);
     for (int64_t j = next++; j < total; j = next++) {
       const Work& w = work[j];
-      const int64_t t0 = w.s * kBlock;
-      const float* kb = a.k + w.kv_row * a.ks0 + w.h * a.ks1 + t0 * a.ks2;
-      const float* vb = a.v + w.kv_row * a.vs0 + w.h * a.vs1 + t0 * a.vs2;
+      const int64_t t0 = w.s * kBlock, n = std::min(kBlock, T - t0);
+      const float* mask = w.count == 0 && a.mask ? a.mask + w.b * T + t0 : nullptr;
+      const KeyBlock kb = block_of(a, w.kv_row, w.h, t0, n, mask, wide);
       if (w.count > 0) {
         queries.clear();
         for (int64_t i = 0; i < w.count; ++i) {
@@ -357,14 +394,13 @@ void decode_attention(const DecodeAttentionArgs& a) {
             queries.push_back({a.q + (b * H + w.h * G + g) * D, pm + idx * G + g,
                                pl + idx * G + g, pa + (idx * G + g) * D});
         }
-        run_group(kb, vb, a.ks2, a.vs2, kBlock, D, a.scale, queries.data(),
+        run_group(kb.k, kb.v, kb.ks, kb.vs, kBlock, D, a.scale, queries.data(),
                   static_cast<int64_t>(queries.size()), scratch);
         continue;
       }
       const int64_t b = w.b, idx = (b * Hkv + w.h) * S + w.s;
-      const Item it{a.q + (b * H + w.h * G) * D, kb, vb, a.mask ? a.mask + b * T + t0 : nullptr,
-                    a.ks2, a.vs2, std::min(kBlock, T - t0), G, D, a.scale,
-                    pm + idx * G, pl + idx * G, pa + idx * G * D};
+      const Item it{a.q + (b * H + w.h * G) * D, kb.k, kb.v, mask, kb.ks, kb.vs, n, G, D,
+                    a.scale, pm + idx * G, pl + idx * G, pa + idx * G * D};
       if (D == 64) run_block<64>(it, scores.data());
       else if (D == 128) run_block<128>(it, scores.data());
       else run_block<0>(it, scores.data());

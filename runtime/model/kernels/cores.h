@@ -8,7 +8,10 @@
 
 AGENTCACHE_BEGIN
 
-// One query per row over grouped KV heads (a decode step), fp32 (attention.cpp).
+// One query per row over grouped KV heads (a decode step), computed in fp32 (attention.cpp).
+// K/V are fp32 (k, v) or IEEE fp16 bits (k_half, v_half; then k, v are nullptr): fp16 K/V are
+// widened exactly to fp32 a block at a time, so the output equals, bit for bit, this kernel's
+// on fp32 K/V holding the same values.
 struct DecodeAttentionArgs {
   const float* q;                  // [B, H, D] contiguous
   const float* k;                  // [B, H_kv, T, D], element strides below, last dim contiguous
@@ -20,6 +23,8 @@ struct DecodeAttentionArgs {
   int64_t B, H, Hkv, T, D;
   float scale;
   float* out;                      // [B, H, D]: written (a fully masked row gets zeros)
+  const uint16_t* k_half = nullptr;  // fp16 K / V instead of k / v: the same shapes and strides
+  const uint16_t* v_half = nullptr;
 };
 void decode_attention(const DecodeAttentionArgs& a);
 

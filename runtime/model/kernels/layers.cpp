@@ -3,8 +3,10 @@
 #include "layers.h"
 
 #include <cmath>
+#include <vector>
 
 #include "cores.h"
+#include "half.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -90,8 +92,10 @@ at::Tensor DecodeLayers::run(at::Tensor h, at::Tensor cos, at::Tensor sin, at::T
   TORCH_CHECK(n == b && pos.size(0) == b, "DecodeLayers.run: one row and position per h row");
   TORCH_CHECK(buffer.dim() == 6 && buffer.size(0) == static_cast<int64_t>(ln1_.size()) &&
                   buffer.size(1) == 2 && buffer.size(3) == nkv_ && buffer.size(5) == d_ &&
-                  buffer.stride(5) == 1 && buffer.scalar_type() == at::kFloat,
-              "DecodeLayers.run: buffer must be fp32 [L, 2, R, H_kv, capacity, D]");
+                  buffer.stride(5) == 1 &&
+                  (buffer.scalar_type() == at::kFloat || buffer.scalar_type() == at::kHalf),
+              "DecodeLayers.run: buffer must be fp32 or float16 [L, 2, R, H_kv, capacity, D], "
+              "not ", buffer.scalar_type(), " ", buffer.sizes());
   TORCH_CHECK(kv_len >= 1 && kv_len <= buffer.size(4), "DecodeLayers.run: kv_len");
   auto rows64 = rows.to(at::kLong).contiguous(), pos64 = pos.to(at::kLong).contiguous();
   const int64_t *rp = rows64.data_ptr<int64_t>(), *pp = pos64.data_ptr<int64_t>();
@@ -161,25 +165,33 @@ void DecodeLayers::rope_and_store(const at::Tensor& qkv, const at::Tensor& cos,
   const float* __restrict cp = cos.data_ptr<float>();
   const float* __restrict sp = sin.data_ptr<float>();
   float* __restrict qp = q.data_ptr<float>();
-  float* base = layer.data_ptr<float>();
+  const bool is_half = layer.scalar_type() == at::kHalf;
+  // NOTE: element offsets; a float16 buffer's slots get the rounded values (half.h)
+  auto* base = static_cast<char*>(layer.data_ptr());
+  const int64_t elem = is_half ? 2 : 4;
   const int64_t s0 = layer.stride(0), s1 = layer.stride(1), s2 = layer.stride(2);
   const int64_t s3 = layer.stride(3);
+  std::vector<float> key(d_);
+  const auto store = [&](const float* x, int64_t offset) {
+    char* slot = base + offset * elem;
+    if (is_half) narrow_floats(x, d_, reinterpret_cast<uint16_t*>(slot));
+    else std::copy(x, x + d_, reinterpret_cast<float*>(slot));
+  };
   for (int64_t j = 0; j < b; ++j) {
     const float* row = src + j * width;
     const float *c = cp + j * d_, *s = sp + j * d_;
-    float* kslot = base + rows[j] * s1 + pos[j] * s3;
-    float* vslot = base + s0 + rows[j] * s1 + pos[j] * s3;
+    const int64_t kslot = rows[j] * s1 + pos[j] * s3, vslot = s0 + kslot;
     for (int64_t hd = 0; hd < nh_ + nkv_; ++hd) {
       const float* x = row + hd * d_;
-      float* out = hd < nh_ ? qp + (j * nh_ + hd) * d_ : kslot + (hd - nh_) * s2;
+      float* out = hd < nh_ ? qp + (j * nh_ + hd) * d_ : key.data();
       for (int64_t d = 0; d < d_; ++d) {
         const float rolled = x[d < half ? d + half : d - half];
         out[d] = x[d] * c[d] + rolled * s[d];
       }
+      if (hd >= nh_) store(key.data(), kslot + (hd - nh_) * s2);
     }
     const float* v = row + (nh_ + nkv_) * d_;
-    for (int64_t hd = 0; hd < nkv_; ++hd)
-      std::copy(v + hd * d_, v + (hd + 1) * d_, vslot + hd * s2);
+    for (int64_t hd = 0; hd < nkv_; ++hd) store(v + hd * d_, vslot + hd * s2);
   }
 }
 

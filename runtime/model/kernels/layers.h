@@ -34,7 +34,8 @@ class DecodeLayers {
                int64_t onednn_lo, int64_t onednn_hi, int64_t rows_max);
 
   // h: [B, 1, hidden]; cos, sin: [B, 1, 1, D] (CompactLlama.rope); buffer: [L, 2, R, H_kv, cap,
-  // D]; rows, pos: [B] int64 (row i writes at pos[i]); kv_len: keys read; mask: additive
+  // D], fp32 or float16 (the new K/V stored rounded to nearest even, attended as stored); rows,
+  // pos: [B] int64 (row i writes at pos[i]); kv_len: keys read; mask: additive
   // [B, 1, 1, kv_len] or None; src, shared: a shared prefix, as decode_attention reads it (row
   // j of the step is rows[j]; src names step rows). Returns the hidden states after the last
   // layer, [B, 1, hidden].
@@ -48,7 +49,8 @@ class DecodeLayers {
   void rms_norm(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) const;
   // Rotate-half RoPE (as CompactLlama.qkv: x * cos + roll(x, D / 2) * signed_sin) of the query
   // and key heads of qkv ([B, (H + 2 H_kv) D]); queries go to q ([B, H, D]), keys and the
-  // values straight into the layer's KV slots (layer: [2, R, H_kv, capacity, D]).
+  // values straight into the layer's KV slots (layer: [2, R, H_kv, capacity, D], fp32, or
+  // float16 rounded to nearest even as torch's `x.half()`).
   void rope_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                       at::Tensor& q, const at::Tensor& layer, const int64_t* rows,
                       const int64_t* pos) const;

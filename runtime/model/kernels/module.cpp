@@ -28,8 +28,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.attr("isa") = agentcache::isa_name();
   module.attr("vector_floats") = agentcache::kW;
   module.def("decode_attention", &agentcache::ops::decode_attention,
-             "one-query attention over grouped KV heads, fp32 (see attention.cpp)", py::arg("q"),
-             py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"),
+             "one-query attention over grouped KV heads, fp32 (K/V fp32 or float16; see "
+             "attention.cpp)",
+             py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"),
              py::arg("src") = py::none(), py::arg("shared") = py::none(),
              py::call_guard<py::gil_scoped_release>());
   module.def("linear_packed", &agentcache::ops::linear_packed,

@@ -12,8 +12,11 @@ namespace ops {
 at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v,
                             std::optional<at::Tensor> mask, double scale,
                             std::optional<at::Tensor> src, std::optional<at::Tensor> shared) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
-                  v.scalar_type() == at::kFloat, "decode_attention: fp32 tensors only");
+  const bool is_half = k.scalar_type() == at::kHalf;
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type() &&
+                  (is_half || k.scalar_type() == at::kFloat),
+              "decode_attention: q must be fp32 and k, v both fp32 or both float16, not q ",
+              q.scalar_type(), ", k ", k.scalar_type(), ", v ", v.scalar_type());
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() &&
                   (!mask.has_value() || mask->device().is_cpu()),
               "decode_attention: CPU tensors only");
@@ -52,10 +55,18 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v,
                   "decode_attention: src must name a row and shared lie within [0, T]");
   }
   auto out = at::empty({B, H, D}, q.options());
-  agentcache::decode_attention({q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), k.stride(0),
-                    k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), mp, srcp,
-                    sharedp, B, H, Hkv, T, D, static_cast<float>(scale),
-                    out.data_ptr<float>()});
+  DecodeAttentionArgs args{q.data_ptr<float>(), nullptr, nullptr, k.stride(0), k.stride(1),
+                           k.stride(2), v.stride(0), v.stride(1), v.stride(2), mp, srcp,
+                           sharedp, B, H, Hkv, T, D, static_cast<float>(scale),
+                           out.data_ptr<float>()};
+  if (is_half) {  // NOTE: at::Half is IEEE binary16, 2 bytes: its bits are what half.h reads
+    args.k_half = reinterpret_cast<const uint16_t*>(k.data_ptr<at::Half>());
+    args.v_half = reinterpret_cast<const uint16_t*>(v.data_ptr<at::Half>());
+  } else {
+    args.k = k.data_ptr<float>();
+    args.v = v.data_ptr<float>();
+  }
+  agentcache::decode_attention(args);
   return out;
 }
 

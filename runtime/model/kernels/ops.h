@@ -12,7 +12,8 @@
 AGENTCACHE_BEGIN
 namespace ops {
 
-// q [B, H, D]; k, v [B, H_kv, T, D] (any strides, last dim contiguous); mask additive fp32
+// q [B, H, D] fp32; k, v [B, H_kv, T, D] (any strides, last dim contiguous), both fp32 or both
+// float16 (attended as their exact fp32 values: cores.h); mask additive fp32
 // [B, T] or None; src, shared [B] int64 (together): row b's keys [0, shared[b]) are row
 // src[b]'s. Returns [B, H, D]; a row whose every key is masked gets zeros.
 at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v,

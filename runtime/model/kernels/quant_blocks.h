@@ -24,6 +24,7 @@
 #endif
 
 #include "cores.h"
+#include "half.h"
 #include "vec.h"
 
 AGENTCACHE_BEGIN
@@ -35,37 +36,11 @@ constexpr int64_t kBlockVecs = kQuantBlock / kW;  // fp32 vectors per block of 3
 constexpr int kQuantRows = kRegs >= 32 ? 4 : 2;
 constexpr int64_t kQuantChunk = 16;  // outputs per parallel task (direct path)
 
-// IEEE half to float: F16C on x86, the hardware type on aarch64, else the bits rebuilt.
+// IEEE half to float (half.h: F16C on x86, the hardware type on aarch64, else the bits rebuilt).
 inline float half_to_float(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#elif defined(__aarch64__)
-  __fp16 f;
-  std::memcpy(&f, &h, 2);
-  return static_cast<float>(f);
-#else
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, bits;
-  if (exp == 0x1Fu) {
-    bits = sign | 0x7F800000u | (mant << 13);  // inf, NaN
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {  // subnormal: normalize
-    exp = 113;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((mant & 0x3FFu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-#endif
+  return half_bits_to_float(h);
 }
 
 #if AGENTCACHE_VEC_FLOATS > 1
