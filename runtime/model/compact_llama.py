@@ -67,9 +67,10 @@ __all__ = [
     "compact_blocker",
 ]
 
-NATIVE_KV_DTYPES = (torch.float32,)
-"""KV element types the native decode kernels read (``decode_attention``, the C++ layer loop);
-an fp16 KV cache is attended in torch over widened copies (``attention.widened``)."""
+NATIVE_KV_DTYPES = (torch.float32, torch.float16)
+"""KV element types the native decode kernels read as they are (``decode_attention``, the C++
+layer loop): an fp16 KV cache's blocks are widened to fp32 inside the kernel, so a step reads
+half the bytes and computes on the same values as over a widened copy (bit for bit)."""
 
 PACKED_MAX_ROWS = FEW_ROWS
 """With packed weights (``CompactLlama``'s ``packed``), products of at most this many rows

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from runtime.chunks.spans import ChunkReuse
 from runtime.config import EngineConfig
 from runtime.engine import Engine
+from runtime.model import compact_llama
 from runtime.model.kv_cache import RequestKVCache
 from runtime.serve.cli import _runs
 from tests.conftest import VOCAB_SIZE, save_tiny_model
@@ -131,3 +132,16 @@ def test_chunk_reuse_moves_fp16_chunks(engines: tuple[Engine, Engine]) -> None:
     want = run_chunks(full, ids, ChunkReuse(spans, "exact"), n=1)[1]
     assert (want[0] - logits[0]).abs().max().item() < 1e-2
     half.check_integrity()
+
+
+def test_native_fp16_decode_matches_the_widened_torch_path(
+    engines: tuple[Engine, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode steps read the fp16 buffers in the C++ layer loop (the kernel widens each block);
+    the torch path attends over widened copies of the same values: the same answer."""
+    half, _ = engines
+    assert half.runner.decode_attention == "native"
+    ids = [(5 * i + 7) % (VOCAB_SIZE - 3) + 3 for i in range(29)]
+    native = run(half, ids, 8, use_cache=False)
+    monkeypatch.setattr(compact_llama, "NATIVE_KV_DTYPES", (torch.float32,))
+    assert_same_answer(run(half, ids, 8, use_cache=False)[:2], native[:2])
