@@ -1,7 +1,9 @@
 // Attention kernels of agentcache's compact forward, fp32, one source for every ISA (vec.h).
-// fp16 K/V (the 16-bit KV cache) are widened to fp32 a block at a time (half.h) into a
-// per-thread scratch, and the same fp32 code runs on the copy: the results equal, bit for bit,
-// those over fp32 K/V of the same values, and the fp32 path is untouched.
+// fp16 K/V (the 16-bit KV cache, IEEE bits as uint16_t) run the same code, templated on the
+// element type E: a vector of values is widened as it is loaded (half.h's vload_kv), a key row
+// that is read element by element is widened once into a row of fp32 scratch first. The values
+// and the order of every operation are the fp32 path's, so the results equal, bit for bit, those
+// over fp32 K/V holding the same values; the fp32 instantiation is the code as it was.
 //
 // decode_attention: one query per row over grouped KV heads (a decode step), flash-decoding
 // layout. Every (row, KV head, block of kBlock keys) is one work item on the configured threads;
@@ -19,6 +21,7 @@
 // tiles that fit its register file; the arithmetic (and so the results, within float32 rounding)
 // is the same on every path.
 #include <atomic>
+#include <type_traits>
 #include <vector>
 
 #include "cores.h"
@@ -34,21 +37,35 @@ namespace {
 constexpr int64_t kBlock = 256;  // keys per work item (64 KiB of K at D = 64)
 constexpr int64_t kAhead = 8;    // rows of K / V prefetched ahead of the one in use
 
-// Prefetch the row of `floats` floats at p (one hint per 64-byte line).
-inline void prefetch_row(const float* p, int64_t floats) {
-  for (int64_t d = 0; d < floats; d += 16) __builtin_prefetch(p + d);
+// Prefetch the row of n elements at p (one hint per 64-byte line).
+template <class E>
+inline void prefetch_row(const E* p, int64_t n) {
+  for (int64_t d = 0; d < n; d += 64 / sizeof(E)) __builtin_prefetch(p + d);
 }
 
+// Key row p (D elements) as fp32: fp32 rows in place, fp16 rows widened into `row`.
+template <class E>
+inline const float* row_f32(const E* p, int64_t D, float* row) {
+  if constexpr (std::is_same_v<E, float>) {
+    return p;
+  } else {
+    widen_halves(p, D, row);
+    return row;
+  }
+}
+
+template <class E>
 struct Item {
   const float* q;     // [G, D] queries of this KV head
-  const float* k;     // first key of the block; rows `ks` floats apart
-  const float* v;
+  const E* k;         // first key of the block; rows `ks` elements apart
+  const E* v;
   const float* mask;  // [n] additive, or nullptr
   int64_t ks, vs, n, G, D;
   float scale;
   float* block_max;   // [G]
   float* block_sum;   // [G]
   float* block_acc;   // [G, D] unnormalized sum of p * V
+  float* row;         // [D] scratch: a key row widened (fp16 K)
 };
 
 // P.V of one item: queries per pass and head-dim vectors per pass, accumulators in registers.
@@ -56,16 +73,16 @@ constexpr int kPvVecs = 4;
 constexpr int kPvQueries = std::min(4, (kRegs - kPvVecs - 2) / kPvVecs);
 
 // Queries [g0, g0 + GT) over head dims [d0, d0 + kPvVecs * kW).
-template <int GT>
-void pv_tile(const Item& it, const float* __restrict scores, int64_t g0, int64_t d0) {
+template <int GT, class E>
+void pv_tile(const Item<E>& it, const float* __restrict scores, int64_t g0, int64_t d0) {
   vf acc[GT][kPvVecs];
   for (int gi = 0; gi < GT; ++gi)
     for (int c = 0; c < kPvVecs; ++c) acc[gi][c] = vzero();
   for (int64_t t = 0; t < it.n; ++t) {
-    const float* __restrict vt = it.v + t * it.vs + d0;
+    const E* __restrict vt = it.v + t * it.vs + d0;
     if (t + kAhead < it.n) prefetch_row(vt + kAhead * it.vs, kPvVecs * kW);
     vf vv[kPvVecs];
-    for (int c = 0; c < kPvVecs; ++c) vv[c] = vload(vt + c * kW);
+    for (int c = 0; c < kPvVecs; ++c) vv[c] = vload_kv(vt + c * kW);
     for (int gi = 0; gi < GT; ++gi) {
       const float p = scores[(g0 + gi) * kBlock + t];
       for (int c = 0; c < kPvVecs; ++c) acc[gi][c] += vv[c] * p;
@@ -76,11 +93,12 @@ void pv_tile(const Item& it, const float* __restrict scores, int64_t g0, int64_t
 }
 
 // P.V for a head dim that is not a whole number of tiles: plain loops the compiler vectorizes.
-void pv_loops(const Item& it, const float* __restrict scores) {
+template <class E>
+void pv_loops(const Item<E>& it, const float* __restrict scores) {
   const int64_t D = it.D;
   std::fill(it.block_acc, it.block_acc + it.G * D, 0.f);
   for (int64_t t = 0; t < it.n; ++t) {
-    const float* __restrict vt = it.v + t * it.vs;
+    const float* __restrict vt = row_f32(it.v + t * it.vs, D, it.row);
     for (int64_t g = 0; g < it.G; ++g) {
       const float p = scores[g * kBlock + t];
       float* __restrict ag = it.block_acc + g * D;
@@ -91,8 +109,8 @@ AGENTCACHE_SIMD
 }
 
 // DC: the head dim known at compile time (0: read it from `it.D`), so the score loop unrolls.
-template <int64_t DC>
-void run_block(const Item& it, float* __restrict scores) {
+template <int64_t DC, class E>
+void run_block(const Item<E>& it, float* __restrict scores) {
   const int64_t D = DC > 0 ? DC : it.D, G = it.G, n = it.n;
   if (it.mask != nullptr) {
     bool any = false;
@@ -105,8 +123,9 @@ void run_block(const Item& it, float* __restrict scores) {
     }
   }
   for (int64_t t = 0; t < n; ++t) {
-    const float* __restrict kt = it.k + t * it.ks;
-    if (t + kAhead < n) prefetch_row(kt + kAhead * it.ks, D);
+    const E* kr = it.k + t * it.ks;
+    if (t + kAhead < n) prefetch_row(kr + kAhead * it.ks, D);
+    const float* __restrict kt = row_f32(kr, D, it.row);
     const float add = it.mask != nullptr ? it.mask[t] : 0.f;
     for (int64_t g = 0; g < G; ++g) {
       const float* __restrict qg = it.q + g * D;
@@ -171,15 +190,25 @@ struct GroupQuery {
 struct GroupScratch {
   std::vector<float> qt;      // [D][kGroupLanes] the queries, transposed
   std::vector<float> scores;  // [kBlock][kGroupLanes], then the weights exp(s - max)
+  std::vector<float> rows;    // [kScoreKeys][D] a tile of fp16 keys widened
 };
 
 // scores[t][lane] = scale * q_lane . k_t over tiles of kScoreKeys keys and NV vectors of queries
 // (kScoreKeys * NV accumulators held in registers across the head dim).
-template <int NV>
-void group_scores(const float* qt, const float* k, int64_t ks, int64_t D, int64_t n, float scale,
-                  float* scores) {
+// fp16 keys: each tile's kScoreKeys rows widened into `rows` ([kScoreKeys, D]) first.
+template <int NV, class E>
+void group_scores(const float* qt, const E* k, int64_t ks, int64_t D, int64_t n, float scale,
+                  float* scores, float* rows) {
   static_assert(kBlock % kScoreKeys == 0, "whole tiles of keys");
   for (int64_t t = 0; t < n; t += kScoreKeys) {
+    const float* kt;  // the tile's first key, rows kts floats apart
+    int64_t kts;
+    if constexpr (std::is_same_v<E, float>) {
+      kt = k + t * ks, kts = ks;
+    } else {
+      for (int kk = 0; kk < kScoreKeys; ++kk) widen_halves(k + (t + kk) * ks, D, rows + kk * D);
+      kt = rows, kts = D;
+    }
     vf acc[kScoreKeys][NV];
     for (int kk = 0; kk < kScoreKeys; ++kk)
       for (int v = 0; v < NV; ++v) acc[kk][v] = vzero();
@@ -187,7 +216,7 @@ void group_scores(const float* qt, const float* k, int64_t ks, int64_t D, int64_
       vf qv[NV];
       for (int v = 0; v < NV; ++v) qv[v] = vload(qt + d * kGroupLanes + v * kW);
       for (int kk = 0; kk < kScoreKeys; ++kk) {
-        const float kv = k[(t + kk) * ks + d];
+        const float kv = kt[kk * kts + d];
         for (int v = 0; v < NV; ++v) acc[kk][v] += qv[v] * kv;
       }
     }
@@ -197,17 +226,17 @@ void group_scores(const float* qt, const float* k, int64_t ks, int64_t D, int64_
 }
 
 // acc of queries [q0, q0 + QT) over DV vectors of the head dim from d0: sum_t w[t][q] v_t.
-template <int QT, int DV>
-void group_pv(const float* w, const float* vb, int64_t vs, int64_t n, int64_t q0, int64_t d0,
+template <int QT, int DV, class E>
+void group_pv(const float* w, const E* vb, int64_t vs, int64_t n, int64_t q0, int64_t d0,
               const GroupQuery* queries) {
   vf acc[QT][DV];
   for (int qi = 0; qi < QT; ++qi)
     for (int j = 0; j < DV; ++j) acc[qi][j] = vzero();
   for (int64_t t = 0; t < n; ++t) {
-    const float* vt = vb + t * vs + d0;
+    const E* vt = vb + t * vs + d0;
     if (t + kAhead < n) prefetch_row(vt + kAhead * vs, DV * kW);
     vf vv[DV];
-    for (int j = 0; j < DV; ++j) vv[j] = vload(vt + j * kW);
+    for (int j = 0; j < DV; ++j) vv[j] = vload_kv(vt + j * kW);
     for (int qi = 0; qi < QT; ++qi) {
       const float p = w[t * kGroupLanes + q0 + qi];
       for (int j = 0; j < DV; ++j) acc[qi][j] += vv[j] * p;
@@ -217,8 +246,8 @@ void group_pv(const float* w, const float* vb, int64_t vs, int64_t n, int64_t q0
     for (int j = 0; j < DV; ++j) vstore(queries[q0 + qi].block_acc + d0 + j * kW, acc[qi][j]);
 }
 
-template <int QT>
-void group_pv_dims(const float* w, const float* vb, int64_t vs, int64_t n, int64_t q0, int64_t D,
+template <int QT, class E>
+void group_pv_dims(const float* w, const E* vb, int64_t vs, int64_t n, int64_t q0, int64_t D,
                    const GroupQuery* queries) {
   for (int64_t d0 = 0; d0 < D; d0 += kGroupPvVecs * kW) {
     switch (std::min<int64_t>(kGroupPvVecs, (D - d0) / kW)) {
@@ -232,10 +261,13 @@ void group_pv_dims(const float* w, const float* vb, int64_t vs, int64_t n, int64
 
 // The block's keys k / values v (rows ks / vs floats apart, n == kBlock, D % kW == 0) for nq
 // queries, no key masked; writes each query's block max, sum and accumulator as run_block does.
-void run_group(const float* k, const float* v, int64_t ks, int64_t vs, int64_t n, int64_t D,
+template <class E>
+void run_group(const E* k, const E* v, int64_t ks, int64_t vs, int64_t n, int64_t D,
                float scale, const GroupQuery* queries, int64_t nq, GroupScratch& scratch) {
   scratch.qt.resize(D * kGroupLanes);
   scratch.scores.resize(kBlock * kGroupLanes);
+  scratch.rows.resize(kScoreKeys * D);
+  float* rows = scratch.rows.data();
   float* qt = scratch.qt.data();
   float* sc = scratch.scores.data();
   for (int64_t c0 = 0; c0 < nq; c0 += kGroupLanes) {
@@ -245,10 +277,10 @@ void run_group(const float* k, const float* v, int64_t ks, int64_t vs, int64_t n
     for (int64_t i = 0; i < m; ++i)
       for (int64_t d = 0; d < D; ++d) qt[d * kGroupLanes + i] = qs[i].q[d];
     switch (nv) {
-      case 4: group_scores<4>(qt, k, ks, D, n, scale, sc); break;
-      case 3: group_scores<3>(qt, k, ks, D, n, scale, sc); break;
-      case 2: group_scores<2>(qt, k, ks, D, n, scale, sc); break;
-      default: group_scores<1>(qt, k, ks, D, n, scale, sc); break;
+      case 4: group_scores<4>(qt, k, ks, D, n, scale, sc, rows); break;
+      case 3: group_scores<3>(qt, k, ks, D, n, scale, sc, rows); break;
+      case 2: group_scores<2>(qt, k, ks, D, n, scale, sc, rows); break;
+      default: group_scores<1>(qt, k, ks, D, n, scale, sc, rows); break;
     }
     // softmax over the block, lane by lane (every key is unmasked: the max is finite)
     float mx[kGroupLanes], sum[kGroupLanes];
@@ -329,36 +361,45 @@ std::vector<Work> plan_work(const DecodeAttentionArgs& a, int64_t S, std::vector
   return work;
 }
 
-// One work item's keys and values as fp32 rows (ks / vs floats apart).
-struct KeyBlock {
-  const float* k;
-  const float* v;
-  int64_t ks, vs;
-};
-
-// A thread's fp32 copy of one block of fp16 keys and values ([kBlock, D] each).
-struct WideBlock {
-  std::vector<float> k, v;
-  explicit WideBlock(int64_t floats) : k(floats), v(floats) {}
-};
-
-// Keys [t0, t0 + n) of KV head h of row `row`: fp32 K/V in place; fp16 K/V widened into `wide`
-// (exactly: the fp32 code then computes what it computes on fp32 K/V of the same values), except
-// for a block whose mask (nullptr: none) is -inf everywhere, which run_block never reads.
-KeyBlock block_of(const DecodeAttentionArgs& a, int64_t row, int64_t h, int64_t t0, int64_t n,
-                  const float* mask, WideBlock& wide) {
-  const int64_t koff = row * a.ks0 + h * a.ks1 + t0 * a.ks2;
-  const int64_t voff = row * a.vs0 + h * a.vs1 + t0 * a.vs2;
-  if (a.k_half == nullptr) return {a.k + koff, a.v + voff, a.ks2, a.vs2};
-  const int64_t D = a.D;
-  const KeyBlock wb{wide.k.data(), wide.v.data(), D, D};
-  if (mask != nullptr && std::all_of(mask, mask + n, [](float x) { return x == kNegInf; }))
-    return wb;
-  for (int64_t t = 0; t < n; ++t) {
-    widen_halves(a.k_half + koff + t * a.ks2, D, wide.k.data() + t * D);
-    widen_halves(a.v_half + voff + t * a.vs2, D, wide.v.data() + t * D);
-  }
-  return wb;
+// Every work item's block partials (pm: max, pl: sum, pa: accumulator) over K/V of element
+// type E (k, v: the first element of a.k / a.k_half's layout).
+template <class E>
+void run_work(const DecodeAttentionArgs& a, const E* k, const E* v, const std::vector<Work>& work,
+              const std::vector<int64_t>& members, int64_t S, float* pm, float* pl, float* pa) {
+  const int64_t H = a.H, D = a.D, Hkv = a.Hkv, T = a.T, G = H / Hkv;
+  std::atomic<int64_t> next{0};
+  const int64_t total = static_cast<int64_t>(work.size());
+  // NOTE: items are handed out one at a time (their costs differ up to B-fold)
+  parallel_for(std::min<int64_t>(total, thread_count()), [&](int64_t, int64_t) {
+    std::vector<float> scores(G * kBlock), row(D);
+    GroupScratch scratch;
+    std::vector<GroupQuery> queries;
+    for (int64_t j = next++; j < total; j = next++) {
+      const Work& w = work[j];
+      const int64_t t0 = w.s * kBlock;
+      const E* kb = k + w.kv_row * a.ks0 + w.h * a.ks1 + t0 * a.ks2;
+      const E* vb = v + w.kv_row * a.vs0 + w.h * a.vs1 + t0 * a.vs2;
+      if (w.count > 0) {
+        queries.clear();
+        for (int64_t i = 0; i < w.count; ++i) {
+          const int64_t b = members[w.first + i], idx = (b * Hkv + w.h) * S + w.s;
+          for (int64_t g = 0; g < G; ++g)
+            queries.push_back({a.q + (b * H + w.h * G + g) * D, pm + idx * G + g,
+                               pl + idx * G + g, pa + (idx * G + g) * D});
+        }
+        run_group(kb, vb, a.ks2, a.vs2, kBlock, D, a.scale, queries.data(),
+                  static_cast<int64_t>(queries.size()), scratch);
+        continue;
+      }
+      const int64_t b = w.b, idx = (b * Hkv + w.h) * S + w.s;
+      const Item<E> it{a.q + (b * H + w.h * G) * D, kb, vb, a.mask ? a.mask + b * T + t0 : nullptr,
+                       a.ks2, a.vs2, std::min(kBlock, T - t0), G, D, a.scale,
+                       pm + idx * G, pl + idx * G, pa + idx * G * D, row.data()};
+      if (D == 64) run_block<64>(it, scores.data());
+      else if (D == 128) run_block<128>(it, scores.data());
+      else run_block<0>(it, scores.data());
+    }
+  });
 }
 
 }  // namespace
@@ -373,39 +414,8 @@ void decode_attention(const DecodeAttentionArgs& a) {
   float *pm = part_max.data(), *pl = part_sum.data(), *pa = part_acc.data();
   std::vector<int64_t> members;
   const std::vector<Work> work = plan_work(a, S, members);
-  std::atomic<int64_t> next{0};
-  const int64_t total = static_cast<int64_t>(work.size());
-  // NOTE: items are handed out one at a time (their costs differ up to B-fold)
-  parallel_for(std::min<int64_t>(total, thread_count()), [&](int64_t, int64_t) {
-    std::vector<float> scores(G * kBlock);
-    GroupScratch scratch;
-    std::vector<GroupQuery> queries;
-    WideBlock wide(a.k_half != nullptr ? kBlock * D : 0);
-    for (int64_t j = next++; j < total; j = next++) {
-      const Work& w = work[j];
-      const int64_t t0 = w.s * kBlock, n = std::min(kBlock, T - t0);
-      const float* mask = w.count == 0 && a.mask ? a.mask + w.b * T + t0 : nullptr;
-      const KeyBlock kb = block_of(a, w.kv_row, w.h, t0, n, mask, wide);
-      if (w.count > 0) {
-        queries.clear();
-        for (int64_t i = 0; i < w.count; ++i) {
-          const int64_t b = members[w.first + i], idx = (b * Hkv + w.h) * S + w.s;
-          for (int64_t g = 0; g < G; ++g)
-            queries.push_back({a.q + (b * H + w.h * G + g) * D, pm + idx * G + g,
-                               pl + idx * G + g, pa + (idx * G + g) * D});
-        }
-        run_group(kb.k, kb.v, kb.ks, kb.vs, kBlock, D, a.scale, queries.data(),
-                  static_cast<int64_t>(queries.size()), scratch);
-        continue;
-      }
-      const int64_t b = w.b, idx = (b * Hkv + w.h) * S + w.s;
-      const Item it{a.q + (b * H + w.h * G) * D, kb.k, kb.v, mask, kb.ks, kb.vs, n, G, D,
-                    a.scale, pm + idx * G, pl + idx * G, pa + idx * G * D};
-      if (D == 64) run_block<64>(it, scores.data());
-      else if (D == 128) run_block<128>(it, scores.data());
-      else run_block<0>(it, scores.data());
-    }
-  });
+  if (a.k_half != nullptr) run_work(a, a.k_half, a.v_half, work, members, S, pm, pl, pa);
+  else run_work(a, a.k, a.v, work, members, S, pm, pl, pa);
   for (int64_t bh = 0; bh < B * Hkv; ++bh) {
     for (int64_t g = 0; g < G; ++g) {
       float mx = kNegInf;

@@ -10,7 +10,7 @@ AGENTCACHE_BEGIN
 
 // One query per row over grouped KV heads (a decode step), computed in fp32 (attention.cpp).
 // K/V are fp32 (k, v) or IEEE fp16 bits (k_half, v_half; then k, v are nullptr): fp16 K/V are
-// widened exactly to fp32 a block at a time, so the output equals, bit for bit, this kernel's
+// widened exactly to fp32 as they are read, so the output equals, bit for bit, this kernel's
 // on fp32 K/V holding the same values.
 struct DecodeAttentionArgs {
   const float* q;                  // [B, H, D] contiguous

@@ -91,6 +91,25 @@ inline uint16_t float_to_half_bits(float x) {
 #endif
 }
 
+// The kW fp16 values at p as one vector (vec.h's vf): one conversion on AVX-512, AVX2 and NEON.
+inline vf vload_half(const uint16_t* p) {
+#if defined(AGENTCACHE_ISA_AVX512)
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(AGENTCACHE_ISA_AVX2)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#elif defined(AGENTCACHE_ISA_NEON)
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+#else
+  float lanes[kW];
+  for (int64_t i = 0; i < kW; ++i) lanes[i] = half_bits_to_float(p[i]);
+  return vload(lanes);
+#endif
+}
+
+// K/V element types: fp32, or uint16_t holding fp16 bits. vload_kv reads kW of them as fp32.
+inline vf vload_kv(const float* p) { return vload(p); }
+inline vf vload_kv(const uint16_t* p) { return vload_half(p); }
+
 // out[i] = the value of the fp16 bits p[i], i in [0, n).
 inline void widen_halves(const uint16_t* p, int64_t n, float* out) {
   int64_t i = 0;
