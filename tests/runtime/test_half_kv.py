@@ -138,10 +138,16 @@ def test_layer_loop_over_a_half_buffer(
 
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
 def test_layer_loop_refuses_another_buffer_dtype(isa: str) -> None:
-    """A bfloat16 (or fp64) buffer is an error naming its dtype, never a misread."""
+    """The C++ layer loop refuses a bfloat16 (or fp64) buffer with an error naming its dtype,
+    never a misread (``CompactLlama.forward`` sends such a buffer to its Python loop instead:
+    ``NATIVE_KV_DTYPES``)."""
     compact = CompactLlama(_model("llama", 4, 2, 8), native=isa_kernels(isa))
+    assert compact._layers_native is not None
+    h = torch.randn(3, 1, compact.embed.shape[1])
+    cos, sin = compact.rope(h, torch.tensor([[40], [12], [33]]))
+    rows, pos = torch.arange(3), torch.tensor([40, 12, 33])
     for dtype in (torch.bfloat16, torch.float64):
         buffer = torch.zeros(len(compact.layers), 2, 3, 2, 64, 8, dtype=dtype)
         with pytest.raises(RuntimeError, match="buffer must be fp32 or float16"):
-            _step(compact, buffer)
+            compact._layers_native.run(h, cos, sin, buffer, rows, pos, 41, None, None, None)
         assert not buffer.any()
