@@ -496,6 +496,61 @@ void check_decode_attention_half(int64_t B, int64_t G, int64_t Hkv, int64_t T, i
   }
 }
 
+// fp32 values rounded to fp16: the bits into h, their values back into x.
+void round_to_half(std::vector<float>& x, std::vector<uint16_t>& h) {
+  h.resize(x.size());
+  ac::narrow_floats(x.data(), int64_t(x.size()), h.data());
+  ac::widen_halves(h.data(), int64_t(h.size()), x.data());
+}
+
+// Bits equal (one check).
+void expect_same(const char* what, const std::vector<float>& got, const std::vector<float>& want) {
+  ++checks;
+  if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) {
+    ++failures;
+    std::printf("FAIL %s: not the fp32 result over the rounded K/V\n", what);
+  }
+}
+
+// prefix_attention and segment_attention over fp16 K/V equal, bit for bit, the fp32 kernels over
+// fp32 K/V holding the same (rounded) values (segments: two of them, keys strided by `extra`).
+void check_prefill_half(int64_t H, int64_t Hkv, int64_t M, int64_t S, int64_t D) {
+  auto q = randn(H * M * D), k = randn(H * S * D), v = randn(H * S * D);
+  std::vector<uint16_t> k16, v16;
+  round_to_half(k, k16);
+  round_to_half(v, v16);
+  std::vector<float> out(H * M * D), lse(H * M), out16(H * M * D), lse16(H * M);
+  const float scale = 1.f / std::sqrt(float(D));
+  ac::prefix_attention(q.data(), k.data(), S * D, D, v.data(), S * D, D, H, M, S, D, scale,
+                       out.data(), lse.data());
+  ac::prefix_attention(q.data(), k16.data(), S * D, D, v16.data(), S * D, D, H, M, S, D, scale,
+                       out16.data(), lse16.data());
+  expect_same("prefix_attention fp16", out16, out);
+  expect_same("prefix_attention fp16 lse", lse16, lse);
+  // segments: (past, length) = (S - M, M) and (0, M / 2 + 1) of one packed row, Hkv heads
+  const int64_t len[2] = {M, M / 2 + 1}, past[2] = {S - M, 0}, N = len[0] + len[1];
+  const int64_t starts[2] = {0, M}, cap = S + 3, kh[2] = {cap * D, cap * D}, ks[2] = {D, D};
+  auto qs = randn(H * N * D), k0 = randn(Hkv * cap * D), v0 = randn(Hkv * cap * D);
+  auto k1 = randn(Hkv * cap * D), v1 = randn(Hkv * cap * D);
+  std::vector<uint16_t> k016, v016, k116, v116;
+  round_to_half(k0, k016), round_to_half(v0, v016);
+  round_to_half(k1, k116), round_to_half(v1, v116);
+  const float* kp[2] = {k0.data(), k1.data()};
+  const float* vp[2] = {v0.data(), v1.data()};
+  const uint16_t* kp16[2] = {k016.data(), k116.data()};
+  const uint16_t* vp16[2] = {v016.data(), v116.data()};
+  std::vector<float> so(H * N * D), so16(H * N * D);
+  ac::SegmentAttentionArgs a{qs.data(), H, Hkv, N, D, 2, starts, len, past, kp, vp, kh, ks, kh,
+                             ks, scale, so.data()};
+  ac::segment_attention(a);
+  a.k = a.v = nullptr;
+  a.k_half = kp16;
+  a.v_half = vp16;
+  a.out = so16.data();
+  ac::segment_attention(a);
+  expect_same("segment_attention fp16", so16, so);
+}
+
 int main() {
   check_half_conversion();
   for (bool masked : {false, true}) {
@@ -520,6 +575,9 @@ int main() {
   check_segment_attention(4, 2, 16, {{0, 1}, {3, 33}, {100, 70}});
   check_segment_attention(2, 2, 128, {{300, 2}});
   check_segment_attention(6, 2, 48, {{7, 25}, {0, 130}});
+  check_prefill_half(3, 3, 37, 200, 64);
+  check_prefill_half(4, 2, 13, 70, 16);
+  check_prefill_half(2, 1, 61, 130, 128);
   for (bool bf16 : {false, true}) {
     check_linear_packed(16, 96, 57, bf16);
     check_linear_packed(3, 100, 70, bf16);

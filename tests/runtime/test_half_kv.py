@@ -151,3 +151,81 @@ def test_layer_loop_refuses_another_buffer_dtype(isa: str) -> None:
         with pytest.raises(RuntimeError, match="buffer must be fp32 or float16"):
             compact._layers_native.run(h, cos, sin, buffer, rows, pos, 41, None, None, None)
         assert not buffer.any()
+
+
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+@pytest.mark.parametrize(
+    ("heads", "queries", "keys", "head_dim"), [(3, 37, 200, 64), (2, 61, 130, 16), (1, 7, 65, 128)]
+)
+def test_half_prefix_attention_is_the_fp32_result_over_rounded_kv(
+    isa: str, heads: int, queries: int, keys: int, head_dim: int
+) -> None:
+    """The cascade's shared prefix over fp16 K/V (views into a larger cache): outputs and
+    log-sum-exp equal the fp32 kernel's on ``k.half().float()``; mixed dtypes are refused."""
+    kernels = isa_kernels(isa)
+    torch.manual_seed(queries + keys)
+    cache = torch.randn(2, heads, keys + 9, head_dim).half()
+    k, v = cache[0, :, 5 : 5 + keys], cache[1, :, 5 : 5 + keys]
+    q = torch.randn(heads, queries, head_dim)
+    out, lse = kernels.prefix_attention(q, k, v, head_dim**-0.5)
+    want, want_lse = kernels.prefix_attention(q, k.float(), v.float(), head_dim**-0.5)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    with pytest.raises(RuntimeError, match="both fp32 or both float16, not q"):
+        kernels.prefix_attention(q, k, v.float(), head_dim**-0.5)
+
+
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "segments"),
+    [(9, 3, 64, [(256, 17), (0, 5), (40, 1)]), (4, 2, 16, [(0, 1), (100, 70)]),
+     (2, 2, 128, [(300, 2), (3, 33)])],
+)  # fmt: skip
+def test_half_segment_attention_writes_rounded_kv_and_reads_it_back(
+    isa: str, heads: int, kv_heads: int, head_dim: int, segments: list[tuple[int, int]]
+) -> None:
+    """A packed prefill over float16 buffers (standalone ones and row views of a batch buffer):
+    each segment's new K/V are stored as torch rounds them (``.half()``, bit for bit) and
+    nowhere else, and its tokens attend to the stored, rounded keys, its own new ones included:
+    the result is the fp32 kernel's, bit for bit, given the rounded new K/V over fp32 buffers
+    holding the same values (and not the result over the unrounded new K/V)."""
+    kernels = isa_kernels(isa)
+    torch.manual_seed(heads * 100 + head_dim + len(segments))
+    n_all = sum(n for _, n in segments)
+    q = torch.randn(heads, n_all, head_dim)
+    k_new, v_new = torch.randn(2, kv_heads, n_all, head_dim)
+    batch = torch.randn(3, 2, len(segments), kv_heads, 500, head_dim).half()
+    halves = [
+        batch[:, :, s] if s % 2 else torch.randn(3, 2, kv_heads, p + n + 4, head_dim).half()
+        for s, (p, n) in enumerate(segments)
+    ]
+    before = [b.clone() for b in halves]
+    floats = [b.float() for b in halves]
+    past, lengths = [p for p, _ in segments], [n for _, n in segments]
+    got = kernels.segment_attention(q, k_new, v_new, halves, 1, past, lengths, head_dim**-0.5)
+    rounded = kernels.segment_attention(q, k_new.half().float(), v_new.half().float(), floats, 1,
+                                        past, lengths, head_dim**-0.5)  # fmt: skip
+    assert torch.equal(got, rounded)
+    unrounded = kernels.segment_attention(q, k_new, v_new, [b.float() for b in before], 1, past,
+                                          lengths, head_dim**-0.5)  # fmt: skip
+    assert not torch.equal(got, unrounded)
+    start = 0
+    for (p, n), buf, old in zip(segments, halves, before, strict=True):
+        old[1, 0, :, p : p + n] = k_new[:, start : start + n].half()
+        old[1, 1, :, p : p + n] = v_new[:, start : start + n].half()
+        assert torch.equal(buf, old), "the segment's new positions of layer 1, rounded, only"
+        start += n
+
+
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
+def test_half_segment_attention_refuses_mixed_buffers(isa: str) -> None:
+    """Every buffer of one dtype, fp32 or float16, or an error naming them; nothing written."""
+    kernels = isa_kernels(isa)
+    q, k_new, v_new = torch.randn(2, 3, 16), torch.randn(2, 3, 16), torch.randn(2, 3, 16)
+    for first, second in ((torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16)):
+        buffers = [
+            torch.zeros(1, 2, 2, 8, 16, dtype=first),
+            torch.zeros(1, 2, 2, 8, 16, dtype=second),
+        ]
+        with pytest.raises(RuntimeError, match="fp32 or float16 as every buffer"):
+            kernels.segment_attention(q, k_new, v_new, buffers, 0, [0, 0], [2, 1], 0.25)
+        assert not any(b.any() for b in buffers)

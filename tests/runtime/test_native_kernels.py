@@ -316,7 +316,7 @@ def test_prefix_attention_refuses_bad_input(isa: str) -> None:
     with pytest.raises(RuntimeError, match="multiple of 16 up to 128"):
         kernels.prefix_attention(torch.randn(2, 5, 20), torch.randn(2, 9, 20),
                                  torch.randn(2, 9, 20), 0.1)  # fmt: skip
-    with pytest.raises(RuntimeError, match="fp32 tensors only"):
+    with pytest.raises(RuntimeError, match="q must be fp32 and k, v both fp32 or both float16"):
         kernels.prefix_attention(q.bfloat16(), k, k, 0.1)
     with pytest.raises(RuntimeError, match=r"q \[H_kv, M, D\], k and v \[H_kv, S, D\]"):
         kernels.prefix_attention(q, k, torch.randn(2, 8, 64), 0.1)

@@ -119,9 +119,11 @@ class NativeKernels(NamedTuple):
     within float32 rounding. Raises ``RuntimeError`` on another layout or dtype."""
     prefix_attention: Callable[..., Any]
     """``(q [H_kv, M, D], k [H_kv, S, D], v, scale) -> [out [H_kv, M, D], lse [H_kv, M]]``, fp32
-    CPU, ``D`` a multiple of 16 up to 128, K and V rows contiguous: unmasked attention of many
-    queries to one run of keys and the log-sum-exp of their scaled scores, as torch's CPU flash
-    kernel returns them (``attention.lse_attention``), equal within float32 rounding."""
+    CPU (K/V both fp32 or both float16: attended as their exact fp32 values, bit for bit the
+    call with ``k.float()``, ``v.float()``), ``D`` a multiple of 16 up to 128, K and V rows
+    contiguous: unmasked attention of many queries to one run of keys and the log-sum-exp of
+    their scaled scores, as torch's CPU flash kernel returns them (``attention.lse_attention``),
+    equal within float32 rounding."""
     segment_attention: Callable[..., Any]
     """``(q [H, N, D], k_new [H_kv, N, D], v_new, buffers, layer, past, lengths, scale) -> [H,
     N, D]``, fp32 CPU, ``D`` a multiple of 16 up to 128: ``forward_packed``'s attention in one
@@ -129,7 +131,9 @@ class NativeKernels(NamedTuple):
     K/V into ``buffers[s]`` (a ``RequestKVCache`` buffer ``[L, 2, H_kv, capacity, D]``, layer
     ``layer``) at positions ``[past[s], past[s] + lengths[s])``; then its token ``j`` attends to
     that buffer's keys ``[0, past[s] + j]``. Equal to SDPA with the causal mask within float32
-    rounding. Raises ``RuntimeError`` on other shapes, dtypes, or a segment past its buffer."""
+    rounding. Buffers all fp32 or all float16: float16 ones get the new K/V rounded as
+    ``x.half()`` rounds them and are attended as stored (the new tokens' own keys included).
+    Raises ``RuntimeError`` on other shapes, dtypes, or a segment past its buffer."""
 
     @property
     def is_vectorized(self) -> bool:

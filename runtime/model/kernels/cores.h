@@ -35,13 +35,19 @@ void decode_attention(const DecodeAttentionArgs& a);
 void prefix_attention(const float* q, const float* k, int64_t kh, int64_t ks, const float* v,
                       int64_t vh, int64_t vs, int64_t H, int64_t M, int64_t S, int64_t D,
                       float scale, float* out, float* lse);
+// The same over fp16 K/V (IEEE bits), widened exactly as read: bit for bit the fp32 overload's
+// result on fp32 K/V holding the same values.
+void prefix_attention(const float* q, const uint16_t* k, int64_t kh, int64_t ks,
+                      const uint16_t* v, int64_t vh, int64_t vs, int64_t H, int64_t M, int64_t S,
+                      int64_t D, float scale, float* out, float* lse);
 
 // Several sequences' new tokens packed in one row (forward_packed), attended in one call
 // (attention.cpp): segment s has queries for tokens [starts[s], starts[s] + lengths[s]) of q at
 // positions [past[s], past[s] + lengths[s]) of its own keys, and token j of it attends to keys
 // [0, past[s] + j] (causal). Keys of segment s: k[s], element strides kh[s] per KV head and
 // ks[s] per position, last dim contiguous (values likewise). q [H, N, D] contiguous; out [H, N,
-// D]. D a multiple of 16 up to 128, lengths >= 1 (checked by the caller).
+// D]. D a multiple of 16 up to 128, lengths >= 1 (checked by the caller). K/V fp32 (k, v) or
+// fp16 bits (k_half, v_half; k, v then nullptr), attended as their exact fp32 values.
 struct SegmentAttentionArgs {
   const float* q;
   int64_t H, Hkv, N, D, num_segments;
@@ -56,6 +62,8 @@ struct SegmentAttentionArgs {
   const int64_t* vs;
   float scale;
   float* out;
+  const uint16_t* const* k_half = nullptr;  // fp16 K / V per segment instead of k / v
+  const uint16_t* const* v_half = nullptr;
 };
 void segment_attention(const SegmentAttentionArgs& a);
 

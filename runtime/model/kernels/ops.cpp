@@ -5,9 +5,30 @@
 #include <ATen/core/stack.h>
 
 #include "cores.h"
+#include "half.h"
 
 AGENTCACHE_BEGIN
 namespace ops {
+namespace {
+
+// A float16 tensor's data as IEEE binary16 bits (at::Half is binary16, 2 bytes: what half.h reads).
+uint16_t* half_bits(const at::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.data_ptr<at::Half>());
+}
+
+// Bytes read as elements of T.
+template <class T>
+const T* as(const char* p) {
+  return reinterpret_cast<const T*>(p);
+}
+
+// A row of D fp32 values into a KV slot: as they are, or rounded to fp16 (half.h).
+void store_row(const float* x, int64_t D, bool is_half, char* slot) {
+  if (is_half) narrow_floats(x, D, reinterpret_cast<uint16_t*>(slot));
+  else std::copy(x, x + D, reinterpret_cast<float*>(slot));
+}
+
+}  // namespace
 
 at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v,
                             std::optional<at::Tensor> mask, double scale,
@@ -59,9 +80,9 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v,
                            k.stride(2), v.stride(0), v.stride(1), v.stride(2), mp, srcp,
                            sharedp, B, H, Hkv, T, D, static_cast<float>(scale),
                            out.data_ptr<float>()};
-  if (is_half) {  // NOTE: at::Half is IEEE binary16, 2 bytes: its bits are what half.h reads
-    args.k_half = reinterpret_cast<const uint16_t*>(k.data_ptr<at::Half>());
-    args.v_half = reinterpret_cast<const uint16_t*>(v.data_ptr<at::Half>());
+  if (is_half) {
+    args.k_half = half_bits(k);
+    args.v_half = half_bits(v);
   } else {
     args.k = k.data_ptr<float>();
     args.v = v.data_ptr<float>();
@@ -74,9 +95,11 @@ std::vector<at::Tensor> prefix_attention(at::Tensor q, const at::Tensor& k, cons
                                          double scale) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
               "prefix_attention: CPU tensors only");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
-                  v.scalar_type() == at::kFloat,
-              "prefix_attention: fp32 tensors only");
+  const bool is_half = k.scalar_type() == at::kHalf;
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type() &&
+                  (is_half || k.scalar_type() == at::kFloat),
+              "prefix_attention: q must be fp32 and k, v both fp32 or both float16, not q ",
+              q.scalar_type(), ", k ", k.scalar_type(), ", v ", v.scalar_type());
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && q.size(0) == k.size(0) &&
                   q.size(2) == k.size(2),
               "prefix_attention: q [H_kv, M, D], k and v [H_kv, S, D]");
@@ -91,9 +114,16 @@ std::vector<at::Tensor> prefix_attention(at::Tensor q, const at::Tensor& k, cons
   auto ks = k.stride(2) == 1 ? k : k.contiguous();
   auto out = at::empty({H, M, D}, q.options());
   auto lse = at::empty({H, M}, q.options());
-  agentcache::prefix_attention(q.data_ptr<float>(), ks.data_ptr<float>(), ks.stride(0), ks.stride(1),
-                   v.data_ptr<float>(), v.stride(0), v.stride(1), H, M, S, D,
-                   static_cast<float>(scale), out.data_ptr<float>(), lse.data_ptr<float>());
+  if (is_half)
+    agentcache::prefix_attention(q.data_ptr<float>(), half_bits(ks), ks.stride(0), ks.stride(1),
+                                 half_bits(v), v.stride(0), v.stride(1), H, M, S, D,
+                                 static_cast<float>(scale), out.data_ptr<float>(),
+                                 lse.data_ptr<float>());
+  else
+    agentcache::prefix_attention(q.data_ptr<float>(), ks.data_ptr<float>(), ks.stride(0),
+                                 ks.stride(1), v.data_ptr<float>(), v.stride(0), v.stride(1), H,
+                                 M, S, D, static_cast<float>(scale), out.data_ptr<float>(),
+                                 lse.data_ptr<float>());
   return {out, lse};
 }
 
@@ -116,15 +146,20 @@ at::Tensor segment_attention(at::Tensor q, at::Tensor k_new, at::Tensor v_new,
   TORCH_CHECK(num >= 1 && static_cast<int64_t>(past.size()) == num &&
                   static_cast<int64_t>(lengths.size()) == num,
               "segment_attention: one buffer, past and length per segment");
+  // NOTE: every buffer of one dtype, fp32 or float16 (the new K/V stored rounded: half.h)
+  const at::ScalarType dtype = buffers[0].scalar_type();
+  const bool is_half = dtype == at::kHalf;
   std::vector<int64_t> starts(num), kh(num), ks(num), vh(num), vs(num);
-  std::vector<float*> kp(num), vp(num);
+  std::vector<char*> kp(num), vp(num);
   int64_t start = 0;
   for (int64_t s = 0; s < num; ++s) {
     const auto& b = buffers[s];
-    TORCH_CHECK(b.device().is_cpu() && b.scalar_type() == at::kFloat && b.dim() == 5 &&
-                    b.size(1) == 2 && b.size(2) == Hkv && b.size(4) == D && b.stride(4) == 1,
-                "segment_attention: buffer ", s, " must be fp32 [L, 2, H_kv, capacity, D] with "
-                "contiguous rows");
+    TORCH_CHECK(b.device().is_cpu() && b.scalar_type() == dtype &&
+                    (is_half || dtype == at::kFloat) && b.dim() == 5 && b.size(1) == 2 &&
+                    b.size(2) == Hkv && b.size(4) == D && b.stride(4) == 1,
+                "segment_attention: buffer ", s, " must be [L, 2, H_kv, capacity, D] with "
+                "contiguous rows, fp32 or float16 as every buffer (buffer 0: ", dtype, "), not ",
+                b.scalar_type(), " ", b.sizes());
     TORCH_CHECK(layer >= 0 && layer < b.size(0), "segment_attention: layer ", layer,
                 " outside buffer ", s);
     TORCH_CHECK(lengths[s] >= 1 && past[s] >= 0 && past[s] + lengths[s] <= b.size(3),
@@ -132,9 +167,10 @@ at::Tensor segment_attention(at::Tensor q, at::Tensor k_new, at::Tensor v_new,
                 ") does not fit its buffer of ", b.size(3), " positions");
     starts[s] = start;
     start += lengths[s];
-    float* base = b.data_ptr<float>() + layer * b.stride(0);
+    const int64_t elem = is_half ? 2 : 4;
+    char* base = static_cast<char*>(b.data_ptr()) + layer * b.stride(0) * elem;
     kp[s] = base;
-    vp[s] = base + b.stride(1);
+    vp[s] = base + b.stride(1) * elem;
     kh[s] = vh[s] = b.stride(2);
     ks[s] = vs[s] = b.stride(3);
   }
@@ -142,18 +178,31 @@ at::Tensor segment_attention(at::Tensor q, at::Tensor k_new, at::Tensor v_new,
   q = q.contiguous();
   auto kn = k_new.contiguous(), vn = v_new.contiguous();
   const float *knp = kn.data_ptr<float>(), *vnp = vn.data_ptr<float>();
-  for (int64_t s = 0; s < num; ++s)  // the new keys and values into each segment's buffer
+  // the new keys and values into each segment's buffer (fp16: rounded to nearest even, as
+  // torch's `x.half()`; the attention below reads them back from there, rounded)
+  const int64_t elem = is_half ? 2 : 4;
+  for (int64_t s = 0; s < num; ++s)
     for (int64_t h = 0; h < Hkv; ++h)
       for (int64_t j = 0; j < lengths[s]; ++j) {
         const int64_t from = (h * N + starts[s] + j) * D, to = h * kh[s] + (past[s] + j) * ks[s];
-        std::copy(knp + from, knp + from + D, kp[s] + to);
-        std::copy(vnp + from, vnp + from + D, vp[s] + to);
+        store_row(knp + from, D, is_half, kp[s] + to * elem);
+        store_row(vnp + from, D, is_half, vp[s] + to * elem);
       }
   auto out = at::empty({H, N, D}, q.options());
-  agentcache::segment_attention({q.data_ptr<float>(), H, Hkv, N, D, num, starts.data(),
-                                 lengths.data(), past.data(), kp.data(), vp.data(), kh.data(),
-                                 ks.data(), vh.data(), vs.data(), static_cast<float>(scale),
-                                 out.data_ptr<float>()});
+  SegmentAttentionArgs args{q.data_ptr<float>(), H, Hkv, N, D, num, starts.data(),
+                            lengths.data(), past.data(), nullptr, nullptr, kh.data(),
+                            ks.data(), vh.data(), vs.data(), static_cast<float>(scale),
+                            out.data_ptr<float>()};
+  // the buffers' K / V as the core's element type (one pair set)
+  std::vector<const float*> k32(num), v32(num);
+  std::vector<const uint16_t*> k16(num), v16(num);
+  for (int64_t s = 0; s < num; ++s) {
+    if (is_half) k16[s] = as<uint16_t>(kp[s]), v16[s] = as<uint16_t>(vp[s]);
+    else k32[s] = as<float>(kp[s]), v32[s] = as<float>(vp[s]);
+  }
+  if (is_half) args.k_half = k16.data(), args.v_half = v16.data();
+  else args.k = k32.data(), args.v = v32.data();
+  agentcache::segment_attention(args);
   return out;
 }
 

@@ -20,15 +20,17 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v,
                             std::optional<at::Tensor> mask, double scale,
                             std::optional<at::Tensor> src, std::optional<at::Tensor> shared);
 
-// Writes each segment's new keys / values (k_new, v_new [H_kv, N, D], tokens in segment order)
-// into its buffer ([L, 2, H_kv, capacity, D], layer `layer`) at [past, past + length), then
-// attends every segment's queries (q [H, N, D]) to its own keys, causal (cores.h).
+// Writes each segment's new keys / values (k_new, v_new [H_kv, N, D] fp32, tokens in segment
+// order) into its buffer ([L, 2, H_kv, capacity, D], layer `layer`; every buffer fp32, or every
+// one float16: then stored rounded to nearest even) at [past, past + length), then attends every
+// segment's queries (q [H, N, D]) to its own keys as stored, causal (cores.h).
 at::Tensor segment_attention(at::Tensor q, at::Tensor k_new, at::Tensor v_new,
                              const std::vector<at::Tensor>& buffers, int64_t layer,
                              const std::vector<int64_t>& past, const std::vector<int64_t>& lengths,
                              double scale);
 
-// q [H_kv, M, D], k and v [H_kv, S, D] (V rows contiguous), D a multiple of 16 up to 128.
+// q [H_kv, M, D] fp32, k and v [H_kv, S, D] both fp32 or both float16 (V rows contiguous), D a
+// multiple of 16 up to 128.
 // Returns {out [H_kv, M, D], lse [H_kv, M]}.
 std::vector<at::Tensor> prefix_attention(at::Tensor q, const at::Tensor& k, const at::Tensor& v,
                                          double scale);

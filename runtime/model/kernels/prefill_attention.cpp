@@ -6,12 +6,19 @@
 // Register tiles are counted in native vectors (kW floats) and sized by kRegs, so each ISA gets
 // tiles that fit its register file; the arithmetic (and so the results, within float32 rounding)
 // is the same on every path.
+//
+// fp16 K/V (the 16-bit KV cache) run the same code, templated on the element type E: keys are
+// widened as they are transposed (the transposed copy is fp32 either way), values as they are
+// loaded (half.h's vload_kv); so the results equal, bit for bit, those over fp32 K/V holding the
+// same values.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "cores.h"
+#include "half.h"
 #include "vec.h"
 
 AGENTCACHE_BEGIN
@@ -33,16 +40,16 @@ constexpr int kPrefixPvVecs = 4;                 // head-dim vectors per P.V pas
 constexpr int64_t kItemRows = 60;                // queries per work item (whole tiles of 6 and 2)
 
 // acc[r] (rows of D floats, head dims [d0, d0 + CV * kW)) += sum_j p[r][j] v_j over nb keys.
-template <int RT, int CV>
-inline void prefix_pv(const float (*p)[kKeyBlock], const float* __restrict v, int64_t vs,
+template <int RT, int CV, class E>
+inline void prefix_pv(const float (*p)[kKeyBlock], const E* __restrict v, int64_t vs,
                       int64_t j0, int64_t nb, float* __restrict acc, int64_t D, int64_t d0) {
   vf a[RT][CV];
   for (int r = 0; r < RT; ++r)
     for (int c = 0; c < CV; ++c) a[r][c] = vload(acc + r * D + d0 + c * kW);
   for (int64_t j = 0; j < nb; ++j) {
-    const float* vj = v + (j0 + j) * vs + d0;
+    const E* vj = v + (j0 + j) * vs + d0;
     vf vv[CV];
-    for (int c = 0; c < CV; ++c) vv[c] = vload(vj + c * kW);
+    for (int c = 0; c < CV; ++c) vv[c] = vload_kv(vj + c * kW);
     for (int r = 0; r < RT; ++r) {
       const float pr = p[r][j];
       for (int c = 0; c < CV; ++c) a[r][c] += vv[c] * pr;
@@ -53,9 +60,9 @@ inline void prefix_pv(const float (*p)[kKeyBlock], const float* __restrict v, in
 }
 
 // lim: each row's last visible key (keys past it score -inf), or nullptr (every key visible).
-template <int RT>
+template <int RT, class E>
 inline void prefix_tile(const float* __restrict q, int64_t D, const float* __restrict kt,
-                        int64_t Sp, int64_t j0, int64_t nb, const float* __restrict v, int64_t vs,
+                        int64_t Sp, int64_t j0, int64_t nb, const E* __restrict v, int64_t vs,
                         float scale, float* __restrict acc, float* __restrict mx,
                         float* __restrict sm, const int64_t* lim) {
   vf s[RT][kKeyVecs];
@@ -114,8 +121,9 @@ inline bool tile_sees(const int64_t* lim, int64_t r0, int64_t rt, int64_t j0) {
 
 // One work item: rows queries (q, out: [rows, D]; lse: [rows] or nullptr) of one head over S
 // keys, row r seeing keys [0, lim[r]] (lim nullptr: all S; every lim[r] < S).
+template <class E>
 void prefix_item(const float* q, int64_t rows, int64_t D, const float* kt, int64_t S, int64_t Sp,
-                 const float* v, int64_t vs, float scale, float* out, float* lse,
+                 const E* v, int64_t vs, float scale, float* out, float* lse,
                  const int64_t* lim) {
   float mx[kItemRows], sm[kItemRows];
   std::fill(mx, mx + rows, kNegInf);
@@ -149,18 +157,28 @@ inline int64_t kt_stride(int64_t S) {
   return (Sp / 16) % 2 == 0 ? Sp + 16 : Sp;
 }
 
-// K [S, D] (row stride ks) transposed into kt [D, Sp], zero past S.
-void transpose_keys(const float* k, int64_t ks, int64_t S, int64_t Sp, int64_t D, float* kt) {
+// K [S, D] (row stride ks; fp16 rows widened first, D <= 128) transposed into kt [D, Sp] fp32,
+// zero past S.
+template <class E>
+void transpose_keys(const E* k, int64_t ks, int64_t S, int64_t Sp, int64_t D, float* kt) {
   for (int64_t d = 0; d < D; ++d) std::fill(kt + d * Sp + S, kt + (d + 1) * Sp, 0.f);
-  for (int64_t j = 0; j < S; ++j)
-    for (int64_t d = 0; d < D; ++d) kt[d * Sp + j] = k[j * ks + d];
+  float wide[128];
+  for (int64_t j = 0; j < S; ++j) {
+    const float* kj;
+    if constexpr (std::is_same_v<E, float>) {
+      kj = k + j * ks;
+    } else {
+      widen_halves(k + j * ks, D, wide);
+      kj = wide;
+    }
+    for (int64_t d = 0; d < D; ++d) kt[d * Sp + j] = kj[d];
+  }
 }
 
-}  // namespace
-
-void prefix_attention(const float* q, const float* k, int64_t kh, int64_t ks, const float* v,
-                      int64_t vh, int64_t vs, int64_t H, int64_t M, int64_t S, int64_t D,
-                      float scale, float* out, float* lse) {
+template <class E>
+void prefix_attention_impl(const float* q, const E* k, int64_t kh, int64_t ks, const E* v,
+                           int64_t vh, int64_t vs, int64_t H, int64_t M, int64_t S, int64_t D,
+                           float scale, float* out, float* lse) {
   static_assert(kItemRows % kTileRows == 0, "whole tiles per item");
   const int64_t Sp = kt_stride(S);
   std::vector<float> kt(H * D * Sp);  // [H, D, Sp]: K transposed, zero past S
@@ -181,7 +199,8 @@ void prefix_attention(const float* q, const float* k, int64_t kh, int64_t ks, co
 // KV head as prefix_attention's (rows g * len + j for query head h * G + g and token j), and
 // each row r gets lim[r] = past[s] + j (causal over the segment's own new keys); items of up to
 // kItemRows rows run prefix_item over the segment's K, transposed once per (segment, KV head).
-void segment_attention(const SegmentAttentionArgs& a) {
+template <class E>
+void segment_attention_impl(const SegmentAttentionArgs& a, const E* const* k, const E* const* v) {
   const int64_t G = a.H / a.Hkv, D = a.D, Hkv = a.Hkv;
   struct Piece {
     int64_t s, h, r0, rows;
@@ -201,7 +220,7 @@ void segment_attention(const SegmentAttentionArgs& a) {
     for (int64_t sh = begin; sh < end; ++sh) {
       const int64_t s = sh / Hkv, h = sh % Hkv, S = a.past[s] + a.lengths[s];
       const int64_t Sp = (kt_at[sh + 1] - kt_at[sh]) / D;
-      transpose_keys(a.k[s] + h * a.kh[s], a.ks[s], S, Sp, D, kt.data() + kt_at[sh]);
+      transpose_keys(k[s] + h * a.kh[s], a.ks[s], S, Sp, D, kt.data() + kt_at[sh]);
     }
   });
   std::atomic<int64_t> next{0};
@@ -223,11 +242,30 @@ void segment_attention(const SegmentAttentionArgs& a) {
       }
       prefix_item(qs.data(), p.rows, D, kt.data() + kt_at[p.s * Hkv + p.h], S,
                   (kt_at[p.s * Hkv + p.h + 1] - kt_at[p.s * Hkv + p.h]) / D,
-                  a.v[p.s] + p.h * a.vh[p.s], a.vs[p.s], a.scale, os.data(), nullptr, lim);
+                  v[p.s] + p.h * a.vh[p.s], a.vs[p.s], a.scale, os.data(), nullptr, lim);
       for (int64_t r = 0; r < p.rows; ++r)
         std::copy(os.data() + r * D, os.data() + (r + 1) * D, a.out + row(r));
     }
   });
+}
+
+}  // namespace
+
+void prefix_attention(const float* q, const float* k, int64_t kh, int64_t ks, const float* v,
+                      int64_t vh, int64_t vs, int64_t H, int64_t M, int64_t S, int64_t D,
+                      float scale, float* out, float* lse) {
+  prefix_attention_impl(q, k, kh, ks, v, vh, vs, H, M, S, D, scale, out, lse);
+}
+
+void prefix_attention(const float* q, const uint16_t* k, int64_t kh, int64_t ks,
+                      const uint16_t* v, int64_t vh, int64_t vs, int64_t H, int64_t M, int64_t S,
+                      int64_t D, float scale, float* out, float* lse) {
+  prefix_attention_impl(q, k, kh, ks, v, vh, vs, H, M, S, D, scale, out, lse);
+}
+
+void segment_attention(const SegmentAttentionArgs& a) {
+  if (a.k_half != nullptr) segment_attention_impl(a, a.k_half, a.v_half);
+  else segment_attention_impl(a, a.k, a.v);
 }
 
 AGENTCACHE_END
