@@ -68,9 +68,10 @@ __all__ = [
 ]
 
 NATIVE_KV_DTYPES = (torch.float32, torch.float16)
-"""KV element types the native decode kernels read as they are (``decode_attention``, the C++
-layer loop): an fp16 KV cache's blocks are widened to fp32 inside the kernel, so a step reads
-half the bytes and computes on the same values as over a widened copy (bit for bit)."""
+"""KV element types the native attention kernels read as they are (``decode_attention``, the C++
+layer loop, ``segment_attention``): an fp16 KV cache's values are widened to fp32 inside the
+kernel, so a decode step reads half the bytes and computes on the same values as over a widened
+copy (bit for bit)."""
 
 PACKED_MAX_ROWS = FEW_ROWS
 """With packed weights (``CompactLlama``'s ``packed``), products of at most this many rows
@@ -489,13 +490,15 @@ class CompactLlama:
     def _segments_fit(self, h: torch.Tensor, segments: Sequence[Segment]) -> bool:
         """Whether ``forward_packed`` attends in the native ``segment_attention``: vectorized
         kernels, fp32 on CPU, a head dim it takes (a multiple of 16 up to 128), and every
-        segment's fp32 buffer known (``Segment.buffer``)."""
+        segment's buffer known (``Segment.buffer``), all fp32 or all fp16 (an fp16 KV cache: the
+        kernel stores the new K/V rounded and attends over the rounded values)."""
         native = self.native
         if native is None or not native.is_vectorized or h.dtype != torch.float32:
             return False
         if h.device.type != "cpu" or self.head_dim % 16 != 0 or self.head_dim > 128:
             return False
-        return all(s.buffer is not None and s.buffer.dtype == torch.float32 for s in segments)
+        dtypes = {None if s.buffer is None else s.buffer.dtype for s in segments}
+        return len(dtypes) == 1 and dtypes <= set(NATIVE_KV_DTYPES)
 
     def _forward_segments(
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Sequence[Segment]

@@ -9,6 +9,7 @@ the fp32 cache's, not equal. ``auto`` picks fp16 only where quantized blocks are
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -88,12 +89,13 @@ def test_auto_is_fp16_only_where_quantized_blocks_are_read(tmp_path: Path) -> No
 
 
 def _wide(path: str) -> str:
-    """The tiny model at ``path`` widened to whole blocks of 32 (hidden 64, MLP 128), saved
-    next to it."""
+    """The tiny model at ``path`` widened to whole blocks of 32 (hidden 64, MLP 128; 4 heads
+    of 16), saved next to it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(path)
     config.hidden_size, config.intermediate_size = 64, 128
+    config.head_dim = config.hidden_size // config.num_attention_heads
     torch.manual_seed(1)
     wide = Path(path).with_name("wide")
     AutoModelForCausalLM.from_config(config).save_pretrained(wide)
@@ -134,14 +136,38 @@ def test_chunk_reuse_moves_fp16_chunks(engines: tuple[Engine, Engine]) -> None:
     half.check_integrity()
 
 
-def test_native_fp16_decode_matches_the_widened_torch_path(
-    engines: tuple[Engine, Engine], monkeypatch: pytest.MonkeyPatch
+def test_native_fp16_prefill_and_decode_match_the_widened_torch_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Decode steps read the fp16 buffers in the C++ layer loop (the kernel widens each block);
-    the torch path attends over widened copies of the same values: the same answer."""
-    half, _ = engines
+    """A packed prefill of two requests (``segment_attention``, head dim 16) and the batched
+    decode steps (the C++ layer loop) read and write the fp16 buffers natively (the kernels
+    widen what they load); each request alone on the torch path, which attends over widened
+    copies of the same values, gives the same answer."""
+    from tests.runtime.test_batch_exactness import submit
+
+    path = _wide(str(save_tiny_model("llama", tmp_path / "m")))  # 4 heads of 16
+    half = Engine.from_pretrained(path, kv_cache_bytes=1 << 22, block_size=4, kv_dtype="float16")
     assert half.runner.decode_attention == "native"
-    ids = [(5 * i + 7) % (VOCAB_SIZE - 3) + 3 for i in range(29)]
-    native = run(half, ids, 8, use_cache=False)
+    calls: list[torch.dtype] = []
+    forward_segments = compact_llama.CompactLlama._forward_segments
+
+    def spy(self: Any, h: Any, cos: Any, sin: Any, segments: Any) -> torch.Tensor:
+        calls.extend(s.buffer.dtype for s in segments)
+        return forward_segments(self, h, cos, sin, segments)
+
+    prompts = [[(5 * i + 7) % (VOCAB_SIZE - 3) + 3 for i in range(n)] for n in (29, 17)]
+    monkeypatch.setattr(compact_llama.CompactLlama, "_forward_segments", spy)
+    half.scheduler.pause()
+    try:
+        streams = [submit(half, ids, use_cache=False) for ids in prompts]
+    finally:
+        half.scheduler.resume()
+    for _, stream in streams:
+        list(stream)
+    assert calls == [torch.float16] * 2  # one packed forward of both prompts
     monkeypatch.setattr(compact_llama, "NATIVE_KV_DTYPES", (torch.float32,))
-    assert_same_answer(run(half, ids, 8, use_cache=False)[:2], native[:2])
+    for ids, (req, _) in zip(prompts, streams, strict=True):
+        assert req.logits_log is not None
+        alone = run(half, ids, len(req.output_ids), use_cache=False)
+        assert_same_answer(alone[:2], (req.output_ids, req.logits_log))
+    half.close()
