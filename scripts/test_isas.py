@@ -27,6 +27,7 @@ TESTS = [
     "tests/runtime/test_shared_prefix_decode.py",
     "tests/runtime/test_engine_exactness.py",
     "tests/runtime/test_batch_exactness.py",
+    "tests/runtime/test_kv_dtype.py",
 ]
 SELECT = "not gpt2 and not sliding"
 """Architectures that never run the compact forward (so no native kernel) are left out."""
