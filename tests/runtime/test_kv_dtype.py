@@ -1,9 +1,10 @@
 """An fp16 KV cache (``kv_dtype``): K/V rounded when written, attended as their rounded values.
 
-A hit still equals a miss (both attend over the same rounded values), batched decode equals a
-request alone (test_batch_exactness's ``llama-kv16``) and blocks survive the disk tier
-(test_disk_tier_engine). The answers are another model's within fp16 rounding of K/V: close to
-the fp32 cache's, not equal. ``auto`` picks fp16 only where quantized blocks are read.
+A hit still equals a miss (both attend over the same rounded values: test_engine_exactness's
+``llama-kv16``), batched decode equals a request alone (test_batch_exactness's) and blocks
+survive the disk tier (test_disk_tier_engine's). The answers are another model's within fp16
+rounding of K/V: close to the fp32 cache's, not equal. ``auto`` picks fp16 only where quantized
+blocks are read.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from runtime.chunks.spans import ChunkReuse
 from runtime.config import EngineConfig
@@ -25,6 +24,7 @@ from runtime.serve.cli import _runs
 from tests.conftest import VOCAB_SIZE, save_tiny_model
 from tests.runtime.kernel_isas import chosen_kernels
 from tests.runtime.test_engine_exactness import assert_same_answer, run
+from tests.runtime.test_quantized_weights import _tiny
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -51,20 +51,6 @@ def test_every_kv_store_holds_fp16(engines: tuple[Engine, Engine]) -> None:
     assert ", float16 KV cache" in _runs(half) and "KV cache" not in _runs(full)
 
 
-@settings(max_examples=5, deadline=None)
-@given(data=st.data())
-def test_fp16_hit_matches_fp16_miss(engines: tuple[Engine, Engine], data: st.DataObject) -> None:
-    half, _ = engines
-    ids = data.draw(st.lists(st.integers(3, VOCAB_SIZE - 1), min_size=2, max_size=48))
-    split = data.draw(st.integers(1, len(ids)))
-    run(half, ids[:split], 1, use_cache=True)  # warm the cache with a prefix
-    miss = run(half, ids, 6, use_cache=False)
-    hit = run(half, ids, 6, use_cache=True)
-    assert hit[2] >= min((split // 4) * 4, len(ids) - 1)
-    assert_same_answer(miss[:2], hit[:2])
-    half.check_integrity()
-
-
 def test_fp16_answers_are_close_to_fp32_not_equal(engines: tuple[Engine, Engine]) -> None:
     """Rounding K/V to fp16 moves the logits (so the KV really is rounded) by about fp16's
     relative precision (2^-11) of their scale, no more."""
@@ -78,31 +64,13 @@ def test_fp16_answers_are_close_to_fp32_not_equal(engines: tuple[Engine, Engine]
 def test_auto_is_fp16_only_where_quantized_blocks_are_read(tmp_path: Path) -> None:
     path = str(save_tiny_model("llama", tmp_path / "m"))
     assert Engine.from_pretrained(path).kv_dtype == "float32"
-    q8 = Engine.from_pretrained(_wide(path), weights="q8_0")
+    wide = _tiny("llama", tmp_path / "w")
+    q8 = Engine.from_pretrained(wide, weights="q8_0")
     reads_blocks = q8.runner.compact is not None and q8.runner.compact.packed_products
     assert reads_blocks == chosen_kernels().is_vectorized
     assert q8.kv_dtype == ("float16" if reads_blocks else "float32")
-    assert Engine.from_pretrained(_wide(path), weights="q8_0", kv_dtype="float32").kv_dtype == (
-        "float32"
-    )
+    assert Engine.from_pretrained(wide, weights="q8_0", kv_dtype="float32").kv_dtype == "float32"
     assert Engine.from_pretrained(path, dtype="bfloat16").kv_dtype == "bfloat16"
-
-
-def _wide(path: str) -> str:
-    """The tiny model at ``path`` widened to whole blocks of 32 (hidden 64, MLP 128; 4 heads
-    of 16), saved next to it."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(path)
-    config.hidden_size, config.intermediate_size = 64, 128
-    config.head_dim = config.hidden_size // config.num_attention_heads
-    torch.manual_seed(1)
-    wide = Path(path).with_name("wide")
-    AutoModelForCausalLM.from_config(config).save_pretrained(wide)
-    from transformers import AutoTokenizer
-
-    AutoTokenizer.from_pretrained(path).save_pretrained(wide)
-    return str(wide)
 
 
 def test_refusals_name_the_problem(tmp_path: Path) -> None:
@@ -145,7 +113,7 @@ def test_native_fp16_prefill_and_decode_match_the_widened_torch_path(
     copies of the same values, gives the same answer."""
     from tests.runtime.test_batch_exactness import submit
 
-    path = _wide(str(save_tiny_model("llama", tmp_path / "m")))  # 4 heads of 16
+    path = _tiny("llama", tmp_path)  # 4 heads of 16
     half = Engine.from_pretrained(path, kv_cache_bytes=1 << 22, block_size=4, kv_dtype="float16")
     assert half.runner.decode_attention == "native"
     calls: list[torch.dtype] = []

@@ -231,12 +231,14 @@ def test_drop_fp32_frees_the_weights_and_keeps_the_answers(isa: str, fmt: str, a
 
 
 def _tiny(arch: str, tmp_path: Path) -> str:
-    """The suite's tiny model widened to whole blocks of 32 (hidden 64, MLP 128)."""
+    """The suite's tiny model widened to whole blocks of 32 (hidden 64, MLP 128; 4 heads of 16,
+    a head dim the native prefill attention takes)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = save_tiny_model(arch, tmp_path)
     config = AutoConfig.from_pretrained(path)
     config.hidden_size, config.intermediate_size = 64, 128
+    config.head_dim = config.hidden_size // config.num_attention_heads
     torch.manual_seed(1)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     return str(path)
