@@ -57,7 +57,9 @@ class RequestBuilder:
         """Stop ids of every request without ``ignore_eos`` (the generation config's and the
         tokenizer's ``eos_token_id``). To decode a fixed number of tokens, send
         ``SamplingParams(ignore_eos=True)`` rather than changing this set."""
-        self._dtype_name = str(runner.dtype).removeprefix("torch.")
+        dtype, kv = (str(d).removeprefix("torch.") for d in (runner.dtype, runner.kv_dtype))
+        # NOTE: the KV element type too (an fp16 KV cache's blocks are other bytes)
+        self._dtype_name = dtype if kv == dtype else f"{dtype}/kv-{kv}"
 
     def render_chat(
         self,

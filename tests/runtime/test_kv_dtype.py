@@ -49,6 +49,9 @@ def test_every_kv_store_holds_fp16(engines: tuple[Engine, Engine]) -> None:
     # half the bytes per cached block: twice the blocks in the same budget
     assert half.prefix_cache.pool.num_blocks == 2 * full.prefix_cache.pool.num_blocks
     assert ", float16 KV cache" in _runs(half) and "KV cache" not in _runs(full)
+    # the namespace names the KV dtype (the same model id, revision and dtype otherwise)
+    assert half.model_id == full.model_id
+    assert half.make_request([3, 4]).namespace != full.make_request([3, 4]).namespace
 
 
 def test_fp16_answers_are_close_to_fp32_not_equal(engines: tuple[Engine, Engine]) -> None:
