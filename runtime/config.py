@@ -59,10 +59,12 @@ KVDtype: TypeAlias = Literal["auto", "float32", "float16"]
 """The KV cache's element type, apart from the compute dtype (float32 models only; a 16-bit
 model's KV is of its dtype): ``float32`` as computed; ``float16``: keys and values rounded to
 IEEE fp16 (nearest even) when they are written, and every attention, prefill's and decode's,
-reads those rounded values (computing in fp32), so a prefix-cache hit still equals a miss; half
-the KV bytes (memory, the prefix cache's budget, and what each decode step reads); ``auto``:
-``float16`` where the compact forward keeps quantized weight blocks (``q8_0`` / ``q4_1``;
-llama.cpp's default KV type is f16 too), else the model's dtype."""
+reads those rounded values (computing in fp32); half the KV bytes (memory, the prefix cache's
+budget, and what each decode step reads). NOTE: opt-in, because fp16 rounding magnifies the
+last-bit differences between a hit's and a miss's prefill (other matrix shapes): on SmolLM2-135M
+(q8_0) their logits differed by 6.7e-3 against 4.1e-5 with fp32 K/V, and `bench qa` answered 1
+of 134 questions differently with the cache on (a near-tie flip), where fp32 K/V match token for
+token. ``auto``: the model's dtype."""
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 """Prefix cache budget when none is given: 1 GiB of KV blocks."""
 DEFAULT_CHUNK_CACHE_BYTES = 256 << 20
@@ -96,10 +98,10 @@ class EngineConfig:
     own blocks when it holds them) that decode steps read directly, 8.5 / 5 bits a weight."""
     kv_dtype: KVDtype = "auto"
     """KV cache element type: float16 rounds keys and values to fp16 when written (half the KV
-    memory and the bytes a decode step reads; every attention reads the rounded values, so a
-    cache hit still equals a miss; compact forward only); float32 keeps them as computed; auto
-    is float16 for q8_0 / q4_1 weights on the compact forward (like llama.cpp's f16 KV), else
-    the model's dtype (the only choice for a 16-bit dtype)."""
+    memory and the bytes a decode step reads, as llama.cpp's default f16 KV; every attention
+    reads the rounded values, and a cache hit equals a miss only within fp16 rounding, so a
+    near-tie token may flip; compact forward only); float32 keeps them as computed; auto is the
+    model's dtype (the only choice for a 16-bit dtype)."""
     forward: ForwardPath = "auto"
     """Which forward runs the model: auto (the compact Llama-family forward where it applies,
     else the model's own), compact, or transformers (the reference)."""

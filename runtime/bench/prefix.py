@@ -162,8 +162,9 @@ def prefix_main(argv: list[str]) -> int:
         "--kv-dtype",
         choices=list(get_args(KVDtype)),
         default="auto",
-        help="our engine's KV cache element type (serve --kv-dtype): auto is float16 with "
-        "q8_0 / q4_1 weights (llama.cpp's f16 KV), else the model's; default auto",
+        help="our engine's KV cache element type (serve --kv-dtype): float16 halves the KV "
+        "bytes a decode step reads (llama.cpp's default f16 KV; a hit then equals a miss only "
+        "within fp16 rounding); auto is the model's dtype; default auto",
     )
     p.add_argument(
         "--gguf",

@@ -115,8 +115,7 @@ class ModelRunner:
                 ``CompactLlama``'s ``blocks``.
             kv_dtype: The KV cache's element type (``EngineConfig.kv_dtype``): ``"float16"``
                 rounds keys and values to fp16 when written (the compact forward attends over
-                the rounded values everywhere), ``"float32"`` keeps them; ``"auto"``:
-                ``"float16"`` where the compact forward keeps quantized blocks, else the
+                the rounded values everywhere), ``"float32"`` keeps them; ``"auto"``: the
                 model's dtype.
 
         Raises:
@@ -204,9 +203,8 @@ class ModelRunner:
         if choice == "float16" and self.compact is None:
             raise ValueError(f"kv_dtype='float16' needs the compact forward: {self.path_reason}")
         if choice == "auto":
-            quantized = self.weights in ("q8_0", "q4_1")
-            kept = self.compact is not None and self.compact.packed_products
-            return torch.float16 if quantized and kept else self.dtype
+            model_dtype: torch.dtype = self.dtype
+            return model_dtype
         return torch.float16 if choice == "float16" else torch.float32
 
     @property

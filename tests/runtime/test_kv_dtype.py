@@ -1,10 +1,10 @@
 """An fp16 KV cache (``kv_dtype``): K/V rounded when written, attended as their rounded values.
 
-A hit still equals a miss (both attend over the same rounded values: test_engine_exactness's
-``llama-kv16``), batched decode equals a request alone (test_batch_exactness's) and blocks
-survive the disk tier (test_disk_tier_engine's). The answers are another model's within fp16
-rounding of K/V: close to the fp32 cache's, not equal. ``auto`` picks fp16 only where quantized
-blocks are read.
+A hit agrees with a miss (both attend over rounded values; on these tiny models within the
+suite's 1e-4: test_engine_exactness's ``llama-kv16``; a real model's larger activations agree
+only within fp16 rounding, so fp16 is opt-in), batched decode equals a request alone
+(test_batch_exactness's) and blocks survive the disk tier (test_disk_tier_engine's). The answers
+are another model's within fp16 rounding of K/V: close to the fp32 cache's, not equal.
 """
 
 from __future__ import annotations
@@ -64,16 +64,24 @@ def test_fp16_answers_are_close_to_fp32_not_equal(engines: tuple[Engine, Engine]
     assert 0 < diff < 1e-2, diff
 
 
-def test_auto_is_fp16_only_where_quantized_blocks_are_read(tmp_path: Path) -> None:
+def test_auto_is_the_models_dtype_and_fp16_serves_quantized_weights(tmp_path: Path) -> None:
+    """fp16 K/V are opt-in (a hit equals a miss only within fp16 rounding), also for quantized
+    weights; with them, a quantized engine's hit still agrees with its miss."""
     path = str(save_tiny_model("llama", tmp_path / "m"))
     assert Engine.from_pretrained(path).kv_dtype == "float32"
+    assert Engine.from_pretrained(path, dtype="bfloat16").kv_dtype == "bfloat16"
     wide = _tiny("llama", tmp_path / "w")
-    q8 = Engine.from_pretrained(wide, weights="q8_0")
+    assert Engine.from_pretrained(wide, weights="q8_0").kv_dtype == "float32"
+    q8 = Engine.from_pretrained(wide, weights="q8_0", kv_dtype="float16", block_size=4)
+    assert q8.kv_dtype == "float16" and q8.weights == "q8_0"
     reads_blocks = q8.runner.compact is not None and q8.runner.compact.packed_products
     assert reads_blocks == chosen_kernels().is_vectorized
-    assert q8.kv_dtype == ("float16" if reads_blocks else "float32")
-    assert Engine.from_pretrained(wide, weights="q8_0", kv_dtype="float32").kv_dtype == "float32"
-    assert Engine.from_pretrained(path, dtype="bfloat16").kv_dtype == "bfloat16"
+    ids = [(11 * i + 5) % 90 + 3 for i in range(37)]
+    run(q8, ids[:20], 1, use_cache=True)
+    miss, hit = run(q8, ids, 6, use_cache=False), run(q8, ids, 6, use_cache=True)
+    assert hit[2] > 0
+    assert_same_answer(miss[:2], hit[:2])
+    q8.close()
 
 
 def test_refusals_name_the_problem(tmp_path: Path) -> None:

@@ -265,9 +265,7 @@ def test_quantized_engine_cache_on_equals_off(arch: str, fmt: str, tmp_path: Pat
     else:
         head = engine.runner.model.lm_head.weight
         assert torch.equal(dequantize_weight(quantize_weight(head, head_fmt)), head)
-    # NOTE: kv_dtype "auto": an fp16 KV cache where the blocks are read (the hit below reads it)
-    reads_blocks = compact is not None and compact.packed_products
-    assert engine.kv_dtype == ("float16" if reads_blocks else "float32")
+    assert engine.kv_dtype == "float32"  # NOTE: an fp16 KV cache is opt-in (test_kv_dtype)
     ids = [(11 * i + 5) % 90 + 3 for i in range(37)]
     run(engine, ids[:20], 1, use_cache=True)  # warm the cache with a prefix
     miss = run(engine, ids, 8, use_cache=False)
