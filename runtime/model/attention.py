@@ -26,7 +26,6 @@ __all__ = [
     "lse_attention",
     "prefill_mask",
     "sdpa",
-    "widened",
 ]
 
 
@@ -107,13 +106,6 @@ def decode_mask(allowed: torch.Tensor) -> torch.Tensor | None:
     if bool(allowed.all()):
         return None
     return torch.zeros(allowed.shape, device=allowed.device).masked_fill_(~allowed, float("-inf"))
-
-
-def widened(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``kv`` (keys or values of an fp16 KV cache, any shape) as ``dtype`` for attention with
-    ``dtype`` queries: a copy of its exact values (fp16 widens to fp32 without rounding), or
-    ``kv`` itself when it already is ``dtype``."""
-    return kv if kv.dtype == dtype else kv.to(dtype)
 
 
 def sdpa(

@@ -32,7 +32,6 @@ from runtime.model.attention import (
     decode_mask,
     lse_attention,
     sdpa,
-    widened,
 )
 from runtime.model.compact_weights import (
     KERNEL_LAYOUT_ISAS,
@@ -291,7 +290,7 @@ class CompactLlama:
             flat = None if mask is None else mask.reshape(mask.shape[0], -1)
             out = self.native.decode_attention(q[:, :, 0], k, v, flat, self.scale).unsqueeze(2)
             return out if dtype == torch.float32 else out.to(dtype)
-        k, v = widened(k, q.dtype), widened(v, q.dtype)
+        k, v = k.to(q.dtype), v.to(q.dtype)  # NOTE: fp16 K/V widen exactly; else no copy
         if q.shape[2] == 1:
             out = decode_attention(q, k, v, mask, self.scale)
         else:
@@ -473,7 +472,7 @@ class CompactLlama:
             for seg, mask in zip(segments, masks, strict=True):
                 part = slice(start, start + seg.length)
                 keys, values = seg.write_kv(i, ks[:, :, part], vs[:, :, part])
-                parts.append((part, widened(keys, qs.dtype), widened(values, qs.dtype), mask))
+                parts.append((part, keys.to(qs.dtype), values.to(qs.dtype), mask))  # fp16 widened
                 start += seg.length
             if cascade and qs.dtype == torch.float32 and qs.device.type == "cpu":
                 attn = self._attend_cascade(qs, parts, shared_len, own_masks)

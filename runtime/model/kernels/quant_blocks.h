@@ -189,15 +189,9 @@ inline void each_group_block(const Body& body) {
   body(std::integral_constant<int, 3>{});
 }
 
-// n fp16 values at p as fp32 at out (F16C: 8 a conversion).
+// n fp16 values at p (2-byte aligned: a row's scales) as fp32 at out (half.h's widen_halves).
 inline void halves_to_floats(const uint8_t* p, int64_t n, float* out) {
-  int64_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(
-                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i))));
-#endif
-  for (; i < n; ++i) out[i] = half_to_float(p + 2 * i);
+  widen_halves(reinterpret_cast<const uint16_t*>(p), n, out);
 }
 
 // One row of a Q4_1 weight in the kernel layout (K inputs) as its K fp32 values d * q + m.
