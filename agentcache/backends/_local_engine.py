@@ -31,7 +31,8 @@ __all__ = [
 
 _HINT = "install the local runtime: pip install 'agentcache[local]'"
 _KEYWORD_DEFAULTS: dict[str, Any] = {"prefix_cache": True, "dtype": "float32",
-                                     "weights": "float32", "device": "cpu"}  # fmt: skip
+                                     "weights": "float32", "kv_dtype": "auto",
+                                     "device": "cpu"}  # fmt: skip
 """LocalBackend's engine keywords whose defaults are not None (all others default to None)."""
 CHATML_STOPS: tuple[str, ...] = ("<|im_start|>", "<tool_response>", "</tool_response>")
 """End-of-answer markers for ChatML templates: a model that starts a new turn (``<|im_start|>``)

@@ -93,6 +93,7 @@ class LocalBackend(BaseBackend):
         cache_salt: str | None = None,
         dtype: str = "float32",
         weights: str = "float32",
+        kv_dtype: str = "auto",
         device: str = "cpu",
         chunk_reuse: Literal["exact", "blend"] | None = None,
         recompute_fraction: float = 0.15,
@@ -119,6 +120,11 @@ class LocalBackend(BaseBackend):
                 rounding), ``q8_0`` or ``q4_1``
                 (a quantized model: GGUF's blocks, read directly by decode steps); see
                 ``runtime.model.runner.WeightsDtype``.
+            kv_dtype: The KV cache's element type (``serve --kv-dtype``): ``auto`` (the
+                model's ``dtype``), ``float32``, or ``float16`` (opt-in: half the KV bytes, each
+                key and value rounded to fp16, attention computed in float32; a cache hit may then
+                answer a near-tied token differently from a miss, see the README's KV cache
+                dtype section).
             device: torch device string.
             chunk_reuse: Opt-in reuse of each ``Document``'s KV in any order (the engine's chunk
                 store, ``runtime.chunks.assembler``): ``"exact"`` answers as under a block attention
@@ -139,6 +145,8 @@ class LocalBackend(BaseBackend):
         Raises:
             ConfigError: ``cache_salt`` is an empty string, an engine option is refused by
                 ``EngineConfig`` (``weights`` not one of the five or not float32 ``dtype``'s,
+                ``kv_dtype`` not one of the three, or not ``auto`` with a float16 / bfloat16
+                ``dtype``,
                 ``kv_disk_policy`` neither policy, ``kv_disk_bytes`` without ``kv_disk_dir``),
                 ``config`` comes with engine keywords, ``chunk_reuse`` / ``recompute_fraction``
                 is out of range, or the model cannot reuse chunks in that mode (no composable
@@ -153,7 +161,8 @@ class LocalBackend(BaseBackend):
                 f"cache_salt must be a non-empty str or None (no salt), got {cache_salt!r}"
             )
         options: dict[str, Any] = {"prefix_cache": prefix_cache, "dtype": dtype,
-                                   "weights": weights, "device": device,
+                                   "weights": weights, "kv_dtype": kv_dtype,
+                                   "device": device,
                                    "kv_cache_bytes": kv_cache_bytes, "kv_disk_dir": kv_disk_dir,
                                    "kv_disk_bytes": kv_disk_bytes,
                                    "kv_disk_policy": kv_disk_policy}  # fmt: skip

@@ -47,6 +47,7 @@ MARKUP_STOPS: tuple[str, ...] = ("<document", "</document")
 """Stop strings: a model that copies the prompt's document tags (``templates/documents.jinja``)
 has left its answer; the rest would be markup, not answer text."""
 WEIGHTS: tuple[str, ...] = ("float32", "bfloat16", "float32-packed", "q8_0", "q4_1")
+KV_DTYPES: tuple[str, ...] = ("auto", "float32", "float16")
 _MARKUP = re.compile(r"</?documents?\b|<\|im_(?:start|end)\|>|</?tool_(?:call|response)>")
 
 DESCRIPTION = """\
@@ -87,6 +88,14 @@ def _parser() -> argparse.ArgumentParser:
         default="float32",
         help="LocalBackend weights (default: float32, the reference; q8_0 / q4_1: a quantized "
         "model, another model whose accuracy this measures)",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        choices=KV_DTYPES,
+        default="auto",
+        help="the KV cache's element type in every mode (serve --kv-dtype; default auto: the "
+        "model's dtype; float16: opt-in, half the KV bytes, whose cache-on-vs-off agreement "
+        "this measures)",
     )
     p.add_argument(
         "--compare-weights",
@@ -133,6 +142,7 @@ def main(argv: list[str]) -> int:
             backends = _backends(args)
             try:
                 records = _run(args, qa, questions, backends)
+                kv_dtype = backends["prefix cache"].engine.kv_dtype
             finally:
                 for backend in backends.values():
                     backend.close()
@@ -140,6 +150,7 @@ def main(argv: list[str]) -> int:
         print(f"agentcache bench qa: {exc}", file=sys.stderr)
         return 2
     lines, summary = _figures(args, qa, questions, records)
+    summary["kv_dtype"] = kv_dtype
     _print(args, questions, records, lines, summary)
     return 0 if summary["cache_on_equals_cache_off"] else 1
 
@@ -164,8 +175,9 @@ def _backends(args: argparse.Namespace) -> dict[str, LocalBackend]:
     """A force-miss engine for cache off; one prefix-cache engine shared by the other modes."""
     from agentcache.backends.local import LocalBackend
 
-    off = LocalBackend(args.model, prefix_cache=False, weights=args.weights)
-    on = LocalBackend(args.model, weights=args.weights, cache_salt="qa-prefix")
+    kv = args.kv_dtype
+    off = LocalBackend(args.model, prefix_cache=False, weights=args.weights, kv_dtype=kv)
+    on = LocalBackend(args.model, weights=args.weights, kv_dtype=kv, cache_salt="qa-prefix")
     found: dict[str, LocalBackend] = {"cache off": off, "prefix cache": on}
     for mode in () if args.skip_chunk_reuse else ("exact", "blend"):
         try:
@@ -177,7 +189,7 @@ def _backends(args: argparse.Namespace) -> dict[str, LocalBackend]:
             print(f"agentcache bench qa: chunk {mode} skipped: {exc}", file=sys.stderr)
     for weights in args.compare_weights:
         found[_compared_mode(weights)] = LocalBackend(
-            args.model, weights=weights, cache_salt=f"qa-{weights}"
+            args.model, weights=weights, kv_dtype=kv, cache_salt=f"qa-{weights}"
         )
     for mode in ("cache off", "prefix cache", *map(_compared_mode, args.compare_weights)):
         found[mode].warm_up()
@@ -325,7 +337,8 @@ def _print(
     n = len(questions)
     print(
         f"bench qa: {n} questions over {summary['documents']} documents of made-up facts, "
-        f"model {args.model}, weights {args.weights}, k={args.k}, greedy, "
+        f"model {args.model}, weights {args.weights}, {summary['kv_dtype']} KV cache, "
+        f"k={args.k}, greedy, "
         f"{args.max_tokens} tokens max"
     )
     print(f"retrieval recall (BM25, k={args.k}): {summary['retrieval_recall']:.3f}")

@@ -292,6 +292,26 @@ def test_weights_reach_the_engine_and_bad_ones_are_refused(model_dir: Path) -> N
             LocalBackend(str(model_dir), **bad)  # type: ignore[arg-type]
 
 
+def test_kv_dtype_reaches_the_engine_and_bad_ones_are_refused(model_dir: Path) -> None:
+    """``kv_dtype`` is the engine's (``serve --kv-dtype``): ``float16`` holds the KV cache in fp16
+    and still answers, cached and uncached alike on this model; ``auto`` keeps the model's dtype;
+    a value the engine does not know, or a non-auto KV dtype beside a 16-bit ``dtype``, is a
+    ConfigError."""
+    from agentcache.exceptions import ConfigError
+
+    options = GenerationOptions(max_tokens=8, temperature=0.0)
+    half = LocalBackend(str(model_dir), kv_dtype="float16")
+    plain = LocalBackend(str(model_dir))
+    assert half.engine.kv_dtype == "float16" and plain.engine.kv_dtype == "float32"
+    first, again = half.complete("What is json?", options), half.complete("What is json?", options)
+    assert again.usage.cached_tokens > 0 and first.text == again.text
+    half.close()
+    plain.close()
+    for bad in ({"kv_dtype": "int8"}, {"kv_dtype": "float16", "dtype": "bfloat16"}):
+        with pytest.raises(ConfigError, match="kv_dtype"):
+            LocalBackend(str(model_dir), **bad)  # type: ignore[arg-type]
+
+
 def test_chunk_reuse_options_are_checked(model_dir: Path) -> None:
     from agentcache.exceptions import ConfigError
 

@@ -112,7 +112,16 @@ def test_bench_qa_takes_quantized_weights(capsys: pytest.CaptureFixture[str]) ->
     assert main(["bench", "qa", "--model", "tiny", "--weights", "q8_0", *argv]) == 0
     (summary,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert summary["weights"] == "q8_0" and 0.0 <= summary["accuracy"] <= 1.0
-    assert summary["cache_on_equals_cache_off"] is True
+    assert summary["cache_on_equals_cache_off"] is True and summary["kv_dtype"] == "float32"
+
+
+def test_bench_qa_takes_a_kv_dtype(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--kv-dtype float16`` runs every mode over an fp16 KV cache, and the summary names the
+    KV dtype the engine resolved (``auto`` elsewhere: the model's float32)."""
+    argv = ["--limit", "1", "--max-tokens", "2", "--skip-chunk-reuse", "--json"]
+    assert main(["bench", "qa", "--model", "tiny", "--kv-dtype", "float16", *argv]) == 0
+    (summary,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert summary["kv_dtype"] == "float16" and summary["cache_on_equals_cache_off"] is True
 
 
 def test_agreement_counts_equal_answers_and_flips_question_by_question() -> None:
