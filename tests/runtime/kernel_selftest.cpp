@@ -558,6 +558,7 @@ int main() {
     check_decode_attention_half(2, 7, 2, 300, 40, masked, false);
     check_decode_attention_half(4, 3, 2, 700, 64, masked, true);
     check_decode_attention_half(5, 2, 2, 800, 80, masked, true);
+    check_decode_attention_half(16, 3, 3, 320, 64, masked, true);  // a partial chunk of 240
   }
   for (bool masked : {false, true}) {
     check_decode_attention(3, 3, 2, 601, 64, masked, false);
@@ -566,6 +567,8 @@ int main() {
     check_decode_attention(2, 1, 1, 1, 8, masked, false);
     check_decode_attention(4, 3, 2, 700, 64, masked, true);
     check_decode_attention(5, 2, 2, 800, 80, masked, true);
+    check_decode_attention(16, 3, 3, 320, 64, masked, true);  // a partial chunk of 240
+    check_decode_attention(9, 4, 2, 271, 128, masked, true);  // 203 shared, one chunk
   }
   check_prefix_attention(3, 37, 200, 64);
   check_prefix_attention(2, 61, 130, 16);

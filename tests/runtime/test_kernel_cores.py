@@ -20,7 +20,7 @@ from tests.runtime.kernel_isas import KERNEL_ISAS
 
 HERE = Path(__file__).parent
 KERNELS = Path(_build.__file__).parent
-CHECKS = 114
+CHECKS = 120
 CORES = (
     "attention.cpp",
     "prefill_attention.cpp",

@@ -103,11 +103,11 @@ def test_shared_prefix_is_read_from_the_source_row(isa: str) -> None:
         torch.testing.assert_close(got.double(), reference_attention(q, k, v, m, 0.125),
                                    atol=2e-6, rtol=1e-5)  # fmt: skip
     # row 3 differs from row 0 everywhere: declared as sharing 600 positions, its keys
-    # [0, 512) (two whole blocks of 256) come from row 0 and [512, 700) from its own row
+    # [0, 600) (two whole chunks of 256 and one of 88) come from row 0, [600, 700) from its own
     lied = torch.tensor([0, shared, shared, shared])
     got = kernels.decode_attention(q, k, v, None, 0.125, torch.zeros(rows, dtype=torch.long), lied)
     mixed = buffer.clone()
-    mixed[:, 3, :, :512] = buffer[:, 0, :, :512]
+    mixed[:, 3, :, :shared] = buffer[:, 0, :, :shared]
     want = reference_attention(q, mixed[0, :, :, :length], mixed[1, :, :, :length], None, 0.125)
     plain = kernels.decode_attention(q, k, v, None, 0.125)
     torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=1e-5)

@@ -11,16 +11,20 @@
 // softmax (max, sum) and the weighted sum of V; a serial merge rescales the blocks by
 // exp(block max - global max). K and V are read once per KV head and never expanded. A block
 // whose additive mask is -inf everywhere is skipped (rows of a batched step shorter than the
-// longest row read nothing past their end). Rows that read one block of keys from the same source
-// row (a shared prefix) are one work item: their queries together against the block, as two
-// small register-tiled matrix products (run_group).
+// longest row read nothing past their end). With a shared prefix (src, shared), a row's keys are
+// cut at its split point p (Chunks: blocks over [0, p), then fresh blocks over [p, T), so a
+// prefix of any length ends in a chunk of its own); rows that read one chunk of keys from the
+// same source row are one work item: their queries together against the chunk, as two small
+// register-tiled matrix products (run_group). Rows that share nothing keep the plain blocks.
 //
 // prefix_attention and segment_attention (many queries per KV head): prefill_attention.cpp.
 //
 // Register tiles are counted in native vectors (kW floats) and sized by kRegs, so each ISA gets
 // tiles that fit its register file; the arithmetic (and so the results, within float32 rounding)
 // is the same on every path.
+#include <algorithm>
 #include <atomic>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -168,9 +172,9 @@ AGENTCACHE_SIMD_SUM(sum)
   }
 }
 
-// Rows that read one whole block of keys from the same row (a shared prefix), computed together:
-// their m * G queries become the lanes of vectors, so scores are Q.K^T and the weighted sum P.V
-// as register-tiled products over the block (every key and value loaded once per tile of keys x
+// Rows that read one chunk of keys from the same row (a shared prefix), computed together: their
+// m * G queries become the lanes of vectors, so scores are Q.K^T and the weighted sum P.V as
+// register-tiled products over the chunk (every key and value loaded once per tile of keys x
 // kGroupLanes queries, not once per query), where run_block pays a horizontal sum per query and
 // key. The numbers equal run_block's within float32 rounding (each score is a sum over the head
 // dim in another order), not to the bit.
@@ -193,36 +197,45 @@ struct GroupScratch {
   std::vector<float> rows;    // [kScoreKeys][D] a tile of fp16 keys widened
 };
 
-// scores[t][lane] = scale * q_lane . k_t over tiles of kScoreKeys keys and NV vectors of queries
-// (kScoreKeys * NV accumulators held in registers across the head dim).
-// fp16 keys: each tile's kScoreKeys rows widened into `rows` ([kScoreKeys, D]) first.
+// scores[t][lane] = scale * q_lane . k_t for the KT keys from k (scores: the first key's row),
+// NV vectors of queries (KT * NV accumulators held in registers across the head dim).
+// fp16 keys: the KT rows widened into `rows` ([KT, D]) first.
+template <int NV, int KT, class E>
+void score_tile(const float* qt, const E* k, int64_t ks, int64_t D, float scale, float* scores,
+                float* rows) {
+  const float* kt;  // the tile's first key, rows kts floats apart
+  int64_t kts;
+  if constexpr (std::is_same_v<E, float>) {
+    kt = k, kts = ks;
+  } else {
+    for (int kk = 0; kk < KT; ++kk) widen_halves(k + kk * ks, D, rows + kk * D);
+    kt = rows, kts = D;
+  }
+  vf acc[KT][NV];
+  for (int kk = 0; kk < KT; ++kk)
+    for (int v = 0; v < NV; ++v) acc[kk][v] = vzero();
+  for (int64_t d = 0; d < D; ++d) {
+    vf qv[NV];
+    for (int v = 0; v < NV; ++v) qv[v] = vload(qt + d * kGroupLanes + v * kW);
+    for (int kk = 0; kk < KT; ++kk) {
+      const float kv = kt[kk * kts + d];
+      for (int v = 0; v < NV; ++v) acc[kk][v] += qv[v] * kv;
+    }
+  }
+  for (int kk = 0; kk < KT; ++kk)
+    for (int v = 0; v < NV; ++v) vstore(scores + kk * kGroupLanes + v * kW, acc[kk][v] * scale);
+}
+
+// scores[t][lane] for the n keys of a chunk (n <= kBlock): tiles of kScoreKeys keys, then the
+// keys left over one at a time (NOTE: never a key past n; each score's arithmetic is the same
+// in either tile, so the split does not change a bit).
 template <int NV, class E>
 void group_scores(const float* qt, const E* k, int64_t ks, int64_t D, int64_t n, float scale,
                   float* scores, float* rows) {
-  static_assert(kBlock % kScoreKeys == 0, "whole tiles of keys");
-  for (int64_t t = 0; t < n; t += kScoreKeys) {
-    const float* kt;  // the tile's first key, rows kts floats apart
-    int64_t kts;
-    if constexpr (std::is_same_v<E, float>) {
-      kt = k + t * ks, kts = ks;
-    } else {
-      for (int kk = 0; kk < kScoreKeys; ++kk) widen_halves(k + (t + kk) * ks, D, rows + kk * D);
-      kt = rows, kts = D;
-    }
-    vf acc[kScoreKeys][NV];
-    for (int kk = 0; kk < kScoreKeys; ++kk)
-      for (int v = 0; v < NV; ++v) acc[kk][v] = vzero();
-    for (int64_t d = 0; d < D; ++d) {
-      vf qv[NV];
-      for (int v = 0; v < NV; ++v) qv[v] = vload(qt + d * kGroupLanes + v * kW);
-      for (int kk = 0; kk < kScoreKeys; ++kk) {
-        const float kv = kt[kk * kts + d];
-        for (int v = 0; v < NV; ++v) acc[kk][v] += qv[v] * kv;
-      }
-    }
-    for (int kk = 0; kk < kScoreKeys; ++kk)
-      for (int v = 0; v < NV; ++v) vstore(scores + (t + kk) * kGroupLanes + v * kW, acc[kk][v] * scale);
-  }
+  int64_t t = 0;
+  for (; t + kScoreKeys <= n; t += kScoreKeys)
+    score_tile<NV, kScoreKeys>(qt, k + t * ks, ks, D, scale, scores + t * kGroupLanes, rows);
+  for (; t < n; ++t) score_tile<NV, 1>(qt, k + t * ks, ks, D, scale, scores + t * kGroupLanes, rows);
 }
 
 // acc of queries [q0, q0 + QT) over DV vectors of the head dim from d0: sum_t w[t][q] v_t.
@@ -259,7 +272,7 @@ void group_pv_dims(const float* w, const E* vb, int64_t vs, int64_t n, int64_t q
   }
 }
 
-// The block's keys k / values v (rows ks / vs floats apart, n == kBlock, D % kW == 0) for nq
+// A chunk's n <= kBlock keys k / values v (rows ks / vs elements apart, D % kW == 0) for nq
 // queries, no key masked; writes each query's block max, sum and accumulator as run_block does.
 template <class E>
 void run_group(const E* k, const E* v, int64_t ks, int64_t vs, int64_t n, int64_t D,
@@ -312,60 +325,121 @@ AGENTCACHE_SIMD
   }
 }
 
-// A unit of work: one row's block (count == 0) or the group of rows [first, first + count) of
-// `members` that read block s of KV head h from row kv_row.
-struct Work {
-  int64_t b, h, s, kv_row, first, count;
+// A row's keys in chunks (its partials' slots): [0, p) in chunks of kBlock from 0, then [p, T)
+// in chunks of kBlock from p, so there are at most S + 1 (S = ceil(T / kBlock)).
+//   keys  0 ........ kBlock ...... p | p ....... p + kBlock ...... T
+//   slot  0           1 (partial)    | 2         3 (partial)
+// p = 0 (a row that shares nothing): the blocks [s * kBlock, (s + 1) * kBlock), the one chunking
+// (and arithmetic) of a step without src. p > 0: the shared prefix's last chunk may be partial,
+// and the row's own keys start a fresh chunk at p, so rows sharing p keys of one source row read
+// the same chunks of it, whatever p is.
+struct Chunks {
+  int64_t p, head, count;  // head: chunks in [0, p)
+  Chunks(int64_t p_, int64_t T)
+      : p(p_), head((p_ + kBlock - 1) / kBlock), count(head + (T - p_ + kBlock - 1) / kBlock) {}
+  int64_t t0(int64_t j) const { return j < head ? j * kBlock : p + (j - head) * kBlock; }
+  int64_t n(int64_t j, int64_t T) const {
+    return std::min(kBlock, (j < head ? p : T) - t0(j));
+  }
 };
 
-// The work items of a step, groups first (the heaviest); members lists the rows of each group.
-std::vector<Work> plan_work(const DecodeAttentionArgs& a, int64_t S, std::vector<int64_t>& members) {
-  const int64_t B = a.B, T = a.T, Hkv = a.Hkv;
-  std::vector<Work> work, singles;
-  work.reserve(B * Hkv * S);
-  // the row whose keys row b reads in block s: its source for a block wholly inside its prefix
-  const auto reads_from = [&](int64_t b, int64_t s) {
-    return a.src != nullptr && (s + 1) * kBlock <= a.shared[b] ? a.src[b] : b;
-  };
-  if (a.src == nullptr || a.D % kW != 0) {
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hkv; ++h)
-        for (int64_t s = 0; s < S; ++s) work.push_back({b, h, s, reads_from(b, s), 0, 0});
-    return work;
-  }
-  std::vector<int64_t> reader(B);
-  std::vector<char> unmasked(B);
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t t0 = s * kBlock, n = std::min(kBlock, T - t0);
+// The split point p of every row: 0 without src; a row that reads shared[b] > 0 keys from
+// another row splits there; any other row (a source row: it shares nothing itself) splits where most of its
+// readers do (ties: the longest), so its partial chunk of the prefix joins theirs. Rows whose
+// shared length is another still group over the whole chunks they have in common.
+std::vector<int64_t> split_points(const DecodeAttentionArgs& a, bool groups) {
+  const int64_t B = a.B;
+  std::vector<int64_t> p(B, 0);
+  if (a.src == nullptr) return p;
+  for (int64_t b = 0; b < B; ++b) p[b] = a.src[b] != b ? a.shared[b] : 0;  // readers
+  if (!groups) return p;
+  for (int64_t r = 0; r < B; ++r) {
+    if (p[r] != 0) continue;
+    int64_t best = 0, best_count = 0;
     for (int64_t b = 0; b < B; ++b) {
-      reader[b] = reads_from(b, s);
-      bool clear = n == kBlock;
+      if (a.src[b] != r || p[b] == 0) continue;
+      int64_t count = 0;
+      for (int64_t c = 0; c < B; ++c) count += a.src[c] == r && p[c] == p[b];
+      if (count > best_count || (count == best_count && p[b] > best)) best = p[b], best_count = count;
+    }
+    p[r] = best;
+  }
+  return p;
+}
+
+// A unit of work: chunk `slot` (keys [t0, t0 + n)) of row b and KV head h read from row kv_row
+// (count == 0), or the group of rows members[first, first + count) reading those keys of kv_row.
+struct Work {
+  int64_t b, h, slot, kv_row, t0, n, first, count;
+};
+struct Member {
+  int64_t b, slot;
+};
+
+// The work items of a step, groups first (the heaviest). A chunk of row b inside [0, p) is read
+// from src[b]; rows reading the same keys [t0, t0 + n) of one row, with no key of them masked,
+// form a group (with D % kW == 0; the rest, and every row's own keys, run alone).
+std::vector<Work> plan_work(const DecodeAttentionArgs& a, const std::vector<int64_t>& p,
+                            bool groups, std::vector<Member>& members) {
+  const int64_t B = a.B, T = a.T, Hkv = a.Hkv;
+  struct Key {
+    int64_t kv_row, t0, n, b, slot;
+    bool clear;
+  };
+  std::vector<Key> keys;
+  for (int64_t b = 0; b < B; ++b) {
+    const Chunks c(p[b], T);
+    for (int64_t j = 0; j < c.count; ++j) {
+      const int64_t t0 = c.t0(j), n = c.n(j, T);
+      const bool reads = a.src[b] != b && a.shared[b] > 0;  // else p[b] is a source row's
+      const int64_t kv_row = j < c.head && reads ? a.src[b] : b;
+      bool clear = groups;
       for (int64_t t = 0; a.mask != nullptr && clear && t < n; ++t)
         clear = a.mask[b * T + t0 + t] == 0.f;
-      unmasked[b] = clear;
+      keys.push_back({kv_row, t0, n, b, j, clear});
     }
-    for (int64_t r = 0; r < B; ++r) {
+  }
+  // NOTE: a stable sort keeps rows in order within a group (each lane's arithmetic is its own)
+  std::stable_sort(keys.begin(), keys.end(), [](const Key& x, const Key& y) {
+    return std::make_tuple(!x.clear, x.kv_row, x.t0, x.n) < std::make_tuple(!y.clear, y.kv_row, y.t0, y.n);
+  });
+  std::vector<Work> work, singles;
+  for (size_t i = 0; i < keys.size();) {
+    size_t e = i + 1;
+    while (e < keys.size() && keys[i].clear && keys[e].clear && keys[e].kv_row == keys[i].kv_row &&
+           keys[e].t0 == keys[i].t0 && keys[e].n == keys[i].n)
+      ++e;
+    const Key& k = keys[i];
+    if (e - i >= 2) {
       const int64_t first = static_cast<int64_t>(members.size());
-      for (int64_t b = 0; b < B; ++b)
-        if (reader[b] == r && unmasked[b]) members.push_back(b);
-      const int64_t count = static_cast<int64_t>(members.size()) - first;
-      if (count < 2) members.resize(first);
-      for (int64_t h = 0; h < Hkv; ++h) {
-        if (count >= 2) work.push_back({-1, h, s, r, first, count});
-        for (int64_t b = 0; b < B; ++b)
-          if (reader[b] == r && (count < 2 || !unmasked[b])) singles.push_back({b, h, s, r, 0, 0});
-      }
+      for (size_t m = i; m < e; ++m) members.push_back({keys[m].b, keys[m].slot});
+      for (int64_t h = 0; h < Hkv; ++h)
+        work.push_back({-1, h, -1, k.kv_row, k.t0, k.n, first, static_cast<int64_t>(e - i)});
+    } else {
+      for (int64_t h = 0; h < Hkv; ++h) singles.push_back({k.b, h, k.slot, k.kv_row, k.t0, k.n, 0, 0});
     }
+    i = e;
   }
   work.insert(work.end(), singles.begin(), singles.end());
   return work;
 }
 
-// Every work item's block partials (pm: max, pl: sum, pa: accumulator) over K/V of element
-// type E (k, v: the first element of a.k / a.k_half's layout).
+// The work items of a step without src: every (row, KV head, block), each alone.
+std::vector<Work> plain_work(const DecodeAttentionArgs& a) {
+  std::vector<Work> work;
+  const Chunks c(0, a.T);
+  work.reserve(a.B * a.Hkv * c.count);
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t h = 0; h < a.Hkv; ++h)
+      for (int64_t j = 0; j < c.count; ++j) work.push_back({b, h, j, b, c.t0(j), c.n(j, a.T), 0, 0});
+  return work;
+}
+
+// Every work item's chunk partials (pm: max, pl: sum, pa: accumulator; `slots` per (row, KV
+// head)) over K/V of element type E (k, v: the first element of a.k / a.k_half's layout).
 template <class E>
 void run_work(const DecodeAttentionArgs& a, const E* k, const E* v, const std::vector<Work>& work,
-              const std::vector<int64_t>& members, int64_t S, float* pm, float* pl, float* pa) {
+              const std::vector<Member>& members, int64_t slots, float* pm, float* pl, float* pa) {
   const int64_t H = a.H, D = a.D, Hkv = a.Hkv, T = a.T, G = H / Hkv;
   std::atomic<int64_t> next{0};
   const int64_t total = static_cast<int64_t>(work.size());
@@ -376,24 +450,24 @@ void run_work(const DecodeAttentionArgs& a, const E* k, const E* v, const std::v
     std::vector<GroupQuery> queries;
     for (int64_t j = next++; j < total; j = next++) {
       const Work& w = work[j];
-      const int64_t t0 = w.s * kBlock;
-      const E* kb = k + w.kv_row * a.ks0 + w.h * a.ks1 + t0 * a.ks2;
-      const E* vb = v + w.kv_row * a.vs0 + w.h * a.vs1 + t0 * a.vs2;
+      const E* kb = k + w.kv_row * a.ks0 + w.h * a.ks1 + w.t0 * a.ks2;
+      const E* vb = v + w.kv_row * a.vs0 + w.h * a.vs1 + w.t0 * a.vs2;
       if (w.count > 0) {
         queries.clear();
         for (int64_t i = 0; i < w.count; ++i) {
-          const int64_t b = members[w.first + i], idx = (b * Hkv + w.h) * S + w.s;
+          const Member& m = members[w.first + i];
+          const int64_t idx = (m.b * Hkv + w.h) * slots + m.slot;
           for (int64_t g = 0; g < G; ++g)
-            queries.push_back({a.q + (b * H + w.h * G + g) * D, pm + idx * G + g,
+            queries.push_back({a.q + (m.b * H + w.h * G + g) * D, pm + idx * G + g,
                                pl + idx * G + g, pa + (idx * G + g) * D});
         }
-        run_group(kb, vb, a.ks2, a.vs2, kBlock, D, a.scale, queries.data(),
+        run_group(kb, vb, a.ks2, a.vs2, w.n, D, a.scale, queries.data(),
                   static_cast<int64_t>(queries.size()), scratch);
         continue;
       }
-      const int64_t b = w.b, idx = (b * Hkv + w.h) * S + w.s;
-      const Item<E> it{a.q + (b * H + w.h * G) * D, kb, vb, a.mask ? a.mask + b * T + t0 : nullptr,
-                       a.ks2, a.vs2, std::min(kBlock, T - t0), G, D, a.scale,
+      const int64_t b = w.b, idx = (b * Hkv + w.h) * slots + w.slot;
+      const Item<E> it{a.q + (b * H + w.h * G) * D, kb, vb, a.mask ? a.mask + b * T + w.t0 : nullptr,
+                       a.ks2, a.vs2, w.n, G, D, a.scale,
                        pm + idx * G, pl + idx * G, pa + idx * G * D, row.data()};
       if (D == 64) run_block<64>(it, scores.data());
       else if (D == 128) run_block<128>(it, scores.data());
@@ -409,22 +483,26 @@ void decode_attention(const DecodeAttentionArgs& a) {
   const int64_t G = H / Hkv, S = (T + kBlock - 1) / kBlock;
   std::fill(a.out, a.out + B * H * D, 0.f);
   if (S == 0 || B == 0) return;
-  std::vector<float> part_max(B * Hkv * S * G), part_sum(B * Hkv * S * G);
-  std::vector<float> part_acc(B * Hkv * S * G * D);
+  const bool groups = a.src != nullptr && D % kW == 0;
+  const int64_t slots = a.src != nullptr ? S + 1 : S;  // chunks per (row, KV head), at most
+  const std::vector<int64_t> p = split_points(a, groups);
+  std::vector<float> part_max(B * Hkv * slots * G), part_sum(B * Hkv * slots * G);
+  std::vector<float> part_acc(B * Hkv * slots * G * D);
   float *pm = part_max.data(), *pl = part_sum.data(), *pa = part_acc.data();
-  std::vector<int64_t> members;
-  const std::vector<Work> work = plan_work(a, S, members);
-  if (a.k_half != nullptr) run_work(a, a.k_half, a.v_half, work, members, S, pm, pl, pa);
-  else run_work(a, a.k, a.v, work, members, S, pm, pl, pa);
+  std::vector<Member> members;
+  const std::vector<Work> work = a.src != nullptr ? plan_work(a, p, groups, members) : plain_work(a);
+  if (a.k_half != nullptr) run_work(a, a.k_half, a.v_half, work, members, slots, pm, pl, pa);
+  else run_work(a, a.k, a.v, work, members, slots, pm, pl, pa);
   for (int64_t bh = 0; bh < B * Hkv; ++bh) {
+    const int64_t used = Chunks(p[bh / Hkv], T).count;  // NOTE: p = 0: the S blocks, as ever
     for (int64_t g = 0; g < G; ++g) {
       float mx = kNegInf;
-      for (int64_t s = 0; s < S; ++s) mx = std::max(mx, pm[(bh * S + s) * G + g]);
+      for (int64_t s = 0; s < used; ++s) mx = std::max(mx, pm[(bh * slots + s) * G + g]);
       if (mx == kNegInf) continue;  // every key masked: zeros
       float* o = a.out + (bh * G + g) * D;
       float denom = 0.f;
-      for (int64_t s = 0; s < S; ++s) {
-        const int64_t at = (bh * S + s) * G + g;
+      for (int64_t s = 0; s < used; ++s) {
+        const int64_t at = (bh * slots + s) * G + g;
         const float w = std::exp(pm[at] - mx);
         denom += w * pl[at];
         const float* acc = pa + at * D;
