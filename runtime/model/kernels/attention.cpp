@@ -7,7 +7,8 @@
 //
 // decode_attention: one query per row over grouped KV heads (a decode step), flash-decoding
 // layout. Every (row, KV head, block of kBlock keys) is one work item on the configured threads;
-// each item computes the scores of the H / H_kv queries that share the KV head, a block-local
+// each item computes the scores of the H / H_kv queries that share the KV head (4 keys at a
+// time: an accumulator vector per query and key, one transposed reduction per 4), a block-local
 // softmax (max, sum) and the weighted sum of V; a serial merge rescales the blocks by
 // exp(block max - global max). K and V are read once per KV head and never expanded. A block
 // whose additive mask is -inf everywhere is skipped (rows of a batched step shorter than the
@@ -69,7 +70,7 @@ struct Item {
   float* block_max;   // [G]
   float* block_sum;   // [G]
   float* block_acc;   // [G, D] unnormalized sum of p * V
-  float* row;         // [D] scratch: a key row widened (fp16 K)
+  float* row;         // [4, D] scratch: key rows widened (fp16 K)
 };
 
 // P.V of one item: queries per pass and head-dim vectors per pass, accumulators in registers.
@@ -112,6 +113,84 @@ AGENTCACHE_SIMD
   }
 }
 
+// Scores of GT queries (q: [GT, DC] contiguous) against the KT keys from kt (fp32 rows kts floats
+// apart): scores[g * kBlock + kk] = scale * q_g . k_kk + mask[kk] (mask: nullptr for 0). One
+// accumulator vector per (query, key) over the head dim, then for KT = 4 one transposed
+// reduction of a query's 4 (hsum4), where a dot product per (query, key) paid a whole
+// horizontal sum. NOTE: opaque to the optimizer and independent of the K/V element type, so
+// fp16 K/V (widened into fp32 rows first) run the very instructions fp32 K/V run: inlined into
+// each instantiation, -fassociative-math let the compiler order the sums differently (AVX2:
+// fp16 results off the fp32 ones in the last bit).
+#if defined(__clang__)
+#define AGENTCACHE_OPAQUE __attribute__((noinline))
+#else
+#define AGENTCACHE_OPAQUE __attribute__((noipa))  // NOTE: no inlining, no constant-argument clone
+#endif
+template <int64_t DC, int GT, int KT>
+AGENTCACHE_OPAQUE void key_tile(const float* __restrict q, const float* kt, int64_t kts,
+                                const float* mask, float scale, float* __restrict scores) {
+  vf acc[GT][KT];
+  for (int gi = 0; gi < GT; ++gi)
+    for (int kk = 0; kk < KT; ++kk) acc[gi][kk] = vzero();
+  for (int64_t d = 0; d < DC; d += kW) {
+    vf kv[KT];
+    for (int kk = 0; kk < KT; ++kk) kv[kk] = vload(kt + kk * kts + d);
+    for (int gi = 0; gi < GT; ++gi) {
+      const vf qv = vload(q + gi * DC + d);
+      for (int kk = 0; kk < KT; ++kk) acc[gi][kk] += qv * kv[kk];
+    }
+  }
+  for (int gi = 0; gi < GT; ++gi) {
+    float sums[KT];
+    if constexpr (KT == 4) hsum4(acc[gi], sums);
+    else for (int kk = 0; kk < KT; ++kk) sums[kk] = hsum(acc[gi][kk]);
+    for (int kk = 0; kk < KT; ++kk)
+      scores[gi * kBlock + kk] = sums[kk] * scale + (mask != nullptr ? mask[kk] : 0.f);
+  }
+}
+
+// Queries per score tile: GT x 4 accumulators plus 4 key vectors within the register file.
+constexpr int kScoreQueries = kRegs >= 32 ? 4 : 2;
+
+// Every query's scores against the KT keys from t. fp16 keys are widened into it.row ([KT, DC])
+// first, so both element types run the same fp32 code (key_tile).
+template <int64_t DC, int KT, class E>
+inline void key_scores(const Item<E>& it, int64_t t, float* __restrict scores) {
+  const float* kt;
+  int64_t kts;
+  if constexpr (std::is_same_v<E, float>) {
+    kt = it.k + t * it.ks, kts = it.ks;
+  } else {
+    for (int kk = 0; kk < KT; ++kk) widen_halves(it.k + (t + kk) * it.ks, DC, it.row + kk * DC);
+    kt = it.row, kts = DC;
+  }
+  const float* mask = it.mask != nullptr ? it.mask + t : nullptr;
+  for (int64_t g0 = 0; g0 < it.G; g0 += kScoreQueries) {
+    const float* q = it.q + g0 * DC;
+    float* out = scores + g0 * kBlock + t;
+    switch (std::min<int64_t>(kScoreQueries, it.G - g0)) {  // NOTE: exactly the queries left
+      case 4: if constexpr (kScoreQueries >= 4) key_tile<DC, 4, KT>(q, kt, kts, mask, it.scale, out); break;
+      case 3: if constexpr (kScoreQueries >= 3) key_tile<DC, 3, KT>(q, kt, kts, mask, it.scale, out); break;
+      case 2: key_tile<DC, 2, KT>(q, kt, kts, mask, it.scale, out); break;
+      default: key_tile<DC, 1, KT>(q, kt, kts, mask, it.scale, out); break;
+    }
+  }
+}
+
+// The scores of every query of an item over its n keys: tiles of 4 keys (the last keys one at a
+// time), K prefetched kScoreAhead rows ahead (a tile of 4 keys goes faster than kAhead's rows).
+constexpr int64_t kScoreAhead = 16;
+template <int64_t DC, class E>
+void block_scores(const Item<E>& it, float* __restrict scores) {
+  int64_t t = 0;
+  for (; t + 4 <= it.n; t += 4) {
+    for (int64_t kk = 0; kk < 4 && t + kScoreAhead + kk < it.n; ++kk)
+      prefetch_row(it.k + (t + kScoreAhead + kk) * it.ks, DC);
+    key_scores<DC, 4>(it, t, scores);
+  }
+  for (; t < it.n; ++t) key_scores<DC, 1>(it, t, scores);
+}
+
 // DC: the head dim known at compile time (0: read it from `it.D`), so the score loop unrolls.
 template <int64_t DC, class E>
 void run_block(const Item<E>& it, float* __restrict scores) {
@@ -126,17 +205,21 @@ void run_block(const Item<E>& it, float* __restrict scores) {
       return;
     }
   }
-  for (int64_t t = 0; t < n; ++t) {
-    const E* kr = it.k + t * it.ks;
-    if (t + kAhead < n) prefetch_row(kr + kAhead * it.ks, D);
-    const float* __restrict kt = row_f32(kr, D, it.row);
-    const float add = it.mask != nullptr ? it.mask[t] : 0.f;
-    for (int64_t g = 0; g < G; ++g) {
-      const float* __restrict qg = it.q + g * D;
-      float dot = 0.f;
+  if constexpr (DC > 0 && DC % kW == 0) {
+    block_scores<DC>(it, scores);
+  } else {
+    for (int64_t t = 0; t < n; ++t) {
+      const E* kr = it.k + t * it.ks;
+      if (t + kAhead < n) prefetch_row(kr + kAhead * it.ks, D);
+      const float* __restrict kt = row_f32(kr, D, it.row);
+      const float add = it.mask != nullptr ? it.mask[t] : 0.f;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* __restrict qg = it.q + g * D;
+        float dot = 0.f;
 AGENTCACHE_SIMD_SUM(dot)
-      for (int64_t d = 0; d < D; ++d) dot += qg[d] * kt[d];
-      scores[g * kBlock + t] = dot * it.scale + add;
+        for (int64_t d = 0; d < D; ++d) dot += qg[d] * kt[d];
+        scores[g * kBlock + t] = dot * it.scale + add;
+      }
     }
   }
   for (int64_t g = 0; g < G; ++g) {
@@ -445,7 +528,7 @@ void run_work(const DecodeAttentionArgs& a, const E* k, const E* v, const std::v
   const int64_t total = static_cast<int64_t>(work.size());
   // NOTE: items are handed out one at a time (their costs differ up to B-fold)
   parallel_for(std::min<int64_t>(total, thread_count()), [&](int64_t, int64_t) {
-    std::vector<float> scores(G * kBlock), row(D);
+    std::vector<float> scores(G * kBlock), row(4 * D);  // NOTE: block_scores widens 4 keys
     GroupScratch scratch;
     std::vector<GroupQuery> queries;
     for (int64_t j = next++; j < total; j = next++) {

@@ -13,30 +13,6 @@
 AGENTCACHE_BEGIN
 namespace {
 
-// The horizontal sums of 4 accumulators (a tile's 4 outputs of one row). NOTE: on x86 one
-// transposed reduction for the four (AVX-512: each vector's halves added first) instead of 4
-// chains of kW dependent scalar adds: with K = 576 a tile's rows are 18 blocks, and the chains'
-// latency was a sizeable share of the tile. The order of the adds differs (float32 rounding).
-inline void hsum4(const vf* acc, float* sums) {
-#if (defined(__AVX512F__) && AGENTCACHE_VEC_FLOATS == 16) || \
-    (defined(__AVX2__) && AGENTCACHE_VEC_FLOATS == 8)
-  __m256 a[4];
-#if AGENTCACHE_VEC_FLOATS == 16
-  for (int o = 0; o < 4; ++o) {
-    __m512 z;
-    std::memcpy(&z, &acc[o], sizeof z);
-    a[o] = _mm256_add_ps(_mm512_castps512_ps256(z), _mm512_extractf32x8_ps(z, 1));
-  }
-#else
-  std::memcpy(a, acc, sizeof a);
-#endif
-  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  _mm_storeu_ps(sums, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-#else
-  for (int o = 0; o < 4; ++o) sums[o] = hsum(acc[o]);
-#endif
-}
-
 // acc[r][held + h] += d_h * (x_r . q_h) over block b (x row stride K; d_h at ds[2 (held + h)
 // nbp]: direct_tile_r's scratch from block b on).
 template <int MR, int NO, int kHeld>
@@ -119,6 +95,8 @@ inline void direct_tile_r(const float* __restrict x, int64_t K, const float* __r
     }
   for (int r = 0; r < MR; ++r) {
     float sums[NO];
+    // NOTE: vec.h's transposed reduction for a tile's 4 outputs: with K = 576 a tile's rows are
+    // 18 blocks, and 4 chains of kW dependent adds were a sizeable share of the tile
     if constexpr (NO == 4)
       hsum4(acc[r], sums);
     else

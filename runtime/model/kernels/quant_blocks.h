@@ -232,16 +232,6 @@ inline void dequantize_row(const uint8_t* row, int64_t K, float* out) {
   }
 }
 
-inline float hsum(vf v) {
-#if AGENTCACHE_VEC_FLOATS > 1
-  float s = 0.f;
-  for (int64_t i = 0; i < kW; ++i) s += v[i];
-  return s;
-#else
-  return v;
-#endif
-}
-
 // Outputs per direct tile: 4 for 1-2 rows (more independent streams and sums in flight), 2 for
 // more rows (accumulators rows x outputs within the register file).
 template <int MR>

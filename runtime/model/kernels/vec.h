@@ -25,6 +25,12 @@
 #include <cstring>
 #include <limits>
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
 #if defined(AGENTCACHE_ISA_AVX512)
 #if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__FMA__))
 #error "AGENTCACHE_ISA_AVX512 needs -mavx512f -mavx512bw -mfma"
@@ -116,6 +122,44 @@ inline vf vbits(vu u) {
   vf v;
   std::memcpy(&v, &u, sizeof v);
   return v;
+}
+
+// The sum of a vector's lanes, lane by lane.
+inline float hsum(vf v) {
+#if AGENTCACHE_VEC_FLOATS > 1
+  float s = 0.f;
+  for (int64_t i = 0; i < kW; ++i) s += v[i];
+  return s;
+#else
+  return v;
+#endif
+}
+
+// sums[o] = the sum of acc[o]'s lanes, o < 4. NOTE: on x86 and NEON one transposed reduction for
+// the four (pairwise adds; AVX-512: each vector's halves added first) instead of 4 chains of kW
+// dependent scalar adds; the order of the adds differs from hsum's (float32 rounding).
+inline void hsum4(const vf* acc, float* sums) {
+#if (defined(__AVX512F__) && AGENTCACHE_VEC_FLOATS == 16) || \
+    (defined(__AVX2__) && AGENTCACHE_VEC_FLOATS == 8)
+  __m256 a[4];
+#if AGENTCACHE_VEC_FLOATS == 16
+  for (int o = 0; o < 4; ++o) {
+    __m512 z;
+    std::memcpy(&z, &acc[o], sizeof z);
+    a[o] = _mm256_add_ps(_mm512_castps512_ps256(z), _mm512_extractf32x8_ps(z, 1));
+  }
+#else
+  std::memcpy(a, acc, sizeof a);
+#endif
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  _mm_storeu_ps(sums, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+#elif defined(__ARM_NEON) && defined(__aarch64__) && AGENTCACHE_VEC_FLOATS == 4
+  float32x4_t a[4];
+  std::memcpy(a, acc, sizeof a);
+  vst1q_f32(sums, vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3])));
+#else
+  for (int o = 0; o < 4; ++o) sums[o] = hsum(acc[o]);
+#endif
 }
 
 // bfloat16 pairs to float32: a 32-bit word holding bf16 values a (low half) and b (high half)
