@@ -252,6 +252,22 @@ def test_layer_loop_refuses_a_row_or_position_outside_the_buffer(isa: str) -> No
 
 
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
+def test_layer_loop_refuses_step_rows_that_are_not_buffer_rows_0_to_b(isa: str) -> None:
+    """The loop attends step row ``j`` over buffer row ``j``: rows inside the buffer but not
+    ``0..B-1`` (here ``[1]``, ``[1, 0]``) are refused before anything is written, where they
+    would have written one row's K/V and attended to another's."""
+    compact = CompactLlama(_model("llama", 4, 2, 8), native=isa_kernels(isa))
+    buffer = torch.zeros(len(compact.layers), 2, 3, 2, 16, 8)
+    for rows in ([1], [1, 0]):
+        n = len(rows)
+        ids, allowed = torch.full((n, 1), 3), torch.ones(n, 1, 1, 16, dtype=torch.bool)
+        slots = StepSlots(buffer, torch.tensor(rows), torch.zeros(n, dtype=torch.long), 16)
+        with pytest.raises(RuntimeError, match="must be buffer row"):
+            compact.forward(ids, torch.zeros(n, 1, dtype=torch.long), None, allowed, slots=slots)  # type: ignore[arg-type]
+    assert not buffer.any()
+
+
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
 def test_layer_loop_checks_hidden_size_and_reads_h_row_major(isa: str) -> None:
     """``DecodeLayers`` is public (``native_kernels().decode_layers``): an ``h`` or a norm weight
     of another hidden size is a RuntimeError, not a read past the weights (a 4M-wide ``h``

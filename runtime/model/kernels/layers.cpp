@@ -213,15 +213,19 @@ DecodeLayers::Step DecodeLayers::check_step(
               "DecodeLayers.run: buffer must be fp32 or float16 [L, 2, R, H_kv, capacity, D], "
               "not ", buffer.scalar_type(), " ", buffer.sizes());
   TORCH_CHECK(kv_len >= 1 && kv_len <= buffer.size(4), "DecodeLayers.run: kv_len");
-  // NOTE: attention reads rows [0, B) of the buffer (step row j is buffer row j there)
   TORCH_CHECK(b <= buffer.size(2), "DecodeLayers.run: more step rows than buffer rows");
   s.kv_len = kv_len;
   s.rows64 = rows.to(at::kLong).contiguous(), s.pos64 = pos.to(at::kLong).contiguous();
   s.rows = s.rows64.data_ptr<int64_t>(), s.pos = s.pos64.data_ptr<int64_t>();
-  for (int64_t j = 0; j < b; ++j)
+  for (int64_t j = 0; j < b; ++j) {
     TORCH_CHECK(s.rows[j] >= 0 && s.rows[j] < buffer.size(2) && s.pos[j] >= 0 &&
                     s.pos[j] < buffer.size(4),
                 "DecodeLayers.run: row or position outside the buffer");
+    // NOTE: the K/V are written at rows[j] and attended at buffer row j: one row, so a step
+    // whose rows are not 0..B-1 is refused rather than attending to another row's keys
+    TORCH_CHECK(s.rows[j] == j, "DecodeLayers.run: step row ", j, " must be buffer row ", j,
+                " (attention reads buffer rows [0, B)), not ", s.rows[j]);
+  }
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
                   cos.numel() == b * d_ && sin.numel() == b * d_,
               "DecodeLayers.run: cos and sin must be fp32 [B, 1, 1, D]");
