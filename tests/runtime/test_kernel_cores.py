@@ -23,6 +23,7 @@ KERNELS = Path(_build.__file__).parent
 CHECKS = 120
 CORES = (
     "attention.cpp",
+    "grouped_attention.cpp",
     "prefill_attention.cpp",
     "products.cpp",
     "quantized.cpp",
