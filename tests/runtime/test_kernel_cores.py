@@ -1,8 +1,9 @@
 """The kernels' torch-free cores on every ISA, NEON included, without torch: the self-test
-(``kernel_selftest.cpp``) is built with each ISA's flags and run against its float64 loops. On
-an x86 machine the NEON build is made with Debian's ``aarch64-linux-gnu-g++`` and run under
-``qemu-aarch64`` (user-mode emulation), so the ARM path is executed here, not only compiled;
-``.ci/run`` installs both. An ISA this CPU cannot run (and cannot emulate) is skipped, saying why.
+(``kernel_selftest.cpp``, its checks by concept in ``kernel_selftest_*.cpp``) is built with each
+ISA's flags and run against its float64 loops. On an x86 machine the NEON build is made with
+Debian's ``aarch64-linux-gnu-g++`` and run under ``qemu-aarch64`` (user-mode emulation), so the
+ARM path is executed here, not only compiled; ``.ci/run`` installs both. An ISA this CPU cannot
+run (and cannot emulate) is skipped, saying why.
 """
 
 from __future__ import annotations
@@ -21,15 +22,23 @@ from tests.runtime.kernel_isas import KERNEL_ISAS
 HERE = Path(__file__).parent
 KERNELS = Path(_build.__file__).parent
 CHECKS = 120
+"""Checks the self-test makes (its summary line says how many ran)."""
 CORES = (
     "attention.cpp",
+    "grouped_attention.cpp",
     "prefill_attention.cpp",
     "products.cpp",
     "quantized.cpp",
     "q4_1_lanes.cpp",
 )
 """The torch-free sources the self-test links."""
-"""Checks the self-test makes (its summary line says how many ran)."""
+SELFTEST = (
+    "kernel_selftest.cpp",
+    "kernel_selftest_attention.cpp",
+    "kernel_selftest_products.cpp",
+    "kernel_selftest_half.cpp",
+)
+"""The self-test's own sources (main() and the shared helpers first; kernel_selftest.h)."""
 
 
 def _toolchain(isa: str) -> tuple[list[str], list[str]]:
@@ -65,7 +74,7 @@ def test_kernel_cores_match_float64(isa: str, tmp_path: Path) -> None:
     # the build's flags, with OpenMP's loop hints only (the self-test runs serially)
     flags = [f for f in _build._CFLAGS if f != "-fopenmp"] + ["-fopenmp-simd"]
     binary = tmp_path / f"selftest-{isa}"
-    sources = [*(KERNELS / f for f in CORES), HERE / "kernel_selftest.cpp"]
+    sources = [*(KERNELS / f for f in CORES), *(HERE / f for f in SELFTEST)]
     built = subprocess.run(
         [*cxx, "-std=c++17", *flags, *isa_flags(isa), f"-I{KERNELS}", *map(str, sources),  # type: ignore[arg-type]
          "-o", str(binary)],
@@ -90,7 +99,7 @@ def test_every_isa_tiling_on_this_cpu(width: int, regs: int, tmp_path: Path) -> 
     flags = [f for f in _build._CFLAGS if f not in ("-fopenmp", "-O3")]
     flags += ["-O1", "-fopenmp-simd", "-Wno-psabi"]
     binary = tmp_path / "selftest-layout"
-    sources = [*(KERNELS / f for f in CORES), HERE / "kernel_selftest.cpp"]
+    sources = [*(KERNELS / f for f in CORES), *(HERE / f for f in SELFTEST)]
     built = subprocess.run(
         [cxx, "-std=c++17", *flags, f"-DAGENTCACHE_ISA_LAYOUT_CHECK={width}",
          f"-DAGENTCACHE_LAYOUT_REGS={regs}", f"-I{KERNELS}", *map(str, sources), "-o", str(binary)],

@@ -59,6 +59,7 @@ MARKER = "build-failed.txt"
 _HERE = Path(__file__).parent
 SOURCES = (
     "attention.cpp",
+    "grouped_attention.cpp",
     "prefill_attention.cpp",
     "products.cpp",
     "quantized.cpp",
@@ -68,7 +69,15 @@ SOURCES = (
     "module.cpp",
 )
 """Translation units, torch-free cores first (module.cpp, the pybind11 one, is the slowest)."""
-_HEADERS = ("vec.h", "half.h", "cores.h", "quant_blocks.h", "ops.h", "layers.h")
+_HEADERS = (
+    "vec.h",
+    "half.h",
+    "cores.h",
+    "grouped_attention.h",
+    "quant_blocks.h",
+    "ops.h",
+    "layers.h",
+)
 _CFLAGS = (
     "-O3", "-fopenmp",
     "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",

@@ -29,7 +29,7 @@ struct DecodeAttentionArgs {
 void decode_attention(const DecodeAttentionArgs& a);
 
 // Unmasked attention of M queries per KV head to one run of S keys, with the log-sum-exp of the
-// scaled scores (attention.cpp). q [H, M, D] contiguous; k [H, S, D] with element strides
+// scaled scores (prefill_attention.cpp). q [H, M, D] contiguous; k [H, S, D] with element strides
 // (kh, ks), last dim contiguous; v likewise (vh, vs); out [H, M, D]; lse [H, M]. D a multiple of
 // 16 up to 128 (checked by the caller).
 void prefix_attention(const float* q, const float* k, int64_t kh, int64_t ks, const float* v,
@@ -42,12 +42,12 @@ void prefix_attention(const float* q, const uint16_t* k, int64_t kh, int64_t ks,
                       int64_t D, float scale, float* out, float* lse);
 
 // Several sequences' new tokens packed in one row (forward_packed), attended in one call
-// (attention.cpp): segment s has queries for tokens [starts[s], starts[s] + lengths[s]) of q at
-// positions [past[s], past[s] + lengths[s]) of its own keys, and token j of it attends to keys
-// [0, past[s] + j] (causal). Keys of segment s: k[s], element strides kh[s] per KV head and
-// ks[s] per position, last dim contiguous (values likewise). q [H, N, D] contiguous; out [H, N,
-// D]. D a multiple of 16 up to 128, lengths >= 1 (checked by the caller). K/V fp32 (k, v) or
-// fp16 bits (k_half, v_half; k, v then nullptr), attended as their exact fp32 values.
+// (prefill_attention.cpp): segment s has queries for tokens [starts[s], starts[s] + lengths[s])
+// of q at positions [past[s], past[s] + lengths[s]) of its own keys, and token j of it attends
+// to keys [0, past[s] + j] (causal). Keys of segment s: k[s], element strides kh[s] per KV head
+// and ks[s] per position, last dim contiguous (values likewise). q [H, N, D] contiguous; out
+// [H, N, D]. D a multiple of 16 up to 128, lengths >= 1 (checked by the caller). K/V fp32 (k, v)
+// or fp16 bits (k_half, v_half; k, v then nullptr), attended as their exact fp32 values.
 struct SegmentAttentionArgs {
   const float* q;
   int64_t H, Hkv, N, D, num_segments;

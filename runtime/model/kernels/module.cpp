@@ -53,12 +53,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              py::arg("x"), py::arg("w"), py::arg("bias"), py::call_guard<py::gil_scoped_release>());
   module.def("prefix_attention", &agentcache::ops::prefix_attention,
              "attention of q [H_kv, M, D] to k, v [H_kv, S, D], no mask: (out, log-sum-exp), fp32 "
-             "(see attention.cpp)",
+             "(see prefill_attention.cpp)",
              py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"),
              py::call_guard<py::gil_scoped_release>());
   module.def("segment_attention", &agentcache::ops::segment_attention,
              "several sequences' new tokens packed in one row: writes their K/V into their "
-             "buffers and attends each to its own keys, causal, fp32 (see attention.cpp)",
+             "buffers and attends each to its own keys, causal, fp32 (see "
+             "prefill_attention.cpp)",
              py::arg("q"), py::arg("k_new"), py::arg("v_new"), py::arg("buffers"),
              py::arg("layer"), py::arg("past"), py::arg("lengths"), py::arg("scale"),
              py::call_guard<py::gil_scoped_release>());
