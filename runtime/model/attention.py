@@ -58,7 +58,9 @@ class Segment(NamedTuple):
 class StepSlots(NamedTuple):
     """Where a decode step's ``write_kv`` stores K/V (``BatchKV.step_slots``), so that the C++
     layer loop can write and read them itself: layer ``i``'s keys are ``buffer[i, 0]``, row
-    ``rows[j]`` writes at ``pos[j]`` and keys ``[0, kv_len)`` are read."""
+    ``rows[j]`` writes at ``pos[j]`` and keys ``[0, kv_len)`` are read. The C++ loop attends step
+    row ``j`` over buffer row ``j``, so ``rows`` must be ``0..B-1`` (``BatchKV`` passes
+    ``arange(B)``); it refuses anything else with a RuntimeError."""
 
     buffer: torch.Tensor
     """``[L, 2, R, H_kv, capacity, D]``."""

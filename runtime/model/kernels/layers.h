@@ -39,7 +39,8 @@ class DecodeLayers {
 
   // h: [B, 1, hidden]; cos, sin: [B, 1, 1, D] (CompactLlama.rope); buffer: [L, 2, R, H_kv, cap,
   // D], fp32 or float16 (the new K/V stored rounded to nearest even, attended as stored); rows,
-  // pos: [B] int64 (row i writes at pos[i]); kv_len: keys read; mask: additive
+  // pos: [B] int64 (row i writes at pos[i]; rows must be 0..B-1, as attention reads buffer rows
+  // [0, B): anything else is a RuntimeError); kv_len: keys read; mask: additive
   // [B, 1, 1, kv_len] or None; src, shared: a shared prefix, as decode_attention reads it (row
   // j of the step is rows[j]; src names step rows). Returns the hidden states after the last
   // layer, [B, 1, hidden].
