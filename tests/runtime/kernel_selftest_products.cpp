@@ -110,13 +110,10 @@ void check_linear_rows(int64_t m, int64_t N, int64_t K) {
   auto wt = randn(K * N), x = randn(m * K), bias = randn(N);
   std::vector<float> out(m * N);
   ac::linear_rows(x.data(), m, K, wt.data(), N, bias.data(), out.data());
-  std::vector<double> want(m * N);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t n = 0; n < N; ++n) {
-      double acc = bias[n];
-      for (int64_t kk = 0; kk < K; ++kk) acc += double(x[r * K + kk]) * wt[kk * N + n];
-      want[r * N + n] = acc;
-    }
+  std::vector<float> held(N * K);  // the input-major [K, N] weight as [N, K]
+  for (int64_t kk = 0; kk < K; ++kk)
+    for (int64_t n = 0; n < N; ++n) held[n * K + kk] = wt[kk * N + n];
+  const auto want = reference_product(x, held, bias, m, N, K);
   char what[64];
   std::snprintf(what, sizeof what, "linear_rows m=%ld N=%ld K=%ld", long(m), long(N), long(K));
   expect_close(what, out.data(), want, 1e-5 * std::sqrt(double(K)), 1e-5);
