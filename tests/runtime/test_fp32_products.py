@@ -231,16 +231,17 @@ def test_measuring_takes_the_faster_library(setting: pytest.MonkeyPatch) -> None
 
 
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 16, ROWS_MAX, ROWS_MAX + 1])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9, 16, 17, ROWS_MAX, ROWS_MAX + 1])
 @pytest.mark.parametrize(
     ("n", "k"), [(200, 576), (2048 + 40, 64), (2048 + 40, 576), (17, 130), (5000, 7)]
 )
 def test_linear_rows_matches_float64(isa: str, rows: int, n: int, k: int) -> None:
     """``linear_rows`` over an input-major weight against a float64 product, as close as MKL's:
-    rows in and out of its 4-row groups (one and two rows) and its 8- or 5-row register tiles
-    (from three), columns past a whole vector, a tile's strip and a 2,048-column tile, K not a
-    multiple of its 8-input passes and below 64 per thread (one partial sum), a bias and a 3-D
-    input."""
+    rows in and out of its 4-row groups (one and two rows) and its register tiles (from three:
+    8 rows and the rest on AVX-512 and NEON, equal tiles of up to 6 rows on AVX2 and scalar, 7 as
+    3 + 4 and 17 as 5 + 6 + 6), columns past a whole vector, a tile's strip, a 2,048-column tile
+    and several panels (whose next turns it prefetches), K not a multiple of its 8-input passes
+    and below 64 per thread (one partial sum), a bias and a 3-D input."""
     kernels = isa_kernels(isa)
     torch.manual_seed(rows * n + k)
     weight, bias, x = torch.randn(k, n).t(), torch.randn(n), torch.randn(rows, 1, k)

@@ -237,9 +237,20 @@ void rows_partial(const float* __restrict x, int64_t m, int64_t K, const float* 
 // (49,152 x 576) at 16 rows 4.1 against 5.0 ms. Turns of 64 inputs or whole-thread panels (the
 // head's sums then outgrow L2) gained less, prefetching into L1 (locality 3) a turn ahead
 // thrashed it (16 rows 15.7).
+// NOTE: with 16 registers (kNarrow: AVX2, scalar) two changes, measured on a Zen 3 EPYC with AVX2
+// (2 threads, SmolLM2's shapes, the same process alternating with the build before, 9-15 runs,
+// min / median / max of the ratios; outputs bit-equal): the rows go in tiles of equal size (16
+// rows: 5 + 5 + 6, not 5 + 5 + 5 + 1, whose one-row tile waits on its two accumulators' latency,
+// 4 cycles a k for 2 multiply-adds), and the next turn's weight lines are prefetched as whole
+// rows of the panel (each k's lines of the panel in one contiguous 1 KB run, spread over the
+// turn's strips; the last turn prefetches the next panel's first) instead of one strip's line a k
+// in its first tile. The LM head (49,152 x 576) at 16 rows 1.23 / 1.41 / 1.66x (19.0 -> 13.0
+// ms), 3 rows 1.65x, 32 rows 1.26x; the 30 layers at 16 rows 1.04 / 1.11 / 1.56x (with the
+// weights in L3, 37 -> 31.6 ms), at 3 to 32 rows 0.98-1.10x by medians (within the run's noise).
 constexpr int64_t kTiledMin = 3;
-constexpr int kTileVecs = kRegs >= 32 ? 3 : 2;
-constexpr int kTileRows = kRegs >= 32 ? 8 : 5;  // accumulators + kTileVecs weights + 1 in kRegs
+constexpr bool kNarrow = kRegs < 32;
+constexpr int kTileVecs = kNarrow ? 2 : 3;
+constexpr int kTileRows = kNarrow ? 6 : 8;  // accumulators + kTileVecs weights + 1 in kRegs
 constexpr int64_t kTileCols = kTileVecs * kW;
 constexpr int64_t kTileTurn = 32;   // inputs per turn (a turn of a strip: 6 KB on AVX-512)
 constexpr int64_t kTilePanel = 16;  // strips per panel: its sums and a turn of it fit L2
@@ -280,9 +291,24 @@ void tile_some_rows(int64_t rt, const float* x, int64_t K, const float* w, int64
   tile_rows<RT>(x, K, w, ws, k0, k1, acc, ahead);
 }
 
+// Rows in row tile t (of `tiles`) of m rows, the tiles before it covering rows [0, r): kNarrow,
+// equal tiles (the larger ones last), else kTileRows each and the rest last.
+inline int64_t row_tile_size(int64_t m, int64_t r, int64_t t, int64_t tiles) {
+  return kNarrow ? (m - r) / (tiles - t) : std::min<int64_t>(kTileRows, m - r);
+}
+
+// Prefetch into L2 the lines of weight rows [k0, k1) (input-major, row stride N) over columns
+// [c0, c1).
+inline void prefetch_lines(const float* wt, int64_t N, int64_t k0, int64_t k1, int64_t c0,
+                           int64_t c1) {
+  for (int64_t k = k0; k < k1; ++k)
+    for (int64_t c = c0; c < c1; c += 16) __builtin_prefetch(wt + k * N + c, 0, 2);
+}
+
 void linear_rows_tiled(const float* x, int64_t m, int64_t K, const float* wt, int64_t N,
                        const float* bias, float* out) {
   const int64_t strips = (N + kTileCols - 1) / kTileCols;
+  const int64_t tiles = (m + kTileRows - 1) / kTileRows;  // row tiles of a strip
   parallel_for(strips, [&](int64_t first, int64_t last) {
     const int64_t tile = m * kTileCols;  // one strip's running sums, [m][kTileCols]
     std::vector<float> acc(static_cast<size_t>(std::min(last - first, kTilePanel) * tile));
@@ -296,15 +322,30 @@ void linear_rows_tiled(const float* x, int64_t m, int64_t K, const float* wt, in
     for (int64_t p0 = first; p0 < last; p0 += kTilePanel) {
       const int64_t p1 = std::min(last, p0 + kTilePanel);
       std::fill(acc.begin(), acc.end(), 0.f);
+      // kNarrow: the lines of the next turn (after the last: the next panel's first) over the
+      // columns of its panel, rows_ahead K lines of them before each strip of this turn
+      const int64_t rows_ahead = (kTileTurn + (p1 - p0) - 1) / (p1 - p0);
       for (int64_t k0 = 0; k0 < K; k0 += kTileTurn) {
         const int64_t k1 = std::min(K, k0 + kTileTurn);
+        const bool last_turn = k1 == K;
+        const int64_t next_k = last_turn ? 0 : k1;
+        const int64_t next_p0 = last_turn ? p1 : p0;
+        const int64_t next_p1 = last_turn ? std::min(last, p1 + kTilePanel) : p1;
         for (int64_t s = p0; s < p1; ++s) {
+          if constexpr (kNarrow) {
+            const int64_t a0 = next_k + (s - p0) * rows_ahead;
+            const int64_t a1 = std::min({K, a0 + rows_ahead, next_k + kTileTurn});
+            prefetch_lines(wt, N, a0, a1, next_p0 * kTileCols, std::min(N, next_p1 * kTileCols));
+          }
           const bool padded = !pad.empty() && s == strips - 1;
           const float* w = padded ? pad.data() : wt + s * kTileCols;
           const int64_t ws = padded ? kTileCols : N;
-          for (int64_t r = 0; r < m; r += kTileRows)
-            tile_some_rows(std::min<int64_t>(kTileRows, m - r), x + r * K, K, w, ws, k0, k1,
-                           acc.data() + (s - p0) * tile + r * kTileCols, r == 0);
+          for (int64_t r = 0, t = 0; r < m; ++t) {
+            const int64_t rt = row_tile_size(m, r, t, tiles);
+            tile_some_rows(rt, x + r * K, K, w, ws, k0, k1,
+                           acc.data() + (s - p0) * tile + r * kTileCols, !kNarrow && r == 0);
+            r += rt;
+          }
         }
       }
       for (int64_t s = p0; s < p1; ++s) {
