@@ -244,7 +244,7 @@ void rows_partial(const float* __restrict x, int64_t m, int64_t K, const float* 
 // 4 cycles a k for 2 multiply-adds), and the next turn's weight lines are prefetched as whole
 // rows of the panel (each k's lines of the panel in one contiguous 1 KB run, spread over the
 // turn's strips; the last turn prefetches the next panel's first) instead of one strip's line a k
-// in its first tile. The LM head (49,152 x 576) at 16 rows 1.23 / 1.41 / 1.66x (19.0 -> 13.0
+// in its first tile. The LM head (49,152 x 576) at 16 rows 1.36 / 1.41 / 1.69x (19.0 -> 13.0
 // ms), 3 rows 1.65x, 32 rows 1.26x; the 30 layers at 16 rows 1.04 / 1.11 / 1.56x (with the
 // weights in L3, 37 -> 31.6 ms), at 3 to 32 rows 0.98-1.10x by medians (within the run's noise).
 constexpr int64_t kTiledMin = 3;
