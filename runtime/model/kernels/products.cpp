@@ -291,10 +291,14 @@ void tile_some_rows(int64_t rt, const float* x, int64_t K, const float* w, int64
   tile_rows<RT>(x, K, w, ws, k0, k1, acc, ahead);
 }
 
-// Rows in row tile t (of `tiles`) of m rows, the tiles before it covering rows [0, r): kNarrow,
-// equal tiles (the larger ones last), else kTileRows each and the rest last.
-inline int64_t row_tile_size(int64_t m, int64_t r, int64_t t, int64_t tiles) {
-  return kNarrow ? (m - r) / (tiles - t) : std::min<int64_t>(kTileRows, m - r);
+// The sizes of the row tiles of m rows, in order: kNarrow, tiles of equal size (the larger ones
+// last), else kTileRows each and the rest last.
+inline std::vector<int64_t> row_tiles(int64_t m) {
+  const int64_t tiles = (m + kTileRows - 1) / kTileRows;
+  std::vector<int64_t> sizes(static_cast<size_t>(tiles));
+  for (int64_t t = 0, r = 0; t < tiles; r += sizes[t++])
+    sizes[t] = kNarrow ? (m - r) / (tiles - t) : std::min<int64_t>(kTileRows, m - r);
+  return sizes;
 }
 
 // Prefetch into L2 the lines of weight rows [k0, k1) (input-major, row stride N) over columns
@@ -308,7 +312,7 @@ inline void prefetch_lines(const float* wt, int64_t N, int64_t k0, int64_t k1, i
 void linear_rows_tiled(const float* x, int64_t m, int64_t K, const float* wt, int64_t N,
                        const float* bias, float* out) {
   const int64_t strips = (N + kTileCols - 1) / kTileCols;
-  const int64_t tiles = (m + kTileRows - 1) / kTileRows;  // row tiles of a strip
+  const std::vector<int64_t> tiles = row_tiles(m);  // a strip's row tiles
   parallel_for(strips, [&](int64_t first, int64_t last) {
     const int64_t tile = m * kTileCols;  // one strip's running sums, [m][kTileCols]
     std::vector<float> acc(static_cast<size_t>(std::min(last - first, kTilePanel) * tile));
@@ -340,8 +344,8 @@ void linear_rows_tiled(const float* x, int64_t m, int64_t K, const float* wt, in
           const bool padded = !pad.empty() && s == strips - 1;
           const float* w = padded ? pad.data() : wt + s * kTileCols;
           const int64_t ws = padded ? kTileCols : N;
-          for (int64_t r = 0, t = 0; r < m; ++t) {
-            const int64_t rt = row_tile_size(m, r, t, tiles);
+          int64_t r = 0;
+          for (const int64_t rt : tiles) {
             tile_some_rows(rt, x + r * K, K, w, ws, k0, k1,
                            acc.data() + (s - p0) * tile + r * kTileCols, !kNarrow && r == 0);
             r += rt;
