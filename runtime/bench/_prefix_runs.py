@@ -168,8 +168,8 @@ def measure_peers(
             eng.close()
     hw.append(measure_hardware())
     out["same_ids_as_compact"] = [same_prefix_len(ids["compact"], ids[p]) for p in PEER_PATHS]
-    weight_bytes = 2 if args.weights == "bfloat16" else None
-    shape, total = W1Shape.of(model, weight_bytes=weight_bytes), args.prefix_len + args.suffix_len
+    shape = W1Shape.of(model, weights=args.weights, kv_dtype=args.kv_dtype)
+    total = args.prefix_len + args.suffix_len
     out["gemm_gflops"] = [max(h.gemm_gflops for h in hw)]
     out["read_gb_s"] = [max(h.read_gb_s for h in hw)]
     out["miss_gflop"] = [shape.prefill_flops(0, total) / 1e9]

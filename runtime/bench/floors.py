@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from runtime.model.kernels import QUANT_BLOCK, QUANT_BLOCK_BYTES, QUANT_FORMATS, QUANT_HEAD_FORMAT
 from runtime.model.products import onednn_linear, onednn_problem
 
 __all__ = ["Hardware", "W1Shape", "batching_floor_ratio", "measure_hardware"]
@@ -70,21 +71,36 @@ class W1Shape(NamedTuple):
     """``num_kv_heads * head_dim``."""
     intermediate: int
     vocab: int
-    bytes_per_value: int
-    """Bytes of one K/V value (the model's dtype)."""
-    bytes_per_weight: int
-    """Bytes of one weight a decode step reads (2 with ``weights="bfloat16"``: packed copies)."""
+    bytes_per_value: float
+    """Bytes of one K/V value as the KV cache stores it."""
+    bytes_per_weight: float
+    """Bytes of one layer weight as a decode step reads it (``of``: 2 for bf16 copies, 20 / 32
+    for Q4_1 blocks)."""
+    head_bytes_per_weight: float | None = None
+    """Bytes of one weight of the logits matrix; None: ``bytes_per_weight``."""
 
     @classmethod
-    def of(cls, model: Any, *, weight_bytes: int | None = None) -> W1Shape:
-        """The shape of ``model``; ``weight_bytes`` overrides the bytes per weight a decode
-        step reads (default: the model's element size)."""
+    def of(cls, model: Any, *, weights: str = "float32", kv_dtype: str = "auto") -> W1Shape:
+        """The shape of ``model`` with the bytes a decode step reads for the engine's
+        ``weights`` and ``kv_dtype`` options (``EngineConfig``): ``bfloat16`` 2 bytes a weight
+        (its packed copies), ``q8_0`` / ``q4_1`` their GGUF blocks' bytes (34 / 32 and 20 / 32,
+        the logits matrix in ``QUANT_HEAD_FORMAT``), ``float32`` and ``float32-packed`` the
+        model's element size; a ``float16`` KV cache 2 bytes a value, else the element size.
+        NOTE: counts the vectorized kernels' reads (scalar kernels keep no blocks).
+
+        Raises:
+            ValueError: an unknown ``weights`` or ``kv_dtype``.
+        """
         c = model.config
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         size = next(model.parameters()).element_size()
         q_width, kv_width = c.num_attention_heads * head_dim, c.num_key_value_heads * head_dim
+        layer_bytes, head_bytes = _weight_bytes(weights, size)
+        if kv_dtype not in ("auto", "float32", "float16"):
+            raise ValueError(f"unknown kv_dtype {kv_dtype!r}; valid: auto, float32, float16")
+        kv_bytes = {"float16": 2, "float32": 4}.get(kv_dtype, size)
         return cls(c.num_hidden_layers, c.hidden_size, q_width, kv_width, c.intermediate_size,
-                   c.vocab_size, size, weight_bytes or size)  # fmt: skip
+                   c.vocab_size, kv_bytes, layer_bytes, head_bytes)  # fmt: skip
 
     @property
     def layer_weights(self) -> int:
@@ -108,9 +124,26 @@ class W1Shape(NamedTuple):
     def decode_bytes(self, context: int) -> float:
         """Bytes one decode step reads: every weight once (the tied embedding as the logits
         matrix) and the K/V of ``context`` positions."""
-        weights = self.num_layers * self.layer_weights + self.hidden * self.vocab
+        head = self.head_bytes_per_weight
+        head = self.bytes_per_weight if head is None else head
+        weights = (self.num_layers * self.layer_weights * self.bytes_per_weight
+                   + self.hidden * self.vocab * head)  # fmt: skip
         kv = self.num_layers * 2 * self.kv_width * context
-        return float(weights * self.bytes_per_weight + kv * self.bytes_per_value)
+        return float(weights + kv * self.bytes_per_value)
+
+
+def _weight_bytes(weights: str, element_size: int) -> tuple[float, float]:
+    """Bytes per weight a decode step reads for the layers and for the logits matrix."""
+    if weights in ("float32", "float32-packed"):
+        return float(element_size), float(element_size)
+    if weights == "bfloat16":
+        return 2.0, 2.0
+    if weights in QUANT_FORMATS:
+        head = QUANT_HEAD_FORMAT[weights]
+        per = {f: QUANT_BLOCK_BYTES[f] / QUANT_BLOCK for f in QUANT_FORMATS}
+        return per[weights], per[head]
+    raise ValueError(f"unknown weights {weights!r}; valid: float32, float32-packed, bfloat16, "
+                     f"{', '.join(QUANT_FORMATS)}")  # fmt: skip
 
 
 def batching_floor_ratio(

@@ -170,8 +170,8 @@ def _run_levels(
     if engine is not None and hasattr(engine, "runner"):  # NOTE: after the levels' RSS figures
         hw = measure_hardware()
         hardware = hw._asdict()
-        weight_bytes = 2 if args.weights == "bfloat16" else None
-        _add_floor_ratios(levels, W1Shape.of(engine.runner.model, weight_bytes=weight_bytes), hw)
+        shape = W1Shape.of(engine.runner.model, weights=args.weights, kv_dtype=engine.kv_dtype)
+        _add_floor_ratios(levels, shape, hw)
     return {
         "levels": levels,
         "errors": errors,

@@ -50,6 +50,7 @@ __all__ = [
     "KERNEL_DIR_ENV",
     "PACKED_COLUMNS",
     "QUANT_BLOCK",
+    "QUANT_BLOCK_BYTES",
     "QUANT_FORMATS",
     "QUANT_HEAD_FORMAT",
     "DecodeAttention",
@@ -295,7 +296,9 @@ keeps a tied ``token_embd`` in Q8_0 when the layers are Q4_0/Q4_1 (SmolLM2's shi
 does), so a model quantized here matches the file."""
 QUANT_BLOCK = 32
 """Weights per quantized block (along the input dimension)."""
-_QUANT_BYTES = {"q8_0": 34, "q4_1": 20}
+QUANT_BLOCK_BYTES: dict[QuantFormat, int] = {"q8_0": 34, "q4_1": 20}
+"""Bytes per block of ``QUANT_BLOCK`` weights in each format (ggml's ``block_q8_0`` and
+``block_q4_1``)."""
 
 
 def _gguf_type(fmt: str) -> Any:
@@ -359,7 +362,7 @@ def dequantize_weight(blocks: Any) -> Any:
     if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[2] not in (34, 20):
         raise ValueError(f"dequantize_weight: blocks must be uint8 [N, K / 32, 34 | 20] or "
                          f"[N, K / 32 * 20], not {blocks.dtype} {tuple(blocks.shape)}")  # fmt: skip
-    fmt = "q8_0" if blocks.shape[2] == _QUANT_BYTES["q8_0"] else "q4_1"
+    fmt = "q8_0" if blocks.shape[2] == QUANT_BLOCK_BYTES["q8_0"] else "q4_1"
     n, nb, _ = blocks.shape
     raw = np.ascontiguousarray(blocks.reshape(n, -1).numpy())
     values = dequantize(raw, _gguf_type(fmt)).astype(np.float32, copy=False)
@@ -369,7 +372,7 @@ def dequantize_weight(blocks: Any) -> Any:
 def quant_format_of(blocks: Any) -> QuantFormat:
     """``"q8_0"`` or ``"q4_1"`` from a block array's last dimension (34 or 20 bytes); a 2-D
     array is Q4_1 in the kernel layout (``repack_q4_1``)."""
-    return "q8_0" if blocks.dim() == 3 and blocks.shape[-1] == _QUANT_BYTES["q8_0"] else "q4_1"
+    return "q8_0" if blocks.dim() == 3 and blocks.shape[-1] == QUANT_BLOCK_BYTES["q8_0"] else "q4_1"
 
 
 _GROUP_BLOCKS = 4

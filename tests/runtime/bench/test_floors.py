@@ -60,3 +60,38 @@ def test_impossible_turns_are_refused(
     with pytest.raises(ValueError, match="need clients >= 1"):
         batching_floor_ratio(UNIT, COMPUTE_BOUND, clients=clients, prompt=prompt, cached=cached,
                              completion=completion)  # fmt: skip
+
+
+def _llama(**overrides: int) -> object:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                         **overrides)  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+@pytest.mark.parametrize(
+    ("weights", "kv_dtype", "layer", "head", "kv"),
+    [("float32", "auto", 4, 4, 4), ("float32-packed", "float16", 4, 4, 2),
+     ("bfloat16", "auto", 2, 2, 4), ("q8_0", "auto", 34 / 32, 34 / 32, 4),
+     ("q4_1", "float16", 20 / 32, 34 / 32, 2), ("q4_1", "float32", 20 / 32, 34 / 32, 4)],
+)  # fmt: skip
+def test_shape_counts_the_bytes_the_weights_are_stored_in(
+    weights: str, kv_dtype: str, layer: float, head: float, kv: int
+) -> None:
+    """A decode step reads the layers and the logits matrix as the engine stores them (Q4_1's
+    head is Q8_0, as llama.cpp's converter keeps a tied embedding) and K/V as the KV cache does."""
+    shape = W1Shape.of(_llama(), weights=weights, kv_dtype=kv_dtype)
+    layer_weights = 64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 96  # q/k/v (2 KV heads of 16), o, MLP
+    assert shape.layer_weights == layer_weights
+    context = 10
+    want = 2 * layer_weights * layer + 64 * 128 * head + 2 * 2 * 32 * context * kv
+    assert shape.decode_bytes(context) == pytest.approx(want, rel=1e-12)
+
+
+def test_shape_refuses_unknown_options() -> None:
+    with pytest.raises(ValueError, match="unknown weights 'q4_0'"):
+        W1Shape.of(_llama(), weights="q4_0")
+    with pytest.raises(ValueError, match="unknown kv_dtype 'int8'"):
+        W1Shape.of(_llama(), kv_dtype="int8")
