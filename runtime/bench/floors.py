@@ -85,7 +85,8 @@ class W1Shape(NamedTuple):
         ``weights`` and ``kv_dtype`` options (``EngineConfig``): ``bfloat16`` 2 bytes a weight
         (its packed copies), ``q8_0`` / ``q4_1`` their GGUF blocks' bytes (34 / 32 and 20 / 32,
         the logits matrix in ``QUANT_HEAD_FORMAT``), ``float32`` and ``float32-packed`` the
-        model's element size; a ``float16`` KV cache 2 bytes a value, else the element size.
+        model's element size; a ``float16`` (or ``bfloat16``: ``Engine.kv_dtype`` of a bf16
+        model) KV cache 2 bytes a value, ``float32`` 4, ``auto`` the element size.
         NOTE: counts the vectorized kernels' reads (scalar kernels keep no blocks).
 
         Raises:
@@ -96,9 +97,10 @@ class W1Shape(NamedTuple):
         size = next(model.parameters()).element_size()
         q_width, kv_width = c.num_attention_heads * head_dim, c.num_key_value_heads * head_dim
         layer_bytes, head_bytes = _weight_bytes(weights, size)
-        if kv_dtype not in ("auto", "float32", "float16"):
-            raise ValueError(f"unknown kv_dtype {kv_dtype!r}; valid: auto, float32, float16")
-        kv_bytes = {"float16": 2, "float32": 4}.get(kv_dtype, size)
+        kv_sizes = {"auto": size, "float32": 4, "float16": 2, "bfloat16": 2}
+        kv_bytes = kv_sizes.get(kv_dtype)
+        if kv_bytes is None:
+            raise ValueError(f"unknown kv_dtype {kv_dtype!r}; valid: {', '.join(kv_sizes)}")
         return cls(c.num_hidden_layers, c.hidden_size, q_width, kv_width, c.intermediate_size,
                    c.vocab_size, kv_bytes, layer_bytes, head_bytes)  # fmt: skip
 

@@ -75,7 +75,8 @@ def _llama(**overrides: int) -> object:
     ("weights", "kv_dtype", "layer", "head", "kv"),
     [("float32", "auto", 4, 4, 4), ("float32-packed", "float16", 4, 4, 2),
      ("bfloat16", "auto", 2, 2, 4), ("q8_0", "auto", 34 / 32, 34 / 32, 4),
-     ("q4_1", "float16", 20 / 32, 34 / 32, 2), ("q4_1", "float32", 20 / 32, 34 / 32, 4)],
+     ("q4_1", "float16", 20 / 32, 34 / 32, 2), ("q4_1", "float32", 20 / 32, 34 / 32, 4),
+     ("float32", "bfloat16", 4, 4, 2)],
 )  # fmt: skip
 def test_shape_counts_the_bytes_the_weights_are_stored_in(
     weights: str, kv_dtype: str, layer: float, head: float, kv: int
