@@ -11,10 +11,11 @@ shapes and timers, never engines.
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_args
 
 import torch
 
+from runtime.config import WeightsDtype
 from runtime.model.kernels import QUANT_BLOCK, QUANT_BLOCK_BYTES, QUANT_FORMATS, QUANT_HEAD_FORMAT
 from runtime.model.products import onednn_linear, onednn_problem
 
@@ -142,10 +143,8 @@ def _weight_bytes(weights: str, element_size: int) -> tuple[float, float]:
         return 2.0, 2.0
     if weights in QUANT_FORMATS:
         head = QUANT_HEAD_FORMAT[weights]
-        per = {f: QUANT_BLOCK_BYTES[f] / QUANT_BLOCK for f in QUANT_FORMATS}
-        return per[weights], per[head]
-    raise ValueError(f"unknown weights {weights!r}; valid: float32, float32-packed, bfloat16, "
-                     f"{', '.join(QUANT_FORMATS)}")  # fmt: skip
+        return QUANT_BLOCK_BYTES[weights] / QUANT_BLOCK, QUANT_BLOCK_BYTES[head] / QUANT_BLOCK
+    raise ValueError(f"unknown weights {weights!r}; valid: {', '.join(get_args(WeightsDtype))}")
 
 
 def batching_floor_ratio(

@@ -359,7 +359,11 @@ def dequantize_weight(blocks: Any) -> Any:
 
     if blocks.dtype == torch.uint8 and blocks.dim() == 2:
         blocks = unpack_q4_1(blocks)
-    if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[2] not in (34, 20):
+    if (
+        blocks.dtype != torch.uint8
+        or blocks.dim() != 3
+        or blocks.shape[2] not in QUANT_BLOCK_BYTES.values()
+    ):
         raise ValueError(f"dequantize_weight: blocks must be uint8 [N, K / 32, 34 | 20] or "
                          f"[N, K / 32 * 20], not {blocks.dtype} {tuple(blocks.shape)}")  # fmt: skip
     fmt = "q8_0" if blocks.shape[2] == QUANT_BLOCK_BYTES["q8_0"] else "q4_1"

@@ -62,12 +62,11 @@ def test_impossible_turns_are_refused(
                              completion=completion)  # fmt: skip
 
 
-def _llama(**overrides: int) -> object:
+def _llama() -> object:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                         **overrides)  # fmt: skip
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=128)  # fmt: skip
     return LlamaForCausalLM(config)
 
 
