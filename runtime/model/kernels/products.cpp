@@ -247,12 +247,15 @@ void rows_partial(const float* __restrict x, int64_t m, int64_t K, const float* 
 // in its first tile. The LM head (49,152 x 576) at 16 rows 1.36 / 1.41 / 1.69x (19.0 -> 13.0
 // ms), 3 rows 1.65x, 32 rows 1.26x; the 30 layers at 16 rows 1.04 / 1.11 / 1.56x (with the
 // weights in L3, 37 -> 31.6 ms), at 3 to 32 rows 0.98-1.10x by medians (within the run's noise).
-// NOTE: and turns of 16 inputs there (a panel's turn 16 KB: with x's rows and the sums it stays in
-// L1 for the strip's later row tiles), the same host and method (21-25 runs): the 30 layers at 4
-// / 8 / 16 / 32 rows 1.12 / 1.16 / 1.07 / 1.01x by medians (8 rows 1.03 / 1.16 / 1.25x), the
-// head 1.10 / 1.04 / 1.00 / 0.96x; in the engine, 16 clients' decode steps (bench load's turn
-// shape) spent 44.7 and 41.5 ms in the layers against 52.2 and 46.2 (alternating processes).
-// Turns of 8 inputs: the layers at 16 rows 0.98x; panels of 8 or 32 strips: no clear change.
+// NOTE: and turns of 16 inputs there (a panel's turn 16 KB of weights, not 32 KB, all of L1; the
+// likely reason, not measured: x's rows and the running sums no longer push a strip's turn out
+// of L1 before its later row tiles read it), the same host and method (21-25 runs): the 30
+// layers at 4 / 8 / 16 / 32 rows 1.12 / 1.16 / 1.07 / 1.01x by medians (8 rows 1.03 / 1.16 /
+// 1.25x), the head 1.10 / 1.04 / 1.00 / 0.96x; in the engine, 16 clients' decode steps (bench
+// load's turn shape) spent 44.7 and 41.5 ms in the layers against 52.2 and 46.2 (alternating
+// processes).
+// Turns of 8 inputs: the layers at 16 rows 0.98x; panels of 8 or 32 strips: no clear change;
+// turns of 32 over panels of 8 0.89x, of 16 over panels of 4 0.98x.
 constexpr int64_t kTiledMin = 3;
 constexpr bool kNarrow = kRegs < 32;
 constexpr int kTileVecs = kNarrow ? 2 : 3;
