@@ -14,7 +14,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import torch
 
@@ -33,6 +33,7 @@ from runtime.bench._prefix_runs import (
     measure_prefix,
     peer_tables,
 )
+from runtime.bench._weights_pair import measure_weights_pair
 from runtime.bench.llama_cpp_peer import (
     BUILD_HELP,
     gguf_problem,
@@ -116,7 +117,9 @@ memory), the suffix alone, transformers' deep-copy reuse recipe, and a 0%-hit re
 off; decode tokens/s vs transformers generate. Default workload W1: a SmolLM2-135M-shaped Llama
 with random weights, 2000-token shared prefix, 30-token suffix, fp32. Figures are medians over
 --repeats, ratios are taken within the run. --warm-restart instead times the first request of a
-freshly started engine whose disk tier holds the prefix, against a cold miss."""
+freshly started engine whose disk tier holds the prefix, against a cold miss. --compare-weights W
+instead times decode only: an engine with --weights and one with W, in one process, taking turns
+on the same prompt, with the ratio of each turn."""
 
 
 @restores_torch_threads
@@ -134,6 +137,15 @@ def prefix_main(argv: list[str]) -> int:
         "--warm-restart",
         action="store_true",
         help="only the warm-restart figures: first request after a restart (disk tier) vs a miss",
+    )
+    p.add_argument(
+        "--compare-weights",
+        choices=list(get_args(WeightsDtype)),
+        default=None,
+        help="only decode rates: this process also loads the model with these weights and the "
+        "two engines take turns (--repeats each) decoding --decode-tokens after the same "
+        "prompt (a prefix-cache hit of --prefix-len + --suffix-len tokens), both with --kv-dtype; "
+        "prints both rates and the per-turn ratio --weights / this",
     )
     p.add_argument(
         "--llama-cpp",
@@ -185,6 +197,10 @@ def prefix_main(argv: list[str]) -> int:
     if args.weights == "q4_1" and args.llama_cpp is not None and args.gguf is None:
         p.error("--weights q4_1 with --llama-cpp needs --gguf (llama.cpp's converter writes no "
                 "Q4_1; quantize one with llama-quantize)")  # fmt: skip
+    if args.compare_weights is not None:
+        problem = _compare_problem(args)
+        if problem is not None:
+            p.error(problem)
     if args.llama_cpp is not None:
         problem = _peer_problem(args)
         if problem is not None:
@@ -202,6 +218,9 @@ def prefix_main(argv: list[str]) -> int:
               "kernel_isa": kernels["isa"] or "off"}  # fmt: skip
     if args.warm_restart:
         report(_measure_restart(args), args.json, {**header, "suffix_len": args.suffix_len})
+        return 0
+    if args.compare_weights is not None:
+        _print_weights_pair(args, kernels_line, {**header, "suffix_len": args.suffix_len})
         return 0
     try:
         with tempfile.TemporaryDirectory(prefix="agentcache-bench-gguf-") as folder:
@@ -241,6 +260,35 @@ def prefix_main(argv: list[str]) -> int:
                  "kernels": kernels}  # fmt: skip
         print(json.dumps({**header, "suffix_len": args.suffix_len, **result, **extra}))
     return 0
+
+
+def _compare_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--compare-weights`` cannot run with the other options (None when it can)."""
+    if args.compare_weights == args.weights:
+        return f"--compare-weights {args.compare_weights} equals --weights: compare two types"
+    if args.compare_weights != "float32" and args.dtype != "float32":
+        return f"--compare-weights {args.compare_weights} needs --dtype float32, not {args.dtype}"
+    if args.decode_tokens < 2:
+        return "--compare-weights needs --decode-tokens 2 or more (a decode rate)"
+    others = [name for name, on in (("--warm-restart", args.warm_restart),
+                                    ("--llama-cpp", args.llama_cpp is not None)) if on]  # fmt: skip
+    return f"--compare-weights runs alone, not with {others[0]}" if others else None
+
+
+def _print_weights_pair(
+    args: argparse.Namespace, kernels_line: str, header: dict[str, Any]
+) -> None:
+    """Run ``measure_weights_pair`` and print its table (and JSON with ``--json``)."""
+    spreads, medians = measure_weights_pair(args)
+    prompt_len = args.prefix_len + args.suffix_len
+    title = (f"bench prefix --compare-weights: decode rate ({args.decode_tokens} tokens after a "
+             f"{prompt_len}-token prompt), engines taking turns")  # fmt: skip
+    print(kernels_line)
+    print_tables([spread_table(title, spreads)], noise_warnings(spreads[:2], spreads[2:]))
+    if args.json:
+        extra = {"compare_weights": args.compare_weights,
+                 "spread": {s.name: s.as_json() for s in spreads}}  # fmt: skip
+        print(json.dumps({**header, **medians, **extra}))
 
 
 def _peer_problem(args: argparse.Namespace) -> str | None:

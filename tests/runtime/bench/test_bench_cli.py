@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from runtime.bench import _weights_pair as weights_pair
 from runtime.bench import load as loadtest
 from runtime.bench import prefix, rag, stall, trace
+from runtime.bench._common import ttft
+from runtime.engine import Engine
 from runtime.model.kernels import chosen_isa
 
 
@@ -94,6 +97,53 @@ def test_prefix_prints_tables_with_units_and_keeps_json(capsys: pytest.CaptureFi
     assert report["kernels"]["isa"] == isa and report["kernels"]["loaded"] == (isa is not None)
     assert report["kernel_isa"] == (isa or "off")
     assert f"native kernels: {isa or 'off'} (" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--compare-weights", "float32"], "--compare-weights float32 equals --weights"),
+        (["--compare-weights", "q8_0", "--decode-tokens", "1"], "--decode-tokens 2 or more"),
+        (["--compare-weights", "q8_0", "--warm-restart"], "runs alone, not with --warm-restart"),
+        (["--compare-weights", "q8_0", "--dtype", "bfloat16"], "needs --dtype float32"),
+    ],
+)
+def test_prefix_compare_weights_refuses_what_it_cannot_run(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        prefix.prefix_main(extra)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_prefix_compare_weights_alternates_two_engines_in_one_process(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each engine runs the prompt once (warm-up), then the engines take turns, the order
+    flipping every round; the table and the JSON give both rates and the per-round ratio."""
+    calls: list[tuple[str, int]] = []
+
+    def recording_ttft(eng: Engine, ids: list[int], *, max_tokens: int = 1) -> object:
+        calls.append((eng.weights, max_tokens))
+        return ttft(eng, ids, max_tokens=max_tokens)
+
+    monkeypatch.setattr(weights_pair, "ttft", recording_ttft)
+    argv = ["--layers", "1", "--prefix-len", "16", "--suffix-len", "4", "--repeats", "3"]
+    argv += ["--decode-tokens", "3", "--weights", "q8_0", "--compare-weights", "float32", "--json"]
+    assert prefix.prefix_main(argv) == 0
+    warm = [("q8_0", 1), ("float32", 1)]
+    turns = [("q8_0", 3), ("float32", 3), ("float32", 3), ("q8_0", 3), ("q8_0", 3), ("float32", 3)]
+    assert calls == warm + turns
+    out = capsys.readouterr().out
+    assert "q8_0 / float32" in out and "engines taking turns" in out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["weights"] == "q8_0" and report["compare_weights"] == "float32"
+    assert report["spread"]["q8_0"]["n"] == report["spread"]["q8_0 / float32"]["n"] == 3
+    assert report["decode_tokens_per_s"] > 0 and report["compare_decode_tokens_per_s"] > 0
+    low, mid, high = (report[f"decode_ratio_{k}"] for k in ("min", "median", "max"))
+    assert 0 < low <= mid <= high
 
 
 def test_prefix_refuses_bf16_weights_on_a_16_bit_model(capsys: pytest.CaptureFixture[str]) -> None:
