@@ -197,6 +197,11 @@ def prefix_main(argv: list[str]) -> int:
     if args.weights == "q4_1" and args.llama_cpp is not None and args.gguf is None:
         p.error("--weights q4_1 with --llama-cpp needs --gguf (llama.cpp's converter writes no "
                 "Q4_1; quantize one with llama-quantize)")  # fmt: skip
+    if args.llama_cpp is None:
+        peer_only = (("--gguf", args.gguf), ("--llama-cpp-convert", args.llama_cpp_convert))
+        unused = [flag for flag, value in peer_only if value]
+        if unused:
+            p.error(f"{unused[0]} gives llama.cpp its weights: it needs --llama-cpp")
     if args.compare_weights is not None:
         problem = _compare_problem(args)
         if problem is not None:

@@ -64,6 +64,10 @@ def test_a_dead_peer_says_why(tmp_path: Path) -> None:
         (["--llama-cpp", "/nonexistent"], "no Python executable there"),
         (["--llama-cpp", sys.executable], "needs --llama-cpp-convert"),
         (["--llama-cpp", sys.executable, "--gguf", "/no/such.gguf"], "no such file"),
+        # NOTE: the peer's own options without the peer were ignored; now refused
+        (["--gguf", "/no/such.gguf"], "--gguf gives llama.cpp its weights: it needs --llama-cpp"),
+        (["--llama-cpp-convert", "c.py"], "--llama-cpp-convert gives llama.cpp its weights"),
+        (["--compare-weights", "q8_0", "--llama-cpp", sys.executable], "runs alone, not with"),
     ],
 )
 def test_bad_peer_options_exit_2_before_any_work(
