@@ -30,10 +30,15 @@ def measure_weights_pair(args: argparse.Namespace) -> tuple[list[Spread], dict[s
         ``(spreads, medians)``: the two engines' rates (tok/s) and the per-round ratio
         ``weights / compare_weights`` (x), each over the rounds; and the same as JSON-ready
         medians plus the ratio's min and max.
+
+    Raises:
+        RuntimeError: A request measured no decode time (its rate is 0).
     """
     names = (args.weights, args.compare_weights)
-    engines = [_engine(args, weights) for weights in names]
+    engines: list[Engine] = []
     try:
+        for weights in names:
+            engines.append(_engine(args, weights))
         rates = _alternate(args, engines)
     finally:
         for eng in engines:
@@ -71,5 +76,9 @@ def _alternate(args: argparse.Namespace, engines: list[Engine]) -> list[tuple[fl
         order = range(len(engines)) if turn % 2 == 0 else reversed(range(len(engines)))
         for i in order:
             done = ttft(engines[i], prompt, max_tokens=args.decode_tokens)
-            rates[i].append(done.metrics.decode_tokens_per_s)
+            rate = done.metrics.decode_tokens_per_s
+            if rate <= 0:  # NOTE: a ratio needs both rates (0.0: no decode time was measured)
+                weights = engines[i].weights
+                raise RuntimeError(f"bench prefix --compare-weights: no decode rate ({weights})")
+            rates[i].append(rate)
     return [tuple(r) for r in rates]
