@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from agentcache.backends._hermes import knows_tools, with_hermes_markup
 from agentcache.backends._local_engine import (
     CHATML_STOPS,
     MARKUP_STOPS,
@@ -246,8 +245,11 @@ class LocalBackend(BaseBackend):
         prompt = as_prompt(prompt)
         tools = prompt.tool_schemas() or None
         messages: list[dict[str, Any]] = prompt.to_messages()
-        if not knows_tools(str(template)):
-            # NOTE: a template without tools (SmolLM2's) would drop them and fail on tool turns.
+        from runtime.request.hermes_markup import needs_hermes_markup, with_hermes_markup
+
+        if needs_hermes_markup(str(template), messages, tools):
+            # NOTE: a template without tools (SmolLM2's) would drop them and fail on tool turns;
+            # the engine's render_chat (so the server) writes them the same way.
             messages, tools = with_hermes_markup(messages, tools or []), None
         try:
             text = tokenizer.apply_chat_template(

@@ -21,6 +21,7 @@ from runtime.chunks.spans import ChunkReuse
 from runtime.exceptions import ChunkReuseError, InvalidRequestError, PromptTooLongError
 from runtime.model.runner import ModelRunner
 from runtime.request.detokenizer import Detokenizer
+from runtime.request.hermes_markup import needs_hermes_markup, with_hermes_markup
 from runtime.request.spec import Prompt, RequestSpec
 from runtime.request.state import Request
 from runtime.sampling.grammar import Grammar
@@ -70,13 +71,19 @@ class RequestBuilder:
     ) -> list[int]:
         """Token ids of ``messages`` rendered with the model's chat template.
 
+        A template that knows no tools (SmolLM2's) gets ``tools``, tool calls and tool results as
+        Hermes text (``hermes_markup``), so they reach the model instead of being dropped.
+
         Raises:
             InvalidRequestError: no chat template, or the template rejects the messages.
         """
-        if not getattr(self.tokenizer, "chat_template", None):
+        template = getattr(self.tokenizer, "chat_template", None)
+        if not template:
             raise InvalidRequestError(
                 f"model {self.model_id!r} has no chat template; pass text or token ids instead"
             )
+        if needs_hermes_markup(str(template), messages, tools):
+            messages, tools = with_hermes_markup(messages, tools or []), None
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False

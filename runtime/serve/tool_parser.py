@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
+from runtime.request.hermes_markup import knows_tools
 from runtime.request.holdback import held_back_len
 
 __all__ = [
@@ -159,9 +160,10 @@ def detect_tool_parser(chat_template: str | None) -> ToolCallParser | None:
         chat_template: the tokenizer's Jinja chat template, or None.
 
     Returns:
-        A ``ToolCallParser`` when the template writes Hermes ``<tool_call>`` blocks, else None
-        (tool calls are then left in the text).
+        A ``ToolCallParser`` when the template writes Hermes ``<tool_call>`` blocks, or knows no
+        tools (the engine then writes them as Hermes text: ``runtime.request.hermes_markup``),
+        else None (a template with another tool format: calls are left in the text).
     """
-    if chat_template and HERMES_OPEN in chat_template:
+    if chat_template and (HERMES_OPEN in chat_template or not knows_tools(chat_template)):
         return ToolCallParser()
     return None

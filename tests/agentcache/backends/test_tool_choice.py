@@ -4,7 +4,6 @@ templates that know no tools (SmolLM2's): on the bundled tiny model, offline."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -13,18 +12,11 @@ pytest.importorskip("torch")
 from agentcache.agent import Agent, AgentConfig  # noqa: E402
 from agentcache.agent.parsing import parse_hermes  # noqa: E402
 from agentcache.backends import GenerationOptions  # noqa: E402
-from agentcache.backends._hermes import knows_tools, with_hermes_markup  # noqa: E402
 from agentcache.backends.fake import FakeBackend  # noqa: E402
 from agentcache.backends.local import LocalBackend  # noqa: E402
 from agentcache.prompt import PromptBuilder  # noqa: E402
-from runtime.models import resolve_model  # noqa: E402
-
-PLAIN_CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-"""SmolLM2's template without its default system line: no tools, no tool turns."""
+from runtime.request.hermes_markup import knows_tools, with_hermes_markup  # noqa: E402
+from tests.runtime.plain_chatml import PLAIN_CHATML, plain_tiny  # noqa: E402
 
 
 def search_docs(query: str, k: int = 3) -> str:
@@ -52,12 +44,7 @@ def tiny() -> LocalBackend:
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory: pytest.TempPathFactory) -> LocalBackend:
     """The tiny model with a chat template that knows no tools."""
-    folder = tmp_path_factory.mktemp("plain") / "tiny"
-    shutil.copytree(resolve_model("tiny"), folder)
-    settings = json.loads((folder / "tokenizer_config.json").read_text())
-    settings["chat_template"] = PLAIN_CHATML
-    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
-    return LocalBackend(str(folder))
+    return LocalBackend(str(plain_tiny(tmp_path_factory.mktemp("plain"))))
 
 
 @pytest.mark.parametrize("which", ["tiny", "plain"])
