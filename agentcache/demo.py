@@ -27,6 +27,7 @@ from agentcache.backends import BaseBackend, GenerationOptions, create_backend
 from agentcache.backends.base import ToolChoice
 from agentcache.backends.local import (  # NOTE: imports no torch until one is constructed.
     CHATML_STOPS,
+    MARKUP_STOPS,
     LocalBackend,
 )
 from agentcache.cache import DiskStore, RetrievalCache, ToolCache
@@ -302,10 +303,13 @@ def is_toy(backend: BaseBackend) -> bool:
 
 
 def retrieves_first(backend: BaseBackend) -> bool:
-    """A real model on the local engine (SmolLM2-135M by default): too small to plan searches
-    (its grammar-held queries named the tool, not the question) or to answer from tool
-    messages (it copied them back), it answers from sources placed before the question."""
-    return backend.capabilities.is_local and not needs_planner(backend)
+    """A real model on the local engine, or ``DEFAULT_MODEL`` by name (ours behind ``agentcache
+    serve``): SmolLM2-135M is too small to plan searches (its grammar-held queries named the
+    tool, not the question) or to answer from tool messages (it copied them back, markup
+    included), so it answers from sources placed before the question."""
+    if needs_planner(backend):
+        return False
+    return backend.capabilities.is_local or backend.model == DEFAULT_MODEL
 
 
 def _tool_choices(backend: BaseBackend) -> tuple[ToolChoice, ...]:
@@ -315,10 +319,13 @@ def _tool_choices(backend: BaseBackend) -> tuple[ToolChoice, ...]:
 
 
 def _stops(backend: BaseBackend) -> tuple[str, ...]:
-    """The toy's ChatML stops; one paragraph for a small local model (greedy 135M repeats)."""
+    """The toy's ChatML stops; one paragraph for a small model (greedy 135M repeats), and over
+    HTTP the document markup the local backend stops at by itself (``MARKUP_STOPS``)."""
     if needs_planner(backend):
         return CHATML_STOPS
-    return ("\n\n",) if retrieves_first(backend) else ()
+    if not retrieves_first(backend):
+        return ()
+    return ("\n\n",) if backend.capabilities.is_local else ("\n\n", *MARKUP_STOPS)
 
 
 def needs_planner(backend: BaseBackend) -> bool:

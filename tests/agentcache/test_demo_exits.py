@@ -185,3 +185,15 @@ def test_sigint_during_a_turn_exits_130_quietly(tmp_path: Path) -> None:
         process.wait_for("Q: How to rotate")
         assert process.interrupt() == 130, process.text("stderr")
         assert "Traceback" not in process.text("stderr")
+
+
+def test_the_default_model_behind_a_server_answers_from_retrieved_sources(tmp_path: Path) -> None:
+    """``smollm2-135m`` behind ``agentcache serve`` is the same 135M model as on the local engine:
+    it retrieves first and stops at the document markup; another remote model calls tools."""
+    ours = OpenAIBackend(demo.DEFAULT_MODEL, base_url=BASE)
+    assert demo.retrieves_first(ours)
+    assert demo._stops(ours) == ("\n\n", *demo.MARKUP_STOPS)
+    assert "sources retrieved before each question" in demo.describe(ours, demo_args(tmp_path))
+    other = OpenAIBackend("gpt-4o-mini", base_url=BASE)
+    assert not demo.retrieves_first(other) and demo._stops(other) == ()
+    assert "calls a tool first" in demo.describe(other, demo_args(tmp_path))
