@@ -29,6 +29,8 @@ _WITH_DEFAULT_SIGINT = (
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
     "os.execv(sys.executable, [sys.executable, '-m', 'agentcache.cli', *sys.argv[1:]])"
 )
+_WITH_IGNORED_SIGINT = _WITH_DEFAULT_SIGINT.replace("SIG_DFL", "SIG_IGN")
+"""As a background job of a non-interactive shell (``cmd &`` in a script) starts."""
 
 
 def free_port() -> int:
@@ -41,15 +43,23 @@ def free_port() -> int:
 class CliProcess:
     """``python -m agentcache.cli ARGV`` offline (``HF_HUB_OFFLINE=1``, no endpoint env)."""
 
-    def __init__(self, *argv: str, cwd: Path | None = None, buffered: bool = False) -> None:
+    def __init__(
+        self,
+        *argv: str,
+        cwd: Path | None = None,
+        buffered: bool = False,
+        sigint_ignored: bool = False,
+    ) -> None:
         """``buffered``: drop ``PYTHONUNBUFFERED`` from the child's environment, so its stdout
-        (a pipe) is block-buffered as under a service manager: a line shows only if flushed."""
+        (a pipe) is block-buffered as under a service manager: a line shows only if flushed.
+        ``sigint_ignored``: start the CLI with SIGINT ignored, as a background job."""
         env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
         env.pop("AGENTCACHE_BASE_URL", None)
         if buffered:
             env.pop("PYTHONUNBUFFERED", None)
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _WITH_DEFAULT_SIGINT, *argv],
+            [sys.executable, "-c", _WITH_IGNORED_SIGINT if sigint_ignored else _WITH_DEFAULT_SIGINT]
+            + list(argv),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -138,11 +138,15 @@ def run_cli(args: argparse.Namespace) -> int:
         (uvicorn's graceful shutdown, then the engine closes, writing the disk tier's queued
         blocks for at most ``--kv-disk-flush-seconds``) and returns 0.
     """
-    # NOTE: uvicorn shuts down gracefully on SIGTERM, then re-raises it under the handler it
-    # found; with the default one the process would die before ``engine.close`` ran.
-    previous = None
+    # NOTE: uvicorn shuts down gracefully on SIGTERM or SIGINT, then re-raises the signal under
+    # the handler it found; with SIGTERM's default one the process would die before
+    # ``engine.close`` ran. A background job of a non-interactive shell starts with SIGINT
+    # ignored: uvicorn stopped on it all the same, then the re-raise did nothing (exit 0, no
+    # line), so Ctrl-C's handler is installed whatever the process inherited.
+    previous = previous_int = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _serve(args)
     except KeyboardInterrupt:
@@ -154,6 +158,8 @@ def run_cli(args: argparse.Namespace) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def _error(message: str) -> None:
