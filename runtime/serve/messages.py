@@ -144,6 +144,8 @@ class ChatMessage(Lenient):
         cls, value: str | list[dict[str, Any]] | None
     ) -> str | list[dict[str, Any]] | None:
         if isinstance(value, list):
+            if not value:  # NOTE: OpenAI refuses an empty parts list (minimum length 1)
+                raise ValueError("content parts list is empty; send at least one text part")
             for part in value:
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise ValueError("only text content parts are supported")

@@ -113,6 +113,7 @@ def check_messages(c: Ctx) -> None:
     assert text_of(c.chat(messages=parts)) == text_of(c.chat())
     refused(lambda: c.chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
             "messages[0].content")  # fmt: skip
+    refused(lambda: c.chat(messages=[{"role": "user", "content": []}]), "messages[0].content")
 
 
 def check_max_tokens(c: Ctx) -> None:
