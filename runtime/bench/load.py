@@ -224,8 +224,16 @@ def _unpacked_phase(
         engine.scheduler.max_prefill_batch = packed
 
 
-def _na(value: object) -> str:
-    return "n/a" if value is None else str(value)
+_REMOTE = "n/a (a remote server does not say)"
+"""What the level line shows for a figure only the in-process server reports."""
+
+
+def _batch_text(level: dict[str, Any]) -> str:
+    """``"decode batch peak/mean: 3/2.5"``, or n/a and why (a ``--url`` server gives neither)."""
+    peak, mean = level["peak_batch"], level["mean_batch"]
+    if peak is None or mean is None:
+        return f"decode batch: {_REMOTE}"
+    return f"decode batch peak/mean: {peak}/{mean}"
 
 
 def _print_level(level: dict[str, Any]) -> None:
@@ -243,11 +251,10 @@ def _print_level(level: dict[str, Any]) -> None:
         gain = level["concurrent"]["tokens_per_s"] / level["unpacked"]["tokens_per_s"]
         print(f"{'':>14}  packed / unpacked prefill throughput = {gain:.2f}x (same run, A/B)")
     pinned = level["pinned_blocks_after"]
-    shown = "n/a (a remote server does not say)" if pinned is None else str(pinned)
+    shown = _REMOTE if pinned is None else str(pinned)
     print(
         f"{'':>14}  throughput concurrent/sequential = {level['throughput_ratio']:.2f}x  "
-        f"decode batch peak/mean: {_na(level['peak_batch'])}/{_na(level['mean_batch'])}  "
-        f"pinned blocks after: {shown}"
+        f"{_batch_text(level)}  pinned blocks after: {shown}"
     )
     if level["peak_rss_mb"] is not None:
         rss = level["rss_after_mb"]

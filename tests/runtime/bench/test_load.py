@@ -57,7 +57,8 @@ def test_load_script_takes_the_v1_url_says_what_it_cannot_see_and_plots(
         assert main([*argv, "--system-words", "10", "--plot", str(plot)]) == 0
     out = capsys.readouterr().out
     assert "pinned blocks after: n/a (a remote server does not say)" in out
-    assert "None" not in out
+    assert "decode batch: n/a (a remote server does not say)" in out
+    assert "None" not in out and "n/a/n/a" not in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -101,6 +102,7 @@ def test_load_compares_packed_prefill_in_process(capsys: pytest.CaptureFixture[s
     assert 0 < report["rss_before_mb"] <= level["peak_rss_mb"]
     assert level["unpacked"]["num_requests"] == 3 and level["unpacked"]["num_errors"] == 0
     assert 1 <= level["peak_batch"] <= 3 and 1 <= level["mean_batch"] <= level["peak_batch"]
+    assert f"decode batch peak/mean: {level['peak_batch']}/{level['mean_batch']}  " in out
     assert report["hardware"]["gemm_gflops"] > 0 and report["hardware"]["read_gb_s"] > 0
     assert 1 <= level["floor_ratio"] <= 3  # three clients: at most three rows for one's cost
     assert f"{level['floor_ratio']:.2f}x with both paths at the floors" in out
