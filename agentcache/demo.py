@@ -178,9 +178,12 @@ def build_session(
     chunks = chunk_sources(sources)
     retrieval_cache = RetrievalCache(DiskStore(cache_dir / "retrieval"))
     index = DocumentIndex(chunks, cache=retrieval_cache)
+    # NOTE: soft_wrap: rich wrapped a long cache path onto the line after its label.
     console.print(
         f"indexed {len(sources)} texts -> {len(chunks)} chunks (BM25) in "
-        f"{time.perf_counter() - started:.1f}s; caches in {cache_dir}"
+        f"{time.perf_counter() - started:.1f}s; caches in {cache_dir}",
+        soft_wrap=True,
+        markup=False,
     )
     tools = DocTools(index, {s.source: s.text for s in sources})
     agent = Agent(

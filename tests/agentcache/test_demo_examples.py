@@ -145,6 +145,21 @@ def test_demo_with_a_missing_docs_folder_exits_2(
     assert captured.out == ""
 
 
+def test_demo_keeps_a_long_cache_path_on_the_line_of_its_label(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from agentcache.rag import TextSource
+
+    cache_dir = tmp_path / "a-rather-long-cache-folder-name" / "agentcache"
+    console = Console(record=True, width=60)
+    sources = [TextSource("notes.txt", "The kettle boils at noon. " * 4)]
+    demo.build_session(
+        demo_args(tmp_path, cache_dir=str(cache_dir)), FakeBackend(), sources, console
+    )
+    [line] = console.export_text().splitlines()
+    assert line.startswith("indexed 1 texts -> ") and line.endswith(f"; caches in {cache_dir}")
+
+
 def test_demo_turn_line_compares_the_same_prompt_with_the_cache_off() -> None:
     from rich.console import Console
 
