@@ -3,17 +3,20 @@
 Streams decode on the W1-shaped random model; once they run, long prompts (cache off) arrive at
 once. Prefill in one forward (``prefill_chunk_tokens`` above the prompt length: the behaviour
 before chunked prefill) and in chunks are timed alternately in the same run, on two engines
-sharing one model. It prints p50/p99/max inter-token gaps of the streams and the long prompts'
-TTFT, min/median/max over rounds. With ``--chunk-reuse`` each long prompt is a short head, four
-documents (most of the prompt, new each round, so every chunk misses the chunk store: the costly
-case) and a short question, sent with chunk reuse: the whole-prompt engine then assembles it in one
-iteration (the behaviour before the assembly was spread over iterations). It knows nothing about
-HTTP.
+sharing one model. Only the streams' gaps that overlap the long prompts' wait (their arrival to
+their last first token) are counted: a handful per round (one per stream and scheduler step), so
+it prints the worst of them and their count, not percentiles, and the long prompts' TTFT,
+min/median/max over rounds, with the noise warnings of ``_figures``. With ``--chunk-reuse`` each
+long prompt is a short head, four documents (most of the prompt, new each round, so every chunk
+misses the chunk store: the costly case) and a short question, sent with chunk reuse: the
+whole-prompt engine then assembles it in one iteration (the behaviour before the assembly was
+spread over iterations). It knows nothing about HTTP.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import threading
@@ -29,6 +32,7 @@ from runtime.bench._common import (
     restores_torch_threads,
     w1_model,
 )
+from runtime.bench._figures import Spread, noise_warnings, print_tables, spread_table
 from runtime.bench.rag import chunk_plan, rag_request, random_ids
 from runtime.chunks.spans import CHUNK_MODES, DEFAULT_RECOMPUTE_FRACTION, ChunkReuse
 from runtime.engine import Engine
@@ -41,9 +45,11 @@ __all__ = ["main", "run_round"]
 
 HELP = """\
 Inter-token gaps of running streams while long prompts arrive: whole-prompt prefill vs chunked
-prefill, alternating on two engines sharing one W1-shaped random model (p50/p99/max gaps and the
-long prompts' TTFT, min/median/max over rounds). --chunk-reuse sends each long prompt as four new
-documents with chunk reuse (every chunk misses the chunk store)."""
+prefill, alternating on two engines sharing one W1-shaped random model. Counted: the streams' gaps
+that overlap the long prompts' wait (from their arrival to their first token), a handful per round,
+so it reports the worst gap and how many were counted (no percentiles), and the long prompts' TTFT;
+min/median/max over rounds. --chunk-reuse sends each long prompt as four new documents with chunk
+reuse (every chunk misses the chunk store)."""
 
 _WHOLE = 1 << 20
 """A chunk size above any prompt: the whole prompt in one forward (no chunking)."""
@@ -93,10 +99,13 @@ def _times(eng: Engine, req: Request, out: list[float]) -> None:
 
 
 def run_round(eng: Engine, args: argparse.Namespace, seed: int) -> dict[str, float]:
-    """One round: ``--streams`` decoding, then ``--long`` prompts at once; gaps in seconds.
+    """One round: ``--streams`` decoding, then ``--long`` prompts at once.
 
-    Under ``--chunk-reuse`` it adds the long prompts' mean chunk-reused and missed tokens
-    (their usage) as ``chunk_reused_tokens`` and ``chunk_missed_tokens``.
+    Returns ``itl_worst_s`` (the longest of the streams' gaps overlapping the long prompts' wait,
+    seconds; 0.0 when none did), ``itl_gaps`` (how many gaps overlapped it) and ``long_ttft_s``
+    (the long prompts' arrival to their last first token, seconds). Under ``--chunk-reuse`` it
+    adds the long prompts' mean chunk-reused and missed tokens (their usage) as
+    ``chunk_reused_tokens`` and ``chunk_missed_tokens``.
     """
     params = SamplingParams(max_tokens=args.stream_tokens, ignore_eos=True)
     streams = [eng.make_request(_ids(seed * 100 + i, 32), params) for i in range(args.streams)]
@@ -133,16 +142,10 @@ def run_round(eng: Engine, args: argparse.Namespace, seed: int) -> dict[str, flo
     for t in [*threads, *extra]:
         t.join()
     last_long = max(e[-1] for e in ends)
-    # NOTE: only gaps overlapping the time from the long prompts' arrival to their first token.
-    gaps = sorted(
-        b - a for s in stamps for a, b in zip(s, s[1:], strict=False) if b > t0 and a < last_long
-    )
-    if not gaps:
-        gaps = [0.0]
+    gaps = _stalled_gaps(stamps, t0, last_long)
     result = {
-        "itl_p50_s": gaps[len(gaps) // 2],
-        "itl_p99_s": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))],
-        "itl_max_s": gaps[-1],
+        "itl_worst_s": max(gaps, default=0.0),
+        "itl_gaps": float(len(gaps)),
         "long_ttft_s": last_long - t0,
     }
     if args.chunk_reuse is not None:
@@ -153,9 +156,26 @@ def run_round(eng: Engine, args: argparse.Namespace, seed: int) -> dict[str, flo
     return result
 
 
-def _summary(rounds: list[dict[str, float]], key: str) -> str:
-    values = [r[key] for r in rounds]
-    return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}"
+def _stalled_gaps(stamps: list[list[float]], start: float, end: float) -> list[float]:
+    """The streams' inter-token gaps (seconds) that overlap ``[start, end]``: the long prompts'
+    wait. NOTE: gaps outside it are plain decode steps, the same for both engines; counting them
+    would dilute the stall the bench is about."""
+    return [b - a for s in stamps for a, b in zip(s, s[1:], strict=False) if b > start and a < end]
+
+
+def _spreads(results: dict[str, list[dict[str, float]]]) -> tuple[list[Spread], list[Spread]]:
+    """(timings and gap counts per engine, the per-round worst-gap ratio whole / chunked)."""
+    figures: list[Spread] = []
+    for name, rounds in results.items():
+        figures.append(Spread.ms(f"worst gap, {name}", [r["itl_worst_s"] for r in rounds]))
+        figures.append(
+            Spread(f"gaps counted, {name}", "gaps", tuple(r["itl_gaps"] for r in rounds))
+        )
+        figures.append(Spread.ms(f"long prompts' TTFT, {name}", [r["long_ttft_s"] for r in rounds]))
+    whole, chunked = results.values()
+    pairs = zip(whole, chunked, strict=True)
+    ratio = tuple(w["itl_worst_s"] / max(c["itl_worst_s"], 1e-9) for w, c in pairs)
+    return figures, [Spread("worst gap whole / chunked", "x", ratio)]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -197,27 +217,33 @@ def main(argv: list[str]) -> int:
     for rep in range(args.repeats):
         for name, eng in engines.items():  # NOTE: alternating A/B within each repeat
             results[name].append(run_round(eng, args, seed=rep + 1))
-    out: dict[str, Any] = {}
-    for name, rounds in results.items():
-        for key in ("itl_p50_s", "itl_p99_s", "itl_max_s", "long_ttft_s"):
-            out[f"{name} {key} min/med/max"] = _summary(rounds, key)
-        if args.chunk_reuse is not None:
-            for key in ("chunk_reused_tokens", "chunk_missed_tokens"):
-                out[f"{name} {key} per long"] = statistics.fmean(r[key] for r in rounds)
-    whole, chunked = results.values()
-    ratios = [
-        w["itl_p99_s"] / max(c["itl_p99_s"], 1e-9) for w, c in zip(whole, chunked, strict=True)
-    ]
-    out["p99 ITL whole / chunked (per round)"] = " ".join(f"{r:.2f}" for r in ratios)
     for eng in engines.values():
         eng.close()
+    _report(args, results)
+    return 0
+
+
+def _report(args: argparse.Namespace, results: dict[str, list[dict[str, float]]]) -> None:
+    """The header lines, the spread tables and warnings; with ``--json`` one JSON object last:
+    the header, ``spread`` (each figure's unit and min / median / max / n), ``warnings`` and,
+    under ``--chunk-reuse``, each engine's mean chunk-reused and missed tokens per long prompt."""
     header: dict[str, Any] = {"layers": args.layers, "streams": args.streams,
                               "long prompts": args.long, "long tokens": args.long_tokens,
                               "threads": torch.get_num_threads()}  # fmt: skip
+    usage: dict[str, float] = {}
     if args.chunk_reuse is not None:
         header["chunk reuse"] = (
             f"{args.chunk_reuse}, {_NUM_DOCS} documents x "
             f"{_doc_len(args.long_tokens)} tokens, new each round"
         )
-    report(out, args.json, header)
-    return 0
+        for name, rounds in results.items():
+            for key in ("chunk_reused_tokens", "chunk_missed_tokens"):
+                usage[f"{name} {key} per long"] = statistics.fmean(r[key] for r in rounds)
+    figures, ratios = _spreads(results)
+    warnings = noise_warnings([f for f in figures if f.unit == "ms"], ratios)
+    report({**header, **usage}, as_json=False, header={})
+    title = "streams' gaps overlapping the long prompts' wait"
+    print_tables([spread_table(title, figures), spread_table("same-run ratio", ratios)], warnings)
+    if args.json:
+        spread = {s.name: s.as_json() for s in (*figures, *ratios)}
+        print(json.dumps({**header, **usage, "spread": spread, "warnings": warnings}))

@@ -218,10 +218,18 @@ def test_stall_times_both_engines_and_reports_chunk_usage_under_chunk_reuse(
     argv = STALL_ARGV if mode is None else [*STALL_ARGV, "--chunk-reuse", mode]
     assert stall.main(argv) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    spread = report["spread"]
     for engine in ("whole", "chunk16"):
-        low, _, high = report[f"{engine} itl_max_s min/med/max"].split(" / ")
-        assert 0 < float(low) <= float(high)  # one round: the streams' gaps were seen
-    assert len(report["p99 ITL whole / chunked (per round)"].split()) == 1
+        worst = spread[f"worst gap, {engine}"]  # one round: the streams' gaps were seen
+        assert worst["unit"] == "ms" and worst["n"] == 1
+        assert 0 < worst["min"] <= worst["median"] <= worst["max"]
+        assert spread[f"gaps counted, {engine}"]["min"] >= 1
+        assert spread[f"long prompts' TTFT, {engine}"]["min"] > 0
+    assert spread["worst gap whole / chunked"]["n"] == 1
+    numbers = [v for figure in spread.values() for k, v in figure.items() if k != "unit"]
+    assert all(isinstance(v, int | float) for v in numbers)  # numbers, not "a / b / c" strings
+    assert isinstance(report["warnings"], list)  # one round: at least "no spread to judge"
+    assert any("one run per figure" in w for w in report["warnings"])
     chunk_keys = sorted(k for k in report if "chunk_" in k or k == "chunk reuse")
     if mode is None:  # the plain bench's output is unchanged: no chunk-reuse lines
         assert chunk_keys == []
@@ -234,6 +242,16 @@ def test_stall_times_both_engines_and_reports_chunk_usage_under_chunk_reuse(
     for engine in ("whole", "chunk16"):
         assert report[f"{engine} chunk_missed_tokens per long"] == 4 * 8
         assert report[f"{engine} chunk_reused_tokens per long"] == 0
+
+
+def test_stall_counts_only_the_gaps_overlapping_the_long_prompts_wait() -> None:
+    # Two streams' token times (s); the long prompts wait from 1.0 to 3.0. Stream 1's gap
+    # 0.9 -> 3.2 overlaps it, 0.5 -> 0.9 ends before and 3.2 -> 3.3 starts after; stream 2 has
+    # two gaps inside (1.5 -> 2.0 -> 2.9) and one that straddles its start (0.8 -> 1.5).
+    stamps = [[0.5, 0.9, 3.2, 3.3], [0.8, 1.5, 2.0, 2.9]]
+    gaps = stall._stalled_gaps(stamps, 1.0, 3.0)
+    assert [round(g, 6) for g in gaps] == [2.3, 0.7, 0.5, 0.9]
+    assert stall._stalled_gaps([[0.1, 0.2]], 1.0, 3.0) == []  # no gap: worst 0.0, count 0
 
 
 def test_stall_chunk_reuse_needs_room_for_the_documents(capsys: pytest.CaptureFixture[str]) -> None:
