@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from runtime.bench import _weights_pair as weights_pair
+from runtime.bench import choices, prefix, rag, stall, trace
 from runtime.bench import load as loadtest
-from runtime.bench import prefix, rag, stall, trace
 from runtime.bench._common import ttft
+from runtime.bench._figures import Spread
 from runtime.engine import Engine
 from runtime.model.kernels import chosen_isa
 
@@ -259,6 +260,49 @@ def test_stall_chunk_reuse_needs_room_for_the_documents(capsys: pytest.CaptureFi
         stall.main(["--chunk-reuse", "exact", "--long-tokens", "12"])
     assert exc.value.code == 2
     assert "--chunk-reuse needs --long-tokens >= 16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("free", "bound", "overhead"),
+    [
+        ((10.0, 11.0, 12.0), (14.0, 15.0, 16.0), 4.0),  # apart: a figure
+        ((10.0, 11.0, 12.0), (11.5, 12.0, 16.0), None),  # overlapping: the spread reaches zero
+        ((10.0, 11.0, 30.0), (8.0, 9.0, 10.5), None),  # negative at the medians (-2 ms)
+        ((12.0,), (11.0,), None),  # one run each, constrained faster
+    ],
+)
+def test_a_grammar_overhead_the_noise_hides_is_a_warning_not_a_figure(
+    free: tuple[float, ...], bound: tuple[float, ...], overhead: float | None
+) -> None:
+    figure, warning = choices.grammar_overhead(
+        Spread("free, 1 rows, per token", "ms", free),
+        Spread("grammar, 1 rows, per token", "ms", bound),
+    )
+    assert figure == overhead
+    if overhead is None:
+        assert warning is not None and "below the noise" in warning and "no overhead" in warning
+    else:
+        assert warning is None
+
+
+@pytest.mark.slow
+def test_choices_json_has_numbers_a_spread_and_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--layers", "1", "--prompt-len", "16", "--gen-tokens", "2", "--grammar-rows", "2"]
+    assert choices.main([*argv, "--repeats", "2", "--threads", "1", "--json"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert (
+        report["spread"]["n=4, cache on"]["n"] == 2 and report["spread"]["n=4, cache on"]["min"] > 0
+    )
+    assert report["spread"]["grammar, 2 rows, per token"]["unit"] == "ms"
+    assert report["spread"]["4 requests / n=4, cache off"]["unit"] == "x"
+    assert isinstance(report["warnings"], list)
+    for rows in (1, 2):  # an overhead is a figure, or null with its warning
+        overhead = report[f"rows{rows}_grammar_overhead_ms_per_token"]
+        hidden = [w for w in report["warnings"] if w.startswith(f"grammar, {rows} rows")]
+        assert (overhead is None) == bool(hidden)
+        assert overhead is None or overhead > 0
+    assert "None" not in out.split("{")[0]
 
 
 def test_prefix_refuses_a_model_whose_vocabulary_cannot_hold_its_random_ids(
