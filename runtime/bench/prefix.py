@@ -289,9 +289,10 @@ def _print_weights_pair(
     title = (f"bench prefix --compare-weights: decode rate ({args.decode_tokens} tokens after a "
              f"{prompt_len}-token prompt), engines taking turns")  # fmt: skip
     print(kernels_line)
-    print_tables([spread_table(title, spreads)], noise_warnings(spreads[:2], spreads[2:]))
+    warnings = noise_warnings(spreads[:2], spreads[2:])
+    print_tables([spread_table(title, spreads)], warnings)
     if args.json:
-        extra = {"compare_weights": args.compare_weights,
+        extra = {"compare_weights": args.compare_weights, "warnings": warnings,
                  "spread": {s.name: s.as_json() for s in spreads}}  # fmt: skip
         print(json.dumps({**header, **medians, **extra}))
 

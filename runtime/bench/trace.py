@@ -243,7 +243,7 @@ def _trace(args: argparse.Namespace) -> int:
         result[f"quarter_replayed_{policy.replace('-', '_')}_hit_rate"] = sim.hit_rate
     result.update(_disk_rows(steps, capacity, block_size))
     result.update(_agent_sessions_rows(block_size, AGENT_SEEDS[: args.agent_seeds]))
-    _print_trace(args, result, rows)
+    warnings = _print_trace(args, result, rows)
     if args.plot:
         plot_trace(
             args.plot, {f"{k} budget" if k != "off" else "cache off": v for k, v in rows.items()}
@@ -251,16 +251,16 @@ def _trace(args: argparse.Namespace) -> int:
         print(f"plot: {args.plot}")
     if args.json:
         spread = {f"ttft_{k}": Spread.ms(k, [r[0] for r in v]).as_json() for k, v in rows.items()}
-        print(
-            json.dumps({"workload": "W3", "layers": args.layers, **result, "ttft_spread": spread})
-        )
+        extra = {"ttft_spread": spread, "warnings": warnings}
+        print(json.dumps({"workload": "W3", "layers": args.layers, **result, **extra}))
     return 0
 
 
 def _print_trace(
     args: argparse.Namespace, result: dict[str, Any], rows: dict[str, list[Row]]
-) -> None:
-    """Per budget: hit rate and TTFT min / median / max over the trace's requests; then the rest."""
+) -> list[str]:
+    """Per budget: hit rate and TTFT min / median / max over the trace's requests; then the rest.
+    Returns the warnings it printed (a cached run slower than cache off)."""
     ttfts = [Spread.ms(f"TTFT per request, {k}", [r[0] for r in v]) for k, v in rows.items()]
     keys = {"full": "full", "quarter": "quarter", "quarter+disk": "quarter_disk4x"}
     hits = [
@@ -291,3 +291,4 @@ def _print_trace(
         ],
         warnings,
     )
+    return warnings

@@ -71,6 +71,7 @@ def test_trace_prints_a_spread_table_json_and_a_plot(
     report = json.loads(out.strip().splitlines()[-1])
     assert report["ttft_spread"]["ttft_off"]["n"] == 24  # 8 conversations x 3 turns
     assert report["ttft_spread"]["ttft_off"]["unit"] == "ms"
+    assert all(f"warning: {w}" in out for w in report["warnings"])  # as printed, or none
     assert 0 < report["full_hit_rate"] < 1
     assert plot.read_bytes()[:4] == b"\x89PNG"
     # one agent-sessions seed (2), every policy at every budget; the default never below LRU
@@ -142,6 +143,7 @@ def test_prefix_compare_weights_alternates_two_engines_in_one_process(
     report = json.loads(out.strip().splitlines()[-1])
     assert report["weights"] == "q8_0" and report["compare_weights"] == "float32"
     assert report["spread"]["q8_0"]["n"] == report["spread"]["q8_0 / float32"]["n"] == 3
+    assert all(f"warning: {w}" in out for w in report["warnings"])  # as printed, or none
     assert report["decode_tokens_per_s"] > 0 and report["compare_decode_tokens_per_s"] > 0
     low, mid, high = (report[f"decode_ratio_{k}"] for k in ("min", "median", "max"))
     assert 0 < low <= mid <= high
