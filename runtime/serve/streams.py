@@ -17,7 +17,13 @@ from typing import Any
 from runtime.outputs import Completion, TokenLogprob, Usage
 from runtime.serve.api_error import error_body
 from runtime.serve.engine_call import EngineCall
-from runtime.serve.logprobs import CompletionLogprobs, LoggedToken, chat_logprobs
+from runtime.serve.logprobs import (
+    CompletionLogprobs,
+    HeldTokens,
+    LoggedToken,
+    chat_logprobs,
+    cover_text,
+)
 from runtime.serve.metrics import Outcome
 from runtime.serve.request_plan import RequestPlan
 from runtime.serve.tool_parser import ParsedToolCall
@@ -64,10 +70,10 @@ def _generated(
 
 
 def _output(plan: RequestPlan, completion: Completion) -> Pending:
-    """The generated tokens the response shows."""
+    """The generated tokens the response shows: those that write its text (``cover_text``)."""
     if plan.is_output_dropped:
         return []
-    return _generated(plan, completion.logprobs, completion.token_ids)
+    return cover_text(_generated(plan, completion.logprobs, completion.token_ids), completion.text)
 
 
 def _echoed(
@@ -161,6 +167,8 @@ class _ChoiceText:
         self.sent = 0
         self.logprobs: Pending = []
         """Logprobs of tokens not yet sent; the choice's next chunk of any kind carries them."""
+        self.held = HeldTokens()
+        """Generated tokens whose text is not all final yet (moved to ``logprobs`` once it is)."""
         self.is_started = False
         """True once the choice's first delta arrived (and its echo, if any, went out)."""
         self.offsets = None if plan.token_text is None else CompletionLogprobs()
@@ -225,6 +233,7 @@ class ChoiceStream:
         """Events after a choice's last delta: held text, tool calls and its finish chunk."""
         events: list[str] = []
         state = self._choices[index]
+        state.logprobs += state.held.finish(state.text)
         rest = state.text[state.sent :]
         finish: Outcome = completion.finish_reason
         if self._plan.parser is not None and rest:
@@ -266,8 +275,9 @@ class ChoiceStream:
                         state.logprobs = _echoed(self._plan, index, delta.prompt_logprobs)
                         yield self._chunk(index, text=_echo_text(self._plan, index), finish=None)
                 if not self._plan.is_output_dropped:
-                    state.logprobs += _generated(self._plan, delta.logprobs, delta.token_ids)
+                    state.held.add(_generated(self._plan, delta.logprobs, delta.token_ids))
                 out = "" if self._plan.is_output_dropped else self._feed(index, delta.text)
+                state.logprobs += state.held.release(state.text)
                 if out:
                     yield self._chunk(index, text=out, finish=None)
                 if delta.completion is not None:

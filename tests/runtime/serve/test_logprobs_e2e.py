@@ -91,3 +91,61 @@ def test_chat_logprob_tokens_spell_the_content(tiny_served: Served) -> None:
     content = choice.logprobs.content or []
     assert content[-1].token == "" and content[-1].bytes == []
     assert "".join(entry.token for entry in content) == choice.message.content
+
+
+Logged = list[tuple[str, float]]
+"""A choice's logprob tokens as ``(token, logprob)``."""
+
+
+def ask(served: Served, kind: str, *, stream: bool, **kwargs: Any) -> tuple[str, Logged]:
+    """The text and logprob tokens of a greedy choice (streamed: joined over its chunks)."""
+    engine, client = served
+    body: dict[str, Any] = {"model": engine.model_id, "max_tokens": 40, "temperature": 0}
+    body.update(kwargs, stream=stream)
+    text, logged, offsets = "", Logged(), list[int]()
+    if kind == "chat":
+        messages: Any = [{"role": "user", "content": "hi"}]
+        out: Any = client.chat.completions.create(messages=messages, logprobs=True, **body)
+    else:
+        out = client.completions.create(prompt=PROMPT, logprobs=1, **body)
+    for chunk in out if stream else [out]:
+        choice = chunk.choices[0]
+        assert choice.finish_reason in (None, "stop")
+        if kind == "completion":
+            text += choice.text
+            if choice.logprobs is not None:
+                lp = choice.logprobs
+                offsets += lp.text_offset or []
+                logged += list(zip(lp.tokens or [], lp.token_logprobs or [], strict=True))
+            continue
+        text += (choice.delta.content if stream else choice.message.content) or ""
+        entries = [] if choice.logprobs is None else choice.logprobs.content or []
+        logged += [(entry.token, entry.logprob) for entry in entries]
+    if kind == "completion":
+        check_spelled(text, [token for token, _ in logged], offsets)
+    return text, logged
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("is_inside", [False, True], ids=["on-boundary", "inside-token"])
+def test_logprob_tokens_end_where_a_stop_string_cuts_the_text(
+    tiny_served: Served, kind: str, stream: bool, is_inside: bool
+) -> None:
+    # Issue: the tokens of the matched stop string were still in logprobs, so the tokens spelt
+    # the text plus the stop string. The stop is a generated token's whole text, or its text
+    # past its first character: that token then straddles the cut and is written as that
+    # first character, with its own logprob.
+    full_text, full = ask(tiny_served, kind, stream=False)
+    offsets = list(accumulate((len(token) for token, _ in full), initial=0))
+    index, stop = next(
+        (i, token[is_inside:])
+        for i, (token, _) in enumerate(full)
+        if i > 0 and len(token) > 1 and full_text.find(token[is_inside:]) == offsets[i] + is_inside
+    )
+    text, logged = ask(tiny_served, kind, stream=stream, stop=[stop])
+    assert text == full_text[: offsets[index] + is_inside]
+    want = full[:index] + ([(full[index][0][:1], full[index][1])] if is_inside else [])
+    assert [token for token, _ in logged] == [token for token, _ in want]
+    assert [lp for _, lp in logged] == pytest.approx([lp for _, lp in want], abs=1e-5)
+    assert "".join(token for token, _ in logged) == text
