@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictInt,
@@ -89,6 +90,24 @@ MAX_PROMPTS = 256
 """Most prompts in one batched ``/v1/completions`` request."""
 
 
+def _null_means(default: bool | int, schema: Any) -> BeforeValidator:
+    """Read JSON ``null`` as ``default``: for fields OpenAI documents as nullable whose unset
+    value is not None here (``null`` means "unset" for every ``... | None`` field too).
+
+    Args:
+        default: the field's default.
+        schema: the field's type, for the JSON schema (which then also allows ``null``).
+    """
+
+    def read(value: object) -> object:
+        return default if value is None else value
+
+    return BeforeValidator(read, json_schema_input_type=schema | None)
+
+
+_N = Annotated[StrictInt, Field(ge=1, le=MAX_N)]
+
+
 _Penalty = Annotated[float, Field(ge=-PENALTY_MAX, le=PENALTY_MAX)]
 _Bias = Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX)]
 
@@ -117,9 +136,9 @@ class _SamplingFields(Lenient):
     seed: Annotated[StrictInt, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
     """Signed 64-bit, as OpenAI documents; negative seeds are used two's-complement."""
     stop: str | list[str] | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
+    n: Annotated[_N, _null_means(1, _N)] = 1
     """Choices per prompt, from one prefill of the prompt (choice ``i`` seeded ``seed + i``)."""
-    stream: bool = False
+    stream: Annotated[bool, _null_means(False, bool)] = False
     stream_options: StreamOptions | None = None
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     """Per-tenant prefix-cache namespace (vLLM's field); combined with the API key server-side."""
@@ -273,7 +292,7 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     max_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
     """0 only with ``echo``: score the prompt, generate nothing (lm-evaluation-harness)."""
-    echo: bool = False
+    echo: Annotated[bool, _null_means(False, bool)] = False
     """Return the prompt before the completion (with ``logprobs``: the prompt's logprobs too)."""
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     """k: each generated token's logprob (raw model distribution) and the k most likely."""

@@ -110,6 +110,25 @@ def test_no_op_fields_and_off_values_are_accepted(extra: dict[str, Any]) -> None
     assert client.post("/v1/chat/completions", json=chat_body(**extra)).status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", chat_body(n=None, stream=None)),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "n": None, "stream": None}),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "echo": None}),
+    ],
+)
+def test_null_n_stream_and_echo_mean_unset(path: str, body: dict[str, Any]) -> None:
+    # NOTE: these were a 400 ("Input should be a valid integer/boolean"); OpenAI documents them
+    # as nullable, and null already meant "unset" for every other optional field.
+    client = TestClient(create_app(ScriptedEngine()))
+    resp = client.post(path, json=body)
+    assert resp.status_code == 200, resp.text
+    plain = client.post(path, json={k: v for k, v in body.items() if v is not None}).json()
+    out = resp.json()
+    assert out["object"] == plain["object"] and out["choices"] == plain["choices"]  # one, whole
+
+
 def test_a_no_op_field_of_the_wrong_type_is_a_400() -> None:
     client = TestClient(create_app(ScriptedEngine()))
     error = error_of(client.post("/v1/chat/completions", json=chat_body(user=5)), 400)
