@@ -15,6 +15,7 @@ from runtime.exceptions import (
     ModelLoadError,
     PromptTooLongError,
     RuntimeEngineError,
+    TooManyChoicesError,
 )
 from runtime.models import resolve_model
 
@@ -63,6 +64,7 @@ __all__ = [
     "SamplingParams",
     "SchedulerConfig",
     "StreamDelta",
+    "TooManyChoicesError",
     "Usage",
     "resolve_model",
 ]

@@ -318,8 +318,9 @@ class Engine:
         only.
 
         Raises:
-            InvalidRequestError, PromptTooLongError: as ``generate``; also ``n`` < 1 or more
-                choices than the scheduler decodes at once.
+            InvalidRequestError, PromptTooLongError: as ``generate``; also ``n`` < 1.
+            TooManyChoicesError: more choices than the scheduler decodes at once, or than fit
+                its batch KV budget.
             EngineBusyError: the scheduler's queue is full.
         """
         spec = RequestSpec(prompt, params or SamplingParams(), n, cache_salt, grammar, chunk_reuse)

@@ -3,6 +3,7 @@
 RuntimeEngineError
 ├── InvalidRequestError (ValueError)   bad prompt or sampling params; engine keeps serving
 │   ├── PromptTooLongError             prompt + max_tokens exceed the model's context
+│   ├── TooManyChoicesError            the n choices of a request can never run together
 │   └── ChunkReuseError                bad chunk spans, or a model that cannot reuse chunk KV
 ├── SamplingError                      one request's logits could not be sampled; it ends alone
 ├── ModelLoadError                     a model, tokenizer or chat template could not be loaded
@@ -19,6 +20,7 @@ __all__ = [
     "PromptTooLongError",
     "RuntimeEngineError",
     "SamplingError",
+    "TooManyChoicesError",
     "one_line",
 ]
 
@@ -33,6 +35,11 @@ class InvalidRequestError(RuntimeEngineError, ValueError):
 
 class PromptTooLongError(InvalidRequestError):
     """The prompt (plus requested output) does not fit the model's context window."""
+
+
+class TooManyChoicesError(InvalidRequestError):
+    """A request's ``n`` choices, decoded together, can never run at once: more than the rows
+    decoded at once, or KV rows over the batch's budget where one choice alone fits."""
 
 
 class ChunkReuseError(InvalidRequestError):

@@ -51,6 +51,7 @@ RUNTIME_ALL = {
     "Metrics",
     "ModelLoadError",
     "PromptTooLongError",
+    "TooManyChoicesError",
     "RuntimeEngineError",
     "SamplingParams",
     "SchedulerConfig",

@@ -9,7 +9,7 @@ their KV rows and the prefix cache's pins, never the queue, the loop, the model 
 from __future__ import annotations
 
 from runtime.cache.prefix_cache import PrefixCache
-from runtime.exceptions import InvalidRequestError, PromptTooLongError
+from runtime.exceptions import PromptTooLongError, TooManyChoicesError
 from runtime.request.state import Request, RequestStatus
 
 __all__ = ["check_group", "copy_prompt", "live_forks", "running_group"]
@@ -27,22 +27,28 @@ def check_group(
         batch_kv_bytes: Byte budget of the running requests' KV rows.
 
     Raises:
-        InvalidRequestError: the group has more choices than ``max_batch_size`` rows.
-        PromptTooLongError: the group's KV rows alone exceed ``batch_kv_bytes``.
+        TooManyChoicesError: the group has more choices than ``max_batch_size`` rows, or its
+            KV rows exceed ``batch_kv_bytes`` where one choice's alone would not.
+        PromptTooLongError: one choice's KV row alone exceeds ``batch_kv_bytes``.
     """
     size = 1 + len(req.forks)
     if size > max_batch_size:
-        raise InvalidRequestError(
+        raise TooManyChoicesError(
             f"n={size} choices are decoded together, but this engine decodes at most "
             f"{max_batch_size} rows at once (max_batch_size); lower n"
         )
-    need = size * req.max_total_len * position_bytes
-    if need > batch_kv_bytes:
-        raise PromptTooLongError(
-            f"prompt + max_tokens ({req.max_total_len} positions) x {size} choices need "
-            f"{need} bytes of KV, over batch_kv_bytes={batch_kv_bytes}; "
-            "lower max_tokens or n, or raise it"
-        )
+    row = req.max_total_len * position_bytes
+    if size * row <= batch_kv_bytes:
+        return
+    message = (
+        f"prompt + max_tokens ({req.max_total_len} positions) x {size} choices need "
+        f"{size * row} bytes of KV, over batch_kv_bytes={batch_kv_bytes}; "
+    )
+    # NOTE: n is to blame (a server names the field) only where one choice alone fits.
+    if row > batch_kv_bytes:
+        raise PromptTooLongError(message + "lower max_tokens, or raise it")
+    fit = batch_kv_bytes // row
+    raise TooManyChoicesError(message + f"lower n (at most {fit} fit) or max_tokens, or raise it")
 
 
 def live_forks(req: Request) -> list[Request]:

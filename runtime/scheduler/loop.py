@@ -66,8 +66,7 @@ class Scheduler(Executor):
 
         Raises:
             EngineBusyError: the queue holds ``max_waiting`` requests.
-            InvalidRequestError: the group has more choices than ``max_batch_size`` rows.
-            PromptTooLongError: the group's KV rows alone exceed ``batch_kv_bytes``.
+            TooManyChoicesError, PromptTooLongError: the group can never run (``check_group``).
             RuntimeEngineError: the engine was closed.
         """
         self.submit_all([req])
@@ -80,8 +79,7 @@ class Scheduler(Executor):
 
         Raises:
             EngineBusyError: they do not all fit under ``max_waiting`` (none is queued).
-            InvalidRequestError: a group has more choices than ``max_batch_size`` rows.
-            PromptTooLongError: a request's (group's) KV rows alone exceed ``batch_kv_bytes``.
+            TooManyChoicesError, PromptTooLongError: a group can never run (``check_group``).
             RuntimeEngineError: the engine was closed.
         """
         # NOTE: the submitting thread's OpenMP workers (a model loaded or a reference forward

@@ -29,6 +29,7 @@ from runtime.exceptions import (
     InvalidRequestError,
     PromptTooLongError,
     SamplingError,
+    TooManyChoicesError,
 )
 from runtime.outputs import Completion, StreamDelta
 from runtime.serve.api_error import ApiError, error_body
@@ -199,6 +200,8 @@ class _Server:
             raise ApiError(
                 400, str(exc), param=plan.prompt_param, code="context_length_exceeded"
             ) from exc
+        except TooManyChoicesError as exc:  # NOTE: more than the batch's rows or KV budget
+            raise ApiError(400, str(exc), param="n", code="invalid_value") from exc
         except ChunkReuseError as exc:  # NOTE: a model that cannot move stored keys
             raise ApiError(400, str(exc), param="chunk_reuse", code="invalid_value") from exc
         except InvalidRequestError as exc:  # NOTE: the prompt is all the engine checks here

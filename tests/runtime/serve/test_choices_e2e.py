@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from openai import BadRequestError, OpenAI
+
+from runtime.engine import Engine
+from runtime.scheduler.config import SchedulerConfig
+from runtime.serve.app import create_app
+from runtime.serve.server_thread import ServerThread
 from tests.runtime.serve.conftest import Served
 
 MESSAGES: list[Any] = [
@@ -100,3 +107,34 @@ def test_batched_completion_prompts_stream_each_index(tiny_served: Served) -> No
     )
     assert finished == [0, 1, 2]
     assert engine.scheduler_stats().num_running == 0
+
+
+def test_n_over_the_batch_rows_is_a_400_naming_n(tiny_served: Served) -> None:
+    # NOTE: n=128 passed the protocol's limit, then the engine's refusal named "messages".
+    engine, client = tiny_served
+    with pytest.raises(BadRequestError) as caught:
+        client.chat.completions.create(model=engine.model_id, messages=MESSAGES, n=128)
+    assert caught.value.param == "n" and "max_batch_size" in caught.value.message
+
+
+def test_n_over_the_batch_kv_budget_names_n_only_when_one_choice_fits() -> None:
+    budget = 1 << 20  # 256 positions of the tiny model's KV (4096 bytes each)
+    engine = Engine.from_pretrained(
+        "tiny", kv_cache_bytes=8 << 20, scheduler=SchedulerConfig(batch_kv_bytes=budget)
+    )
+    with (
+        ServerThread(create_app(engine)) as url,
+        OpenAI(base_url=f"{url}/v1", api_key="test", max_retries=0) as client,
+    ):
+        chat: Any = {"model": engine.model_id, "messages": [{"role": "user", "content": "hi"}]}
+        assert len(client.chat.completions.create(**chat, max_tokens=100, n=2).choices) == 2
+        refusals = [
+            (3, 100, "n", "lower n (at most 2 fit)"),
+            (1, 300, "messages", "lower max_tokens"),
+        ]
+        for n, max_tokens, param, hint in refusals:
+            with pytest.raises(BadRequestError) as caught:
+                client.chat.completions.create(**chat, max_tokens=max_tokens, n=n)
+            assert caught.value.param == param, caught.value.message
+            assert f"over batch_kv_bytes={budget}; {hint}" in caught.value.message
+    engine.close()
