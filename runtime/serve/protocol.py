@@ -7,7 +7,7 @@ shapes only; it never calls the engine, and it does not know HTTP routing or ten
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -50,6 +50,7 @@ __all__ = [
     "TokenizeRequest",
     "ToolSpec",
     "NO_OP_PARAMS",
+    "UNSUPPORTED_COMPLETION_PARAMS",
     "UNSUPPORTED_PARAMS",
     "validation_error",
 ]
@@ -80,6 +81,8 @@ Any other value is refused with a 400 naming the field (never silently ignored);
 equal to ``n`` is also accepted (it then means nothing more than ``n``). The fields of
 ``NO_OP_PARAMS`` are accepted and change nothing; any other top-level field is a 400 naming it
 (a misspelt ``temprature`` must not be dropped in silence)."""
+UNSUPPORTED_COMPLETION_PARAMS: dict[str, tuple[object, ...]] = {"suffix": (None,)}
+"""``UNSUPPORTED_PARAMS`` of ``/v1/completions`` only (in a chat body they are unknown fields)."""
 NO_OP_PARAMS = ("user", "metadata", "store", "prompt_cache_key", "safety_identifier")
 """OpenAI request fields that are bookkeeping for the provider (end-user id, tags, storing the
 completion, prompt-cache routing key) and change nothing about generation: accepted (type-checked)
@@ -118,6 +121,8 @@ class _SamplingFields(Lenient):
     # Python's JSON reader takes NaN and Infinity: allow_inf_nan=False says "finite number"
     # rather than a range error (NaN fails every comparison: "less than or equal to 2").
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    unsupported: ClassVar[dict[str, tuple[object, ...]]] = UNSUPPORTED_PARAMS
+    """Fields refused unless "off", with their off values (the endpoint's)."""
     model: str
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
@@ -165,14 +170,14 @@ class _SamplingFields(Lenient):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, body: Any) -> Any:
-        """400 naming the first field of ``UNSUPPORTED_PARAMS`` set to a value that is not off.
+        """400 naming the first field of ``unsupported`` set to a value that is not off.
 
         NOTE: raises ``ApiError`` (not ValueError) so pydantic lets it through unchanged.
         """
         if not isinstance(body, dict):
             return body
         body = dict(body)  # NOTE: an "off" value is dropped below, so extra="forbid" passes it
-        for name, off in UNSUPPORTED_PARAMS.items():
+        for name, off in cls.unsupported.items():
             value = body.get(name)
             if name == "best_of" and value is not None and value == body.get("n", 1):
                 del body[name]
@@ -289,6 +294,11 @@ class ChatCompletionRequest(_SamplingFields):
 class CompletionRequest(_SamplingFields):
     """Body of ``POST /v1/completions``: one prompt or a batch, as text or token ids."""
 
+    unsupported: ClassVar[dict[str, tuple[object, ...]]] = {
+        **UNSUPPORTED_PARAMS,
+        **UNSUPPORTED_COMPLETION_PARAMS,
+    }
+
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     max_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
     """0 only with ``echo``: score the prompt, generate nothing (lm-evaluation-harness)."""
@@ -296,7 +306,6 @@ class CompletionRequest(_SamplingFields):
     """Return the prompt before the completion (with ``logprobs``: the prompt's logprobs too)."""
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     """k: each generated token's logprob (raw model distribution) and the k most likely."""
-    suffix: None = None
 
     @model_validator(mode="after")
     def _zero_tokens_needs_echo(self) -> CompletionRequest:

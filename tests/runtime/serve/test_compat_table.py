@@ -280,7 +280,12 @@ def check_echo(c: Ctx) -> None:
 
 
 def check_suffix(c: Ctx) -> None:
-    refused(lambda: c.complete(suffix="!"), "suffix")
+    # NOTE: the message said "suffix: Input should be None", not that suffix is unsupported.
+    with pytest.raises(BadRequestError) as caught:
+        c.complete(suffix="!")
+    assert caught.value.param == "suffix" and caught.value.code == "unsupported_parameter"
+    assert "suffix='!' is not supported by this server" in caught.value.message
+    assert c.complete(suffix=None).choices[0].text  # null is "off", as for the other such fields
 
 
 def check_json_object(c: Ctx) -> None:
