@@ -36,6 +36,7 @@ class ApiError(Exception):
         type: ErrorType = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -43,6 +44,8 @@ class ApiError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers
+        """Response headers the error brings (``Retry-After`` of a 429), else None."""
 
     def body(self) -> dict[str, Any]:
         """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""

@@ -68,6 +68,13 @@ __all__ = [
 
 WEIGHTS_HEADER = "X-Agentcache-Weights"
 """Response header of completions: the engine's ``weights`` (``"float32"``, ``"q4_1"``, ...)."""
+RETRY_AFTER_S = 1
+"""``Retry-After`` of a 429 (engine queue full), in whole seconds (RFC 9110 delay-seconds).
+
+NOTE: a hint, not a promise: the queue gains room each time the scheduler admits a waiting
+request (a running one finished), and when that is depends on output lengths the server cannot
+know; 1 is the smallest whole second. The ``openai`` client waits what it says before it
+retries (it honours up to two minutes), instead of its own backoff (0.5 s doubling to 8 s)."""
 
 
 class _SSEResponse(StreamingResponse):
@@ -195,7 +202,10 @@ class _Server:
             return Response(status_code=499)
         except EngineBusyError as exc:
             self.metrics.count("rejected")
-            raise ApiError(429, str(exc), type="server_error", code="server_busy") from exc
+            retry = {"Retry-After": str(RETRY_AFTER_S)}
+            raise ApiError(
+                429, str(exc), type="server_error", code="server_busy", headers=retry
+            ) from exc
         except PromptTooLongError as exc:
             raise ApiError(
                 400, str(exc), param=plan.prompt_param, code="context_length_exceeded"
@@ -358,7 +368,7 @@ def _add_error_handlers(app: FastAPI, server: _Server) -> None:
         assert isinstance(exc, ApiError), f"unexpected {type(exc).__name__}"
         if exc.status_code in (400, 413):
             server.metrics.count("invalid")
-        return JSONResponse(exc.body(), status_code=exc.status_code)
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         status = int(getattr(exc, "status_code", 500))

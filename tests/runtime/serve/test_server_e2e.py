@@ -203,6 +203,7 @@ def test_a_full_engine_queue_answers_429_and_recovers() -> None:
         busy = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
         holder.join()
         assert busy.status_code == 429 and busy.json()["error"]["code"] == "server_busy"
+        assert busy.headers["Retry-After"] == "1"  # whole seconds; it had none
         assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 200
         assert 'outcome="rejected"} 1.0' in httpx.get(f"{url}/metrics").text
 
