@@ -30,7 +30,7 @@ def plain_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     engine.close()
 
 
-def chat(served: Served, messages: list[Any] = MESSAGES, **options: Any) -> Any:
+def chat(served: Served, *, messages: list[Any] = MESSAGES, **options: Any) -> Any:
     engine, client = served
     return client.chat.completions.create(model=engine.model_id, messages=messages, **options)
 
@@ -72,7 +72,7 @@ def test_a_tool_round_trip_is_rendered_as_hermes_text(plain_served: Served) -> N
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "18 C, sunny"},
     ]  # fmt: skip
-    done = chat(plain_served, messages, max_tokens=4, tools=TOOLS)
+    done = chat(plain_served, messages=messages, max_tokens=4, tools=TOOLS)
     assert done.choices[0].finish_reason in ("stop", "length", "tool_calls")
     text = engine.tokenizer.decode(engine.render_chat(
         [{**m, "content": m["content"] or ""} for m in messages], tools=TOOLS
