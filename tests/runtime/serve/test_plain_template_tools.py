@@ -39,7 +39,7 @@ def test_tools_reach_the_prompt(plain_served: Served) -> None:
     engine, _ = plain_served
     alone = chat(plain_served, max_tokens=1).usage.prompt_tokens
     for choice in (None, "auto", "none"):
-        extra = {} if choice is None else {"tool_choice": choice}
+        extra: dict[str, Any] = {} if choice is None else {"tool_choice": choice}
         with_tools = chat(plain_served, max_tokens=1, tools=TOOLS, **extra).usage.prompt_tokens
         assert with_tools > alone + 50, choice  # the signatures are in the prompt
     text = engine.tokenizer.decode(engine.render_chat(MESSAGES, tools=TOOLS))
