@@ -25,6 +25,7 @@ MAX_SPANS = 1024
 
 __all__ = [
     "MAX_SPANS",
+    "CalledFunction",
     "ChatMessage",
     "ChunkReuseSpec",
     "FunctionName",
@@ -34,6 +35,7 @@ __all__ = [
     "NamedToolChoice",
     "ResponseFormat",
     "StreamOptions",
+    "ToolCall",
     "ToolSpec",
 ]
 
@@ -128,13 +130,29 @@ class ResponseFormat(_Options):
         return self
 
 
+class CalledFunction(Lenient):
+    """``tool_calls[i].function`` of an assistant message sent back: the function and its
+    arguments, a JSON string as OpenAI writes them (or an object, as chat templates also take)."""
+
+    name: str
+    arguments: str | dict[str, Any]
+
+
+class ToolCall(Lenient):
+    """One call of an assistant message sent back (OpenAI's ``tool_calls`` entry)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(Lenient):
     """One chat message; ``content`` may be a string or a list of text parts."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = Field(default=None, validate_default=True)
     """The call a ``tool`` message answers: required on that role (as OpenAI requires it)."""
 
@@ -178,7 +196,7 @@ class ChatMessage(Lenient):
             "content": content or "",
         }
         if self.tool_calls:
-            out["tool_calls"] = self.tool_calls
+            out["tool_calls"] = [call.model_dump(exclude_none=True) for call in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:

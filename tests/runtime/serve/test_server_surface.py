@@ -160,6 +160,28 @@ def test_an_assistant_message_may_carry_only_tool_calls() -> None:
     assert client.post("/v1/chat/completions", json=chat_body(messages=messages)).status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("call", "param"),
+    [
+        ({"id": "c1", "type": "function", "function": "f"}, "messages[1].tool_calls[0].function"),
+        ({"id": "c1", "type": "function", "function": None}, "messages[1].tool_calls[0].function"),
+        ({"id": "c1", "function": {"arguments": "{}"}}, "messages[1].tool_calls[0].function.name"),
+        ({"function": {"name": 5, "arguments": "{}"}}, "messages[1].tool_calls[0].function.name"),
+        ({"function": {"name": "f", "arguments": None}}, "messages[1].tool_calls[0].function"),
+        ({"type": "custom", "function": {"name": "f", "arguments": "{}"}}, "messages[1]"),
+    ],
+)
+def test_a_malformed_tool_call_sent_back_is_a_400_naming_it(
+    call: dict[str, Any], param: str
+) -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}]
+    engine = ScriptedEngine()
+    client = TestClient(create_app(engine))
+    error = error_of(client.post("/v1/chat/completions", json=chat_body(messages=messages)), 400)
+    assert error["param"].startswith(param), error
+    assert not engine.seen
+
+
 def test_unexpected_error_is_a_500_that_keeps_the_keep_alive_connection() -> None:
     engine = ScriptedEngine(fail_at=0)
     counter = ConnectionCounter()
