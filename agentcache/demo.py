@@ -391,10 +391,13 @@ def _describe_model(backend: BaseBackend, args: argparse.Namespace) -> str:
 
 
 def _answer_writer(console: Console, written: list[str]) -> Callable[[str], None]:
-    """Print streamed answer text as it comes (no markup parsing) and keep it in ``written``."""
+    """Print streamed answer text as it comes (no markup parsing) and keep it in ``written``;
+    leading whitespace is not printed, so the answer starts on the ``A:`` line."""
 
     def write(text: str) -> None:
         written.append(text)
+        if not "".join(written[:-1]).strip():
+            text = text.lstrip()
         console.print(text, end="", markup=False, highlight=False)
 
     return write

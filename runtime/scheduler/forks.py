@@ -35,7 +35,8 @@ def check_group(
     if size > max_batch_size:
         raise TooManyChoicesError(
             f"n={size} choices are decoded together, but this engine decodes at most "
-            f"{max_batch_size} rows at once (max_batch_size); lower n"
+            f"{max_batch_size} row{'s' if max_batch_size != 1 else ''} at once "
+            "(max_batch_size); lower n"
         )
     row = req.max_total_len * position_bytes
     if size * row <= batch_kv_bytes:

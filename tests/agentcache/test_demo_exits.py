@@ -7,12 +7,14 @@ checked both in-process and with a real SIGINT sent to a subprocess.
 from __future__ import annotations
 
 import argparse
+import io
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import respx
+from rich.console import Console
 
 from agentcache import demo
 from agentcache.backends.fake import FakeBackend, FakeTurn
@@ -197,3 +199,14 @@ def test_the_default_model_behind_a_server_answers_from_retrieved_sources(tmp_pa
     other = OpenAIBackend("gpt-4o-mini", base_url=BASE)
     assert not demo.retrieves_first(other) and demo._stops(other) == ()
     assert "calls a tool first" in demo.describe(other, demo_args(tmp_path))
+
+
+def test_an_answer_starts_on_its_label_line() -> None:
+    """Leading whitespace of a streamed answer is not printed; the rest is, as it came."""
+    out = io.StringIO()
+    written: list[str] = []
+    write = demo._answer_writer(Console(file=out, width=80), written)
+    for delta in ("\n", " \n The", " answer\n\nends."):
+        write(delta)
+    assert out.getvalue() == "The answer\n\nends."
+    assert "".join(written) == "\n \n The answer\n\nends."
