@@ -10,7 +10,7 @@ still collect without them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -60,6 +60,22 @@ CHATML_TOOLS = (
 
 _BPE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
+# NOTE: transformers leaves PreTrainedTokenizerFast.__init__ and the Auto classes' from_config
+# unannotated, hence the ``ignore[no-untyped-call]`` on those calls below.
+
+
+class ModelShape(TypedDict, total=False):
+    """The size keywords the tests give transformers' Llama-like configs, typed for ``**``."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+
 
 # --- word-level models of several architectures ---------------------------------------------
 
@@ -72,7 +88,7 @@ def make_tokenizer() -> Any:
     vocab = {tok: i for i, tok in enumerate(SPECIALS + WORDS)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(
+    tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=core,
         unk_token="<unk>",
         eos_token="<|im_end|>",
@@ -113,7 +129,7 @@ def save_tiny_model(arch: str, path: Path, *, seed: int = 0) -> Path:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(make_config(arch))
+    model = AutoModelForCausalLM.from_config(make_config(arch))  # type: ignore[no-untyped-call]
     model.save_pretrained(path)
     make_tokenizer().save_pretrained(path)
     return path
@@ -125,10 +141,11 @@ def save_small_llama(path: Path, *, seed: int, **config: Any) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
-    heads = {"num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True}
+    shape: ModelShape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 2,
+                         "tie_word_embeddings": True}  # fmt: skip
     torch.manual_seed(seed)
-    LlamaForCausalLM(LlamaConfig(**shape, **heads, **config)).save_pretrained(path)
+    LlamaForCausalLM(LlamaConfig(**shape, **config)).save_pretrained(path)
 
 
 # --- a BPE Llama trained on stdlib docstrings (SDK tests) -----------------------------------
@@ -152,7 +169,7 @@ def build_tiny_llama(folder: Path, *, vocab_size: int = 1024, seed: int = 0) -> 
         show_progress=False,
     )
     bpe.train_from_iterator(corpus, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=bpe,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -183,7 +200,7 @@ def make_byte_tokenizer() -> Any:
     core = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=core,
         eos_token="<|im_end|>",
         additional_special_tokens=["<|im_start|>"],

@@ -6,9 +6,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from runtime.model.batch_mask import MaskPlan, mask_plan
-from tests.conftest import VOCAB_SIZE
+from tests.conftest import VOCAB_SIZE, ModelShape
 
-TINY = {
+TINY: ModelShape = {
     "vocab_size": VOCAB_SIZE, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
 }  # fmt: skip
@@ -37,7 +37,10 @@ def test_float_masks_are_additive() -> None:
 def test_mixed_layer_model_that_applies_the_mapping_batches() -> None:
     config = Qwen2Config(**TINY, use_sliding_window=True, sliding_window=6, max_window_layers=1)
     for impl in ("sdpa", "eager"):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=impl)
+        # NOTE: transformers leaves from_config unannotated.
+        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            config, attn_implementation=impl
+        )
         plan, why = mask_plan(model)
         assert why is None and plan is not None and plan.per_layer_type
         assert plan.is_bool == (impl == "sdpa")
@@ -48,5 +51,7 @@ def test_mixed_layer_types_on_a_model_that_ignores_the_mapping_stay_at_batch_one
     config = LlamaConfig(**TINY)
     config.layer_types = ["full_attention", "sliding_attention"]
     config.sliding_window = 4
-    plan, why = mask_plan(AutoModelForCausalLM.from_config(config))
+    # NOTE: transformers leaves from_config unannotated.
+    model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    plan, why = mask_plan(model)
     assert plan is None and why is not None and "mask mapping" in why

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
+from transformers.cache_utils import CacheLayerMixin
 
 from runtime.chunks.rotation import rerotate, rotation_blocker
 from tests.conftest import save_tiny_model
@@ -21,13 +22,18 @@ TOL = 1e-4
 CHUNK = [5, 17, 23, 42, 8, 8, 61, 30, 12, 77, 3, 90]
 
 
-def _kv_at(model: object, start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _kv_at(model: torch.nn.Module, start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per-layer ``([1, H_kv, n, D], [1, H_kv, n, D])`` K/V of CHUNK run alone at ``start``."""
     cache = DynamicCache()
     positions = torch.arange(start, start + len(CHUNK)).unsqueeze(0)
     with torch.no_grad():
-        model(input_ids=torch.tensor([CHUNK]), position_ids=positions, cache=cache, use_cache=True)  # type: ignore[operator]
-    return [(layer.keys, layer.values) for layer in cache.layers]
+        model(input_ids=torch.tensor([CHUNK]), position_ids=positions, cache=cache, use_cache=True)
+    kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for layer in cache.layers:
+        assert isinstance(layer, CacheLayerMixin), "an attention layer's cache"
+        assert layer.keys is not None and layer.values is not None
+        kv.append((layer.keys, layer.values))
+    return kv
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -35,7 +41,9 @@ def _kv_at(model: object, start: int) -> list[tuple[torch.Tensor, torch.Tensor]]
 def test_moved_chunk_equals_chunk_computed_at_target(
     arch: str, target: int, tmp_path: Path
 ) -> None:
-    model = AutoModelForCausalLM.from_pretrained(save_tiny_model(arch, tmp_path)).eval()
+    # NOTE: transformers leaves PreTrainedModel.eval unannotated.
+    path = save_tiny_model(arch, tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()  # type: ignore[no-untyped-call]
     assert rotation_blocker(model) is None
     at_zero, at_target = _kv_at(model, 0), _kv_at(model, target)
     for layer, ((k0, v0), (kt, vt)) in enumerate(zip(at_zero, at_target, strict=True)):
@@ -48,7 +56,8 @@ def test_moved_chunk_equals_chunk_computed_at_target(
 
 
 def test_model_without_rope_is_refused(tmp_path: Path) -> None:
-    model = AutoModelForCausalLM.from_pretrained(save_tiny_model("gpt2", tmp_path)).eval()
+    path = save_tiny_model("gpt2", tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()  # type: ignore[no-untyped-call]
     why = rotation_blocker(model)
     assert why is not None and "no rotary position embedding" in why
     with pytest.raises(ValueError, match="cannot re-rotate keys"):

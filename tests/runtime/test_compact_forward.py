@@ -131,8 +131,9 @@ def test_weights_are_stored_once_input_major_and_the_hf_forward_still_reads_them
     from runtime.model.compact_llama import CompactLlama
 
     path = save_tiny_model(arch, tmp_path)
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
-    fresh = AutoModelForCausalLM.from_pretrained(path).eval()
+    # NOTE: transformers leaves PreTrainedModel.eval unannotated.
+    model = AutoModelForCausalLM.from_pretrained(path).eval()  # type: ignore[no-untyped-call]
+    fresh = AutoModelForCausalLM.from_pretrained(path).eval()  # type: ignore[no-untyped-call]
     is_tied = model.lm_head.weight is model.model.embed_tokens.weight
     compact = CompactLlama(model)
     layer, attn, mlp = compact.layers[0], model.model.layers[0].self_attn, model.model.layers[0].mlp

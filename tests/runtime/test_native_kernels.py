@@ -12,6 +12,7 @@ import torch
 
 from runtime.model.attention import StepSlots
 from runtime.model.compact_llama import CompactLlama
+from tests.conftest import ModelShape
 from tests.runtime.kernel_isas import KERNEL_ISAS, isa_kernels
 
 NEG_INF = float("-inf")
@@ -181,13 +182,16 @@ def test_tensors_off_the_cpu_are_refused_before_any_read(isa: str) -> None:
 def _model(arch: str, heads: int, kv_heads: int, head_dim: int) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    shape = {"hidden_size": heads * head_dim, "intermediate_size": 96, "num_hidden_layers": 3,
-             "num_attention_heads": heads, "num_key_value_heads": kv_heads, "vocab_size": 120,
-             "max_position_embeddings": 512}  # fmt: skip
+    shape: ModelShape = {"hidden_size": heads * head_dim, "intermediate_size": 96,
+                         "num_hidden_layers": 3, "num_attention_heads": heads,
+                         "num_key_value_heads": kv_heads, "vocab_size": 120,
+                         "max_position_embeddings": 512}  # fmt: skip
     torch.manual_seed(heads + kv_heads + head_dim)
+    # NOTE: transformers leaves PreTrainedModel.eval unannotated.
     if arch == "qwen2":  # NOTE: QKV biases
-        return Qwen2ForCausalLM(Qwen2Config(**shape)).eval()
-    return LlamaForCausalLM(LlamaConfig(attention_bias=True, **shape)).eval()
+        return Qwen2ForCausalLM(Qwen2Config(**shape)).eval()  # type: ignore[no-untyped-call]
+    model = LlamaForCausalLM(LlamaConfig(attention_bias=True, **shape))
+    return model.eval()  # type: ignore[no-untyped-call]
 
 
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
@@ -281,7 +285,10 @@ def test_layer_loop_checks_hidden_size_and_reads_h_row_major(isa: str) -> None:
 
     def run(h: torch.Tensor) -> torch.Tensor:
         buffer = torch.zeros(len(compact.layers), 2, 2, 2, 16, 8)
-        return layers.run(h, cos, sin, buffer, torch.arange(2), torch.tensor([3, 5]), 6, None)
+        out: torch.Tensor = layers.run(
+            h, cos, sin, buffer, torch.arange(2), torch.tensor([3, 5]), 6, None
+        )
+        return out
 
     with pytest.raises(RuntimeError, match="h has hidden size 64, the weights 32"):
         run(torch.randn(2, 1, 64))

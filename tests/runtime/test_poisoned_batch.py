@@ -36,8 +36,10 @@ def save_poisoned_model(path: Path) -> Path:
     """The tiny Llama with a NaN embedding row for ``POISON``."""
     save_tiny_model("llama", path)
     model = AutoModelForCausalLM.from_pretrained(path)
+    embeddings = model.get_input_embeddings()
+    assert isinstance(embeddings, torch.nn.Embedding)
     with torch.no_grad():
-        model.get_input_embeddings().weight[POISON] = float("nan")
+        embeddings.weight[POISON] = float("nan")
     model.save_pretrained(path)
     return path
 

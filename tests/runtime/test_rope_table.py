@@ -8,24 +8,27 @@ follow the sequence length (dynamic NTK, long-rope) are never tabled.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Unpack
 
 import pytest
 import torch
 from transformers import LlamaConfig
+from transformers.modeling_rope_utils import RopeParameters
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from runtime.model.rope_table import RopeTable, signed
+from tests.conftest import ModelShape
 
-SHAPE = {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 2048}
+SHAPE: ModelShape = {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 2048}
 
 
-def rotary(**rope: Any) -> LlamaRotaryEmbedding:
+def rotary(**rope: Unpack[RopeParameters]) -> LlamaRotaryEmbedding:
     """transformers' Llama rotary module with ``rope_parameters`` ``rope`` (theta 10,000)."""
-    return LlamaRotaryEmbedding(LlamaConfig(**SHAPE, rope_parameters={"rope_theta": 1e4, **rope}))
+    params: RopeParameters = {"rope_theta": 1e4, **rope}
+    return LlamaRotaryEmbedding(LlamaConfig(**SHAPE, rope_parameters=params))
 
 
-STATIC = {
+STATIC: dict[str, RopeParameters] = {
     "default": {"rope_type": "default"},
     "linear": {"rope_type": "linear", "factor": 2.0},
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,

@@ -22,7 +22,8 @@ def _llama(eos_id: int) -> Any:
     torch.manual_seed(0)
     config = make_config("llama")
     config.eos_token_id = eos_id
-    return AutoModelForCausalLM.from_config(config).eval()
+    # NOTE: transformers leaves from_config and PreTrainedModel.eval unannotated.
+    return AutoModelForCausalLM.from_config(config).eval()  # type: ignore[no-untyped-call]
 
 
 def test_bench_requests_decode_past_the_models_eos() -> None:

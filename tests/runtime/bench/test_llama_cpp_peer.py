@@ -120,7 +120,9 @@ def test_a_model_an_engine_wraps_still_saves_and_reloads_to_the_same_logits(
     model = w1_model(argparse.Namespace(layers=1, dtype="float32"))
     engine = bench_engine(model, kv_bytes=1 << 24)
     assert engine.forward_path == "compact"
-    reloaded = AutoModelForCausalLM.from_pretrained(save_hf(model, tmp_path)).eval()
+    path = save_hf(model, tmp_path)
+    # NOTE: transformers leaves PreTrainedModel.eval unannotated.
+    reloaded = AutoModelForCausalLM.from_pretrained(path).eval()  # type: ignore[no-untyped-call]
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, atol=1e-5, rtol=0)
