@@ -35,6 +35,12 @@ class KeyRecordingStore(MemoryStore):
         super().set(key, value, ttl_s=ttl_s)
 
 
+def raw(reply: bytes | str) -> bytes:
+    """A key or value read back from redis: bytes, as the client does not decode replies."""
+    assert isinstance(reply, bytes)
+    return reply
+
+
 def spawn(*args: object) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "tests.agentcache._redis_worker", *map(str, args)]
@@ -74,7 +80,7 @@ def test_8_workers_x_200_calls_over_20_keys_compute_each_key_once(
     finally:
         stop(launcher)
     assert len(outputs) == 8
-    computed = {k.decode(): int(v) for k, v in client.hgetall(f"{namespace}:computed").items()}
+    computed = {raw(k).decode(): int(v) for k, v in client.hgetall(f"{namespace}:computed").items()}
     assert computed == {f"square:{n}": 1 for n in range(20)}  # each key computed once
     results: dict[int, set[str]] = {}
     for output in outputs:
@@ -104,7 +110,7 @@ def test_killed_lock_holder_delays_its_key_by_at_most_the_lock_expiry(
         wait_for(lambda: client.exists(f"{namespace}:holding") or holder.poll() is not None)
         assert holder.poll() is None
         [lock] = client.keys(f"{namespace}:lock:*")
-        key, held_by = lock.decode().removeprefix(f"{namespace}:lock:"), client.get(lock)
+        key, held_by = raw(lock).decode().removeprefix(f"{namespace}:lock:"), client.get(lock)
         # The lease expires on its own within the lock expiry (-1 would be: never).
         assert 0 < client.pttl(lock) <= lock_ttl_s * 1000
         run = _redis_worker.tools(store, "survivor", client, namespace)
@@ -142,7 +148,7 @@ def test_tenant_isolation_across_workers_matches_the_in_process_keys(
     workers = [spawn("tenants", redis_url, namespace, f"w{i}") for i in range(3)]
     outputs = [finish(proc) for proc in workers]
     client = redis.Redis.from_url(redis_url)
-    computed = {k.decode(): int(v) for k, v in client.hgetall(f"{namespace}:computed").items()}
+    computed = {raw(k).decode(): int(v) for k, v in client.hgetall(f"{namespace}:computed").items()}
     # Default scope: one entry per (tenant, user); scope="tenant": one per tenant.
     plan = _redis_worker.tenant_plan()
     expected = Counter(
@@ -162,5 +168,5 @@ def test_tenant_isolation_across_workers_matches_the_in_process_keys(
         with cache_scope(tenant=tenant, user=user):
             reference[tool](n)
     prefix = f"{namespace}:v:".encode()
-    redis_keys = {k[len(prefix) :].decode() for k in client.keys(f"{namespace}:v:*")}
+    redis_keys = {raw(k)[len(prefix) :].decode() for k in client.keys(f"{namespace}:v:*")}
     assert redis_keys == memory.keys and len(redis_keys) == len(expected)

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from agentcache import demo
 from agentcache.backends.fake import FakeBackend, FakeTurn
+from agentcache.backends.local import MARKUP_STOPS
 from agentcache.backends.openai import OpenAIBackend
 from agentcache.exceptions import BackendHTTPError
 from tests.cli_process import CliProcess
@@ -194,7 +195,7 @@ def test_the_default_model_behind_a_server_answers_from_retrieved_sources(tmp_pa
     it retrieves first and stops at the document markup; another remote model calls tools."""
     ours = OpenAIBackend(demo.DEFAULT_MODEL, base_url=BASE)
     assert demo.retrieves_first(ours)
-    assert demo._stops(ours) == ("\n\n", *demo.MARKUP_STOPS)
+    assert demo._stops(ours) == ("\n\n", *MARKUP_STOPS)
     assert "sources retrieved before each question" in demo.describe(ours, demo_args(tmp_path))
     other = OpenAIBackend("gpt-4o-mini", base_url=BASE)
     assert not demo.retrieves_first(other) and demo._stops(other) == ()

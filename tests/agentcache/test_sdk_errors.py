@@ -82,7 +82,8 @@ def test_lambda_tool_asks_for_a_name() -> None:
 def test_lambda_tool_with_a_name_is_accepted() -> None:
     tool = ToolRegistry().add(lambda city: city, name="echo_city")
     assert tool.spec.name == "echo_city"
-    assert tool.spec.openai()["function"]["name"] == "echo_city"  # type: ignore[index]
+    function = tool.spec.openai()["function"]
+    assert isinstance(function, dict) and function["name"] == "echo_city"
 
 
 @pytest.mark.parametrize("name", ["has space", "dotted.name", "x" * 65, "ümlaut"])

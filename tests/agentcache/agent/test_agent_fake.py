@@ -9,7 +9,7 @@ import pytest
 from agentcache.agent import Agent, AgentConfig, parse_hermes
 from agentcache.agent.parsing import MarkupFilter
 from agentcache.backends import ToolCall
-from agentcache.backends.fake import FakeBackend, prompt_units
+from agentcache.backends.fake import FakeBackend, FakeTurn, prompt_units
 from agentcache.cache import MemoryStore, ToolCache
 from agentcache.exceptions import AgentError, ConfigError
 from agentcache.prompt import Document
@@ -97,7 +97,7 @@ def test_model_mistakes_become_messages_not_crashes(call: ToolCall, expected: st
 
 def test_malformed_hermes_call_is_reported_back_to_the_model() -> None:
     bad = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>'
-    turns = [bad, ToolCall("c", "get_weather", '{"city": "Rome"}'), "ok"]
+    turns: list[FakeTurn] = [bad, ToolCall("c", "get_weather", '{"city": "Rome"}'), "ok"]
     backend = FakeBackend(turns, tool_call_format="hermes")
     agent = make_agent(backend)
     streamed: list[str] = []

@@ -131,6 +131,7 @@ def test_complete_accepts_plain_text_and_message_lists(model_dir: Path) -> None:
     by_text = backend.complete("What is json?", options)
     backend.reset()
     by_messages = backend.complete([{"role": "user", "content": "What is json?"}], options)
+    assert by_messages.usage.prompt_tokens is not None
     assert by_text.usage.prompt_tokens == by_messages.usage.prompt_tokens > 0
 
 
@@ -158,14 +159,19 @@ def test_requests_the_engine_refuses_are_backend_errors(model_dir: Path) -> None
 
 def test_chatml_models_stop_at_a_new_turn_or_tool_response(model_dir: Path) -> None:
     from agentcache.backends.local import CHATML_STOPS, MARKUP_STOPS
+    from runtime.engine import Prompt
+    from runtime.request.state import Request
+    from runtime.sampling.params import SamplingParams
 
     backend = LocalBackend(str(model_dir))
     seen: list[Any] = []
     real_make_request = backend.engine.make_request
 
-    def recording_make_request(ids: list[int], params: Any, **kw: Any) -> Any:
+    def recording_make_request(
+        prompt: Prompt, params: SamplingParams | None = None, **kw: Any
+    ) -> Request:
         seen.append(params)
-        return real_make_request(ids, params, **kw)
+        return real_make_request(prompt, params, **kw)
 
     backend.engine.make_request = recording_make_request  # type: ignore[method-assign]
     backend.complete("hi", GenerationOptions(max_tokens=2, stop=("END",)))
@@ -265,7 +271,9 @@ def test_every_weights_choice_is_the_runtimes() -> None:
         (action,) = [a for a in parser._actions if a.dest == "weights"]
         return tuple(action.choices)
 
-    serve = next(a for a in build_parser()._actions if a.dest == "command").choices["serve"]
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    assert isinstance(commands, dict)  # a subparsers action: command name -> parser
+    serve = commands["serve"]
     assert choices(serve) == choices(load_parser()) == get_args(WeightsDtype)
 
 
@@ -304,6 +312,7 @@ def test_kv_dtype_reaches_the_engine_and_bad_ones_are_refused(model_dir: Path) -
     plain = LocalBackend(str(model_dir))
     assert half.engine.kv_dtype == "float16" and plain.engine.kv_dtype == "float32"
     first, again = half.complete("What is json?", options), half.complete("What is json?", options)
+    assert again.usage.cached_tokens is not None
     assert again.usage.cached_tokens > 0 and first.text == again.text
     half.close()
     plain.close()
@@ -333,7 +342,7 @@ def test_chunk_reuse_on_a_model_that_cannot_is_refused_at_construction(
     engine = Engine.from_pretrained(str(save_tiny_model(arch, tmp_path)))
     for mode in ("exact", "blend"):
         with pytest.raises(ConfigError, match=f"chunk_reuse='{mode}' is not available.*{why}"):
-            LocalBackend(arch, engine=engine, chunk_reuse=mode)  # type: ignore[arg-type]
+            LocalBackend(arch, engine=engine, chunk_reuse=mode)
     assert LocalBackend(arch, engine=engine).chunk_reuse is None  # off: nothing to refuse
     engine.close()
 

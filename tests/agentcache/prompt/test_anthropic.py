@@ -93,7 +93,7 @@ def test_one_hour_markers_come_before_five_minute_ones() -> None:
 
 
 def test_stale_markers_in_history_are_stripped() -> None:
-    old = [
+    old: list[dict[str, Any]] = [
         {
             "role": "user",
             "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}],
@@ -106,7 +106,7 @@ def test_stale_markers_in_history_are_stripped() -> None:
 
 
 def test_tool_calls_become_tool_use_and_tool_result_blocks() -> None:
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "add"},
         {
             "role": "assistant",

@@ -109,7 +109,8 @@ def test_a_tool_parameter_named_cache_control_is_not_counted_as_a_marker() -> No
 
 def _turns(num_turns: int) -> list[bytes]:
     """Body bytes (as httpx sends them) of an agent's successive model calls."""
-    bodies, history = [], [{"role": "user", "content": "find the json docs"}]
+    bodies: list[bytes] = []
+    history: list[dict[str, Any]] = [{"role": "user", "content": "find the json docs"}]
     for n in range(num_turns):
         prompt = (
             PromptBuilder()

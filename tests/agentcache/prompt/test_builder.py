@@ -11,9 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentcache.canonical import JSONValue
 from agentcache.exceptions import PromptError
 from agentcache.prompt import Document, Prompt, PromptBuilder
 from agentcache.prompt.segments import SegmentKind
+from agentcache.prompt.tools import ToolLike
 
 
 def search_docs(query: str, limit: int = 5) -> list[str]:
@@ -41,14 +43,14 @@ def make_tool(name: str, props: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-TOOLS = [
+TOOLS: list[ToolLike] = [
     make_tool("lookup", {"key": {"type": "string"}, "fuzzy": {"type": "boolean"}}),
     make_tool("add", {"a": {"type": "number", "minimum": 0.0}, "b": {"type": "number"}}),
     search_docs,
     Weather,
 ]
 DOCS = [Document(f"doc-{i}", f"Body of document {i}.", source=f"docs/{i}.md") for i in range(6)]
-HISTORY = [
+HISTORY: list[dict[str, Any]] = [
     {"role": "user", "content": "What is 2+3?"},
     {
         "role": "assistant",
@@ -77,7 +79,7 @@ def shuffle_keys(value: Any, rng: random.Random) -> Any:
 
 
 def build(
-    tools: list[Any] = TOOLS,
+    tools: list[ToolLike] = TOOLS,
     docs: list[Document] = DOCS,
     history: list[dict[str, Any]] = HISTORY,
     system: str = "You are a careful assistant.",
@@ -85,6 +87,13 @@ def build(
 ) -> Prompt:
     b = PromptBuilder(namespace="tenant-a").system(system).tools(tools).documents(docs)
     return b.history(history).user(user).volatile("Today is 2026-11-29.").build()
+
+
+def function_of(schema: dict[str, JSONValue]) -> dict[str, JSONValue]:
+    """The ``function`` object of an OpenAI ``tools`` entry."""
+    function = schema["function"]
+    assert isinstance(function, dict)
+    return function
 
 
 def render(p: Prompt) -> str:
@@ -158,7 +167,11 @@ def test_namespace_changes_every_fingerprint() -> None:
 
 
 def test_tools_sorted_by_name_unless_pinned() -> None:
-    names = [t["function"]["name"] for t in BASE.tool_schemas()]  # type: ignore[index,call-overload]
+    names: list[str] = []
+    for schema in BASE.tool_schemas():
+        name = function_of(schema)["name"]
+        assert isinstance(name, str)
+        names.append(name)
     assert names == sorted(names) == ["Weather", "add", "lookup", "search_docs"]
     pinned = PromptBuilder().tools(TOOLS, pinned_order=True).build()
     assert [t.name for t in pinned.tools] == ["lookup", "add", "search_docs", "Weather"]
@@ -169,7 +182,7 @@ def test_callable_schema_from_hints_and_docstring() -> None:
     assert spec.description == "Search the documentation."
     assert spec.parameters["required"] == ["query"]
     props = spec.parameters["properties"]
-    assert props == {  # type: ignore[comparison-overlap]
+    assert props == {
         "limit": {"default": 5, "description": "Maximum number of hits.", "type": "integer"},
         "query": {"description": "Words to look for.", "type": "string"},
     }
@@ -218,7 +231,7 @@ def test_to_openai_body_shape() -> None:
 
 def test_cached_tool_schemas_cannot_be_corrupted_by_callers() -> None:
     first = build()
-    first.tool_schemas()[0]["function"]["name"] = "mutated"  # type: ignore[index]
+    function_of(first.tool_schemas()[0])["name"] = "mutated"
     first.to_messages()[1]["content"] = "mutated"
     again = build()
     assert render(again) == render(BASE) and again.fingerprints == BASE.fingerprints

@@ -152,7 +152,7 @@ def test_miss_log_names_segment_and_reason(scripted_url: tuple[str, ScriptedEngi
     url, _ = scripted_url
     rng = random.Random(1)
     tools = shuffled_tools(rng)
-    base = {"model": "fake-model", "max_tokens": 2, "tools": tools, "messages": [
+    base: dict[str, Any] = {"model": "fake-model", "max_tokens": 2, "tools": tools, "messages": [
         {"role": "system", "content": "You help. Today is 2026-12-01 09:00:00."},
         {"role": "user", "content": "first"}, {"role": "assistant", "content": "Hello"},
         {"role": "user", "content": "second"}]}  # fmt: skip

@@ -22,8 +22,8 @@ def count_cache_markers(body: dict[str, Any]) -> int:
 
 def openai_tool(name: str, *, reverse_keys: bool = False) -> dict[str, Any]:
     props = {"query": {"type": "string"}, "k": {"type": "integer"}}
-    fn = {"name": name, "description": f"{name} things", "parameters": {"type": "object",
-          "properties": props}}  # fmt: skip
+    fn: dict[str, Any] = {"name": name, "description": f"{name} things",
+                          "parameters": {"type": "object", "properties": props}}  # fmt: skip
     if reverse_keys:
         fn = {k: fn[k] for k in reversed(fn)}
         fn["parameters"] = {k: fn["parameters"][k] for k in reversed(fn["parameters"])}
