@@ -7,7 +7,7 @@ tokens match except at near-ties. A decode spy proves the steps really ran batch
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from runtime.engine import Engine
+from runtime.model.batch_kv import BatchKV
 from runtime.outputs import StreamDelta
 from runtime.request.state import Request
 from runtime.sampling.params import SamplingParams
@@ -43,8 +44,10 @@ def save_qwen2_mixed(path: Path) -> Path:
         max_position_embeddings=256, use_sliding_window=True, sliding_window=6,
         max_window_layers=1,
     )  # fmt: skip
+    assert config.layer_types is not None
     assert set(config.layer_types) == {"full_attention", "sliding_attention"}
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    # NOTE: transformers leaves from_config unannotated.
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)  # type: ignore[no-untyped-call]
     make_tokenizer().save_pretrained(path)
     return path
 
@@ -117,9 +120,9 @@ def test_batched_decode_matches_alone_force_miss(engine: Engine) -> None:
     batch_sizes: list[int] = []
     decode = engine.runner.decode
 
-    def spy(token_ids: list[int], batch: object) -> torch.Tensor:
+    def spy(token_ids: Sequence[int | None], batch: BatchKV) -> torch.Tensor:
         batch_sizes.append(len(token_ids))
-        return decode(token_ids, batch)  # type: ignore[arg-type]
+        return decode(token_ids, batch)
 
     engine.runner.decode = spy  # type: ignore[method-assign]
     try:

@@ -35,7 +35,7 @@ NUM_SPAN = sum(len(doc) for doc in DOCS)  # 40 tokens, every chunk longer than C
 def make_engine(path: Path, forward: str, chunk: int) -> Engine:
     return Engine.from_pretrained(
         str(path), kv_cache_bytes=1 << 20, block_size=4, chunk_cache_bytes=1 << 20,
-        forward=forward, scheduler=SchedulerConfig(prefill_chunk_tokens=chunk),  # type: ignore[arg-type]
+        forward=forward, scheduler=SchedulerConfig(prefill_chunk_tokens=chunk),
     )  # fmt: skip
 
 

@@ -46,7 +46,7 @@ def make_engine(arch: str, folder: Path, forward: str = "auto") -> Engine:
     path = save_tiny_model(arch, folder)
     return Engine.from_pretrained(
         str(path), kv_cache_bytes=1 << 20, block_size=4, chunk_cache_bytes=1 << 20,
-        forward=forward,  # type: ignore[arg-type]
+        forward=forward,
     )  # fmt: skip
 
 
@@ -303,7 +303,7 @@ def test_models_that_cannot_move_keys_refuse(arch: str, why: str, tmp_path: Path
     ids, spans = rag_prompt([0, 1])
     for mode in ("exact", "blend"):
         with pytest.raises(InvalidRequestError, match=why):
-            eng.make_request(ids, chunk_reuse=ChunkReuse(spans, mode))  # type: ignore[arg-type]
+            eng.make_request(ids, chunk_reuse=ChunkReuse(spans, mode))
     assert eng.generate(ids, SamplingParams(max_tokens=2)).usage.chunk_reuse is None
     eng.close()
 

@@ -9,13 +9,14 @@ cancelled or failing mid-prefill ends alone and leaves nothing pinned.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import torch
 
 from runtime.engine import Engine
+from runtime.model.batch_kv import BatchKV
 from runtime.model.kv_cache import RequestKVCache
 from runtime.outputs import StreamDelta
 from runtime.request.state import Request, RequestStatus
@@ -94,16 +95,18 @@ def test_running_stream_decodes_between_chunks(engines: tuple[Engine, Engine]) -
         record_logits=True,
     )
 
-    def spy_forward(token_ids: list[int], kv: RequestKVCache) -> torch.Tensor:
+    def spy_forward(
+        token_ids: list[int], kv: RequestKVCache, *, all_logits: bool = False
+    ) -> torch.Tensor:
         events.append(f"prefill {len(token_ids)}")
-        return forward(token_ids, kv)
+        return forward(token_ids, kv, all_logits=all_logits)
 
-    def spy_decode(token_ids: list[int | None], batch: object) -> torch.Tensor:
+    def spy_decode(token_ids: Sequence[int | None], batch: BatchKV) -> torch.Tensor:
         events.append(f"decode {sum(t is not None for t in token_ids)}/{len(token_ids)}")
         if long_req.status is RequestStatus.WAITING and not long_req.t_enqueue:
             # NOTE: submitted from the loop thread, so it arrives while the short one decodes.
             chunked.scheduler.submit(long_req)
-        return decode(token_ids, batch)  # type: ignore[arg-type]
+        return decode(token_ids, batch)
 
     chunked.runner.forward, chunked.runner.decode = spy_forward, spy_decode  # type: ignore[method-assign]
     try:
@@ -132,18 +135,20 @@ def test_mid_prefill_end_is_alone_and_unpins(engines: tuple[Engine, Engine], end
     long_req = chunked.make_request(LONG, SamplingParams(ignore_eos=True, max_tokens=4))
     forward, decode, seen = chunked.runner.forward, chunked.runner.decode, threading.Event()
 
-    def spy_forward(token_ids: list[int], kv: RequestKVCache) -> torch.Tensor:
+    def spy_forward(
+        token_ids: list[int], kv: RequestKVCache, *, all_logits: bool = False
+    ) -> torch.Tensor:
         if kv is long_req.kv and 0 < kv.length < len(LONG) - CHUNK:
             seen.set()
             if ending == "fail":
                 raise RuntimeError("forward failed mid-prefill")
             chunked.scheduler.cancel(long_req, wait=False)
-        return forward(token_ids, kv)
+        return forward(token_ids, kv, all_logits=all_logits)
 
-    def spy_decode(token_ids: list[int | None], batch: object) -> torch.Tensor:
+    def spy_decode(token_ids: Sequence[int | None], batch: BatchKV) -> torch.Tensor:
         if long_req.status is RequestStatus.WAITING and not long_req.t_enqueue:
             chunked.scheduler.submit(long_req)  # NOTE: arrives while the short one decodes
-        return decode(token_ids, batch)  # type: ignore[arg-type]
+        return decode(token_ids, batch)
 
     chunked.runner.forward, chunked.runner.decode = spy_forward, spy_decode  # type: ignore[method-assign]
     try:
@@ -176,10 +181,10 @@ def test_n_choices_prefilled_in_chunks_while_a_stream_decodes(
     whole.scheduler.submit(ref[0])
     got, decode = group(chunked), chunked.runner.decode
 
-    def spy_decode(token_ids: list[int | None], batch: object) -> torch.Tensor:
+    def spy_decode(token_ids: Sequence[int | None], batch: BatchKV) -> torch.Tensor:
         if got[0].status is RequestStatus.WAITING and not got[0].t_enqueue:
             chunked.scheduler.submit(got[0])  # NOTE: arrives while the short one decodes
-        return decode(token_ids, batch)  # type: ignore[arg-type]
+        return decode(token_ids, batch)
 
     chunked.runner.decode = spy_decode  # type: ignore[method-assign]
     try:

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
 from runtime import (
     Engine,
@@ -18,7 +19,7 @@ from runtime import (
     PromptTooLongError,
     SamplingParams,
 )
-from runtime.model import loading
+from runtime.model.names import is_local_path
 from runtime.model.runner import reuse_blocker
 from runtime.sampling.params import SEED_MAX, SEED_MIN
 from tests.conftest import EOS_ID, VOCAB_SIZE, make_config, save_tiny_model
@@ -53,7 +54,7 @@ def _no_hub(*args: object, **kwargs: object) -> None:
 def test_missing_local_path_is_a_load_error_without_the_hub(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", _no_hub)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", _no_hub)
     with pytest.raises(ModelLoadError, match="no such model directory .*bundled name: tiny"):
         Engine.from_pretrained(name)
 
@@ -64,8 +65,8 @@ def _raise_os_error(*args: object, **kwargs: object) -> None:
 
 @pytest.mark.parametrize("name", ["org/name", "gpt2"])
 def test_hub_ids_still_go_to_from_pretrained(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not loading.is_local_path(name)
-    monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", _raise_os_error)
+    assert not is_local_path(name)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", _raise_os_error)
     with pytest.raises(ModelLoadError, match="cannot load model .*not a model folder"):
         Engine.from_pretrained(name)
 
@@ -286,21 +287,19 @@ def test_kv_buffer_grows_geometrically() -> None:
     assert kv.num_grows == 5 and kv.capacity == 128
 
 
-def test_unresumable_models_disable_reuse(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+def test_unresumable_models_disable_reuse(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = make_config("llama")
     config.layer_types = ["full_attention", "linear_attention"]
     assert "linear_attention" in (reuse_blocker(config) or "")
     assert reuse_blocker(make_config("mistral_sliding")) is None  # full KV kept + sliding mask
     path = save_tiny_model("llama", tmp_path / "m")
-    with caplog.at_level(logging.WARNING, logger="runtime.kv_stores"):
+    with caplog.at_level(logging.WARNING, logger="runtime.kv_stores"), monkeypatch.context() as mp:
         import runtime.kv_stores as kv_stores_mod
 
-        original = kv_stores_mod.reuse_blocker
-        kv_stores_mod.reuse_blocker = lambda cfg: "recurrent state"  # type: ignore[assignment]
-        try:
-            eng = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 20, block_size=4)
-        finally:
-            kv_stores_mod.reuse_blocker = original
+        mp.setattr(kv_stores_mod, "reuse_blocker", lambda cfg: "recurrent state")
+        eng = Engine.from_pretrained(str(path), kv_cache_bytes=1 << 20, block_size=4)
     assert "recurrent state" in caplog.text
     stats = eng.cache_stats()
     assert not stats.is_enabled and stats.disabled_reason == "recurrent state"

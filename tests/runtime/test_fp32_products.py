@@ -198,7 +198,7 @@ def test_packed_start_line_names_only_prefill(tmp_path: Path, setting: pytest.Mo
     setting.setenv(PRODUCTS_ENV, "onednn")
     path = str(save_tiny_model("llama", tmp_path))
     for weights, tail in (("bfloat16", ", oneDNN products for prefill)"), ("float32-packed", ")")):
-        engine = Engine.from_pretrained(path, weights=weights)  # type: ignore[arg-type]
+        engine = Engine.from_pretrained(path, weights=weights)
         assert engine.runner.compact is not None and engine.runner.compact.packed_products
         assert _runs(engine).endswith(
             f", {weights} weights, compact forward, native decode attention{tail}"

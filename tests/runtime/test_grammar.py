@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Sequence
+from typing import TypedDict, Unpack
 
 import pytest
 import torch
@@ -46,18 +47,26 @@ def grammar(engine: Engine) -> Grammar:
     return engine.compile_grammar(JsonSchemaSpec(json.dumps(SCHEMA)))
 
 
-def complete(engine: Engine, req_grammar: Grammar | None, **kwargs: object) -> Completion:
+class Sampling(TypedDict, total=False):
+    """The ``SamplingParams`` fields these tests vary."""
+
+    temperature: float
+    seed: int
+
+
+def complete(engine: Engine, req_grammar: Grammar | None, **kwargs: Unpack[Sampling]) -> Completion:
     ids = engine.render_chat(CHAT)
     (stream,) = engine.stream_choices(
         ids, SamplingParams(max_tokens=40, **kwargs), grammar=req_grammar
-    )  # type: ignore[arg-type]
+    )
     completion = list(stream)[-1].completion
     assert completion is not None
     return completion
 
 
 def test_constrained_output_follows_the_schema(engine: Engine, grammar: Grammar) -> None:
-    for kwargs in ({}, {"temperature": 1.0, "seed": 5}):
+    cases: tuple[Sampling, ...] = ({}, {"temperature": 1.0, "seed": 5})
+    for kwargs in cases:
         done = complete(engine, grammar, **kwargs)
         assert done.finish_reason == "stop"
         value = json.loads(done.text)

@@ -129,7 +129,7 @@ def test_scheduler_releases_the_submitter_and_itself_when_idle(
     """Every submission releases the submitting thread's workers; the loop thread releases its
     own once nothing waits or runs (not while a request is in flight)."""
     calls: list[tuple[str, bool]] = []
-    release = scheduler.release_thread_workers
+    release = openmp.release_thread_workers
     engine = Engine.from_pretrained(str(save_tiny_model("llama", tmp_path)))
     sched = engine.scheduler
 
@@ -157,7 +157,7 @@ def test_engine_releases_the_loading_threads_workers(
     """Loading an engine runs parallel regions on the loading thread (a server's main thread);
     the constructor releases that thread's workers before returning."""
     calls: list[str] = []
-    release = engine_module.release_thread_workers
+    release = openmp.release_thread_workers
 
     def recorded() -> bool:
         calls.append(threading.current_thread().name)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from runtime.engine import Engine
+from runtime.model.compact_llama import Segment
 from runtime.model.kv_cache import RequestKVCache
 from runtime.request.state import Request
 from runtime.sampling.params import SamplingParams
@@ -109,7 +110,8 @@ def wide_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config.hidden_size, config.head_dim, config.intermediate_size = 64, 16, 128
     torch.manual_seed(0)
     path = Path(tmp_path_factory.mktemp("wide"))
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    # NOTE: transformers leaves from_config unannotated.
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)  # type: ignore[no-untyped-call]
     make_tokenizer().save_pretrained(path)
     return path
 
@@ -126,9 +128,11 @@ def test_native_segment_attention_matches_one_by_one(wide_path: Path) -> None:
     calls: list[int] = []
     forward = compact._forward_segments
 
-    def spy(h: torch.Tensor, *args: Any) -> torch.Tensor:
+    def spy(
+        h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Sequence[Segment]
+    ) -> torch.Tensor:
         calls.append(h.shape[1])
-        return forward(h, *args)
+        return forward(h, cos, sin, segments)
 
     compact._forward_segments = spy  # type: ignore[method-assign]
     check_packed_forward(engine)
@@ -253,12 +257,14 @@ def test_a_request_ends_alone_in_a_packed_group(
         elif any(kv is victim.kv for _, kv in chunks):
             raise RuntimeError("packed forward failed")
 
-    def spy_forward(token_ids: list[int], kv: RequestKVCache) -> torch.Tensor:
+    def spy_forward(
+        token_ids: list[int], kv: RequestKVCache, *, all_logits: bool = False
+    ) -> torch.Tensor:
         if ending == "fail" and kv is victim.kv:
             raise RuntimeError("forward failed")
         if ending == "cancel" and kv is victim.kv:
             packed.scheduler.cancel(victim, wait=False)
-        return forward(token_ids, kv)
+        return forward(token_ids, kv, all_logits=all_logits)
 
     sizes = spy_packed(packed, hook)
     packed.runner.forward = spy_forward  # type: ignore[method-assign]

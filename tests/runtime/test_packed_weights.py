@@ -15,6 +15,7 @@ import copy
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,12 +27,13 @@ import torch.nn.functional as F
 from runtime.engine import Engine
 from runtime.model import compact_llama
 from runtime.model.attention import StepSlots, prefill_mask
+from runtime.model.batch_kv import BatchKV
 from runtime.model.compact_llama import CompactLlama
 from runtime.model.kernels import PACKED_COLUMNS, pack_weight
 from runtime.model.products import PRODUCTS_ENV
 from runtime.model.runner import WeightsDtype, round_weights_bf16
 from runtime.serve.cli import _runs
-from tests.conftest import save_tiny_model
+from tests.conftest import ModelShape, save_tiny_model
 from tests.runtime.kernel_isas import KERNEL_ISAS, chosen_kernels, isa_kernels
 from tests.runtime.test_batch_exactness import assert_matches_full_forward, submit
 from tests.runtime.test_compact_forward import PROMPTS, assert_close_bf16
@@ -186,13 +188,14 @@ def tied_model(arch: str) -> Any:
     """A 2-layer model with a tied embedding, hidden 64 (whole blocks of 32), vocab 256."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    shape = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-             "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 256,
-             "max_position_embeddings": 512, "tie_word_embeddings": True}  # fmt: skip
+    shape: ModelShape = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+                         "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 256,
+                         "max_position_embeddings": 512, "tie_word_embeddings": True}  # fmt: skip
     torch.manual_seed(7)
+    # NOTE: transformers leaves PreTrainedModel.eval unannotated.
     if arch == "qwen2":  # NOTE: QKV biases
-        return Qwen2ForCausalLM(Qwen2Config(**shape)).eval()
-    return LlamaForCausalLM(LlamaConfig(**shape)).eval()
+        return Qwen2ForCausalLM(Qwen2Config(**shape)).eval()  # type: ignore[no-untyped-call]
+    return LlamaForCausalLM(LlamaConfig(**shape)).eval()  # type: ignore[no-untyped-call]
 
 
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
@@ -285,9 +288,9 @@ def assert_batched_hits_match(
     rows: list[int] = []
     decode = runner.decode
 
-    def spy(token_ids: list[int], batch: object) -> torch.Tensor:
+    def spy(token_ids: Sequence[int | None], batch: BatchKV) -> torch.Tensor:
         rows.append(len(token_ids))
-        return decode(token_ids, batch)  # type: ignore[arg-type]
+        return decode(token_ids, batch)
 
     runner.decode = spy  # type: ignore[method-assign]
     cached = 0
@@ -315,7 +318,7 @@ def test_no_copies_where_nothing_would_read_them(tmp_path: Path) -> None:
         assert not compact.packed_products and compact.packed_bytes == 0
     runner = SimpleNamespace(weights="float32-packed", compact=compact, dtype=torch.float32,
                              decode_attention="native")  # fmt: skip
-    line = _runs(SimpleNamespace(runner=runner, forward_path="compact"))  # type: ignore[arg-type]
+    line = _runs(SimpleNamespace(runner=runner, forward_path="compact"))
     assert line == (" (float32, float32-packed weights unused (scalar kernels), compact forward, "
                     "native decode attention)")  # fmt: skip
     path = str(save_tiny_model("llama", tmp_path))
@@ -344,9 +347,9 @@ def test_packed_weights_need_a_float32_model(tmp_path: Path) -> None:
     path = str(save_tiny_model("llama", tmp_path))
     for weights in ("bfloat16", "float32-packed"):
         with pytest.raises(ValueError, match=f"weights {weights} needs dtype float32"):
-            Engine.from_pretrained(path, dtype="bfloat16", weights=weights)  # type: ignore[arg-type]
+            Engine.from_pretrained(path, dtype="bfloat16", weights=weights)
     with pytest.raises(ValueError, match="weights must be one of .* got 'float16'"):
-        Engine.from_pretrained(path, weights="float16")  # type: ignore[arg-type]
+        Engine.from_pretrained(path, weights="float16")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

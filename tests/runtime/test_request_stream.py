@@ -81,7 +81,8 @@ def test_an_unsubmitted_stream_cancels_nothing(engine: Engine) -> None:
     dropped, _, dropped_scheduler = stub_stream(engine)
     del dropped
     gc.collect()
-    assert scheduler.submitted == scheduler.cancelled == dropped_scheduler.cancelled == []
+    assert scheduler.submitted == [] and scheduler.cancelled == []
+    assert dropped_scheduler.cancelled == []
 
 
 def test_a_dropped_stream_is_cancelled_without_waiting(engine: Engine) -> None:

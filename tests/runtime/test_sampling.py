@@ -82,7 +82,8 @@ def reference_probs(scores: np.ndarray, p: SamplingParams) -> np.ndarray:
             break
         out[tok] = probs[tok] / total
         mass += probs[tok] / total
-    return out / out.sum()
+    normalised: np.ndarray = out / out.sum()
+    return normalised
 
 
 params_strategy = st.builds(

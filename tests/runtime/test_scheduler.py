@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import pytest
 import torch
 
 from runtime import EngineBusyError, RuntimeEngineError, SamplingParams
 from runtime.engine import Engine
+from runtime.model.batch_kv import BatchKV
 from runtime.outputs import Completion
 from runtime.request.state import Request, RequestStatus
 from runtime.scheduler.loop import SchedulerConfig
@@ -29,7 +31,18 @@ def model_path(llama_path: Path) -> Path:
     return llama_path
 
 
-def make_engine(model_path: Path, **limits: int | float) -> Engine:
+class Limits(TypedDict, total=False):
+    """The ``SchedulerConfig`` fields these tests set."""
+
+    max_batch_size: int
+    max_waiting: int
+    batch_kv_bytes: int
+    fifo_threshold: int
+    max_wait_s: float
+    idle_release_s: float
+
+
+def make_engine(model_path: Path, **limits: Unpack[Limits]) -> Engine:
     eng = Engine.from_pretrained(
         str(model_path), kv_cache_bytes=1 << 20, block_size=4, scheduler=SchedulerConfig(**limits)
     )
@@ -142,10 +155,10 @@ def test_kv_budget_is_never_exceeded(model_path: Path) -> None:
     sizes: list[int] = []
     decode = engine.runner.decode
 
-    def spy(token_ids: list[int], batch: object) -> object:
+    def spy(token_ids: Sequence[int | None], batch: BatchKV) -> torch.Tensor:
         assert engine.scheduler.batch.bytes_allocated <= 2 * row_bytes
         sizes.append(len(token_ids))
-        return decode(token_ids, batch)  # type: ignore[arg-type]
+        return decode(token_ids, batch)
 
     engine.runner.decode = spy  # type: ignore[method-assign]
     reqs = [

@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from runtime.engine import Engine
 from runtime.model import compact_llama
+from runtime.model.attention import CASCADE_MIN_SHARED
 from runtime.model.batch_kv import BatchKV
 from runtime.sampling.params import SamplingParams
 from tests.conftest import EOS_ID, VOCAB_SIZE, make_tokenizer
@@ -134,7 +135,7 @@ def test_cascade_prefill_matches_per_segment_attention(
         m.setattr(compact, "native", compact.native._replace(prefix_attention=native_spy))
         m.setattr(compact, "native_prefix_attention", True)
         tokens, logits, _, packed = run_batch(engine)
-    assert packed >= compact_llama.CASCADE_MIN_SHARED and calls == [packed] * 2  # two layers
+    assert packed >= CASCADE_MIN_SHARED and calls == [packed] * 2  # two layers
     assert native_calls == [packed] * 2
     with monkeypatch.context() as m:
         m.setattr(compact_llama, "CASCADE_MIN_SHARED", 10**9)

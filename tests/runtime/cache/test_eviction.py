@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.bench._replay import Step, agent_sessions, distinct_blocks, replay
-from runtime.cache.eviction import ADAPTIVE_RULES, AdaptiveRule, ExpertScores
+from runtime.cache.eviction import ADAPTIVE_RULES, AdaptiveRule, EvictionPolicy, ExpertScores
 from runtime.cache.prefix_cache import namespace_of
 from runtime.cache.radix_cache import RadixCache
 
@@ -53,8 +53,8 @@ def shared_prefix(rounds: int = 60) -> list[Step]:
     return steps
 
 
-ADAPTIVE = ("adaptive", "adaptive-shared")
-POLICIES = ("lru", "shared", "slru", *ADAPTIVE)
+ADAPTIVE: tuple[EvictionPolicy, ...] = ("adaptive", "adaptive-shared")
+POLICIES: tuple[EvictionPolicy, ...] = ("lru", "shared", "slru", *ADAPTIVE)
 
 
 def hit_rates(steps: list[Step]) -> dict[str, float]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from runtime.cache.eviction import EvictionPolicy
 from runtime.cache.kv_pool import KVPool, contiguous_runs
 from runtime.cache.prefix_cache import PrefixCache, namespace_of
 from runtime.cache.radix_cache import EvictedBlock, RadixCache, TreeNode, root_hash
@@ -215,7 +216,11 @@ def test_pool_fills_to_its_budget() -> None:
 
 def test_shared_prefix_outlives_single_use_tail_at_equal_recency() -> None:
     system = [7] * 8
-    for policy, order in (("lru", [2, 3, 1, 0, 5, 4]), ("shared", [2, 3, 5, 4, 1, 0])):
+    cases: list[tuple[EvictionPolicy, list[int]]] = [
+        ("lru", [2, 3, 1, 0, 5, 4]),
+        ("shared", [2, 3, 5, 4, 1, 0]),
+    ]
+    for policy, order in cases:
         tree = RadixCache(BS, policy=policy)
         tree.insert(NS, system + [1] * 4, [0, 1, 2])  # session a
         tree.insert(NS, system + [2] * 4, [8, 9, 3])  # session b: system now has two branches

@@ -22,6 +22,12 @@ from runtime.scheduler.config import SchedulerStats
 HERMES_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %} ... <tool_call> ..."
 
 
+def _token(item: object) -> int:
+    """One prompt item of a spec the server submits: token ids (it renders chat messages)."""
+    assert isinstance(item, int), f"expected a token id, got {item!r}"
+    return item
+
+
 class CharTokenizer:
     """One token per character (code point), with a Hermes-style template marker."""
 
@@ -129,7 +135,7 @@ class ScriptedEngine:
     def submit(self, spec: RequestSpec) -> list[Iterator[StreamDelta]]:
         """``n`` scripted streams of one prompt (a grammar is recorded; the script ignores it)."""
         self.grammars.append(spec.grammar)
-        prompt = spec.prompt if isinstance(spec.prompt, str) else list(spec.prompt)  # type: ignore[arg-type]
+        prompt = spec.prompt if isinstance(spec.prompt, str) else [_token(t) for t in spec.prompt]
         return [self.stream(prompt, spec.params, cache_salt=spec.cache_salt) for _ in range(spec.n)]
 
     def compile_grammar(self, spec: GrammarSpec) -> Grammar:

@@ -18,8 +18,13 @@ def test_rings_before_the_loop_runs_share_one_callback_and_wake_every_reader() -
     try:
         waker = _LoopWaker(loop)
         readers = [asyncio.Event() for _ in range(3)]
+
         # One decode step: the scheduler thread rings every running stream's reader.
-        ringer = threading.Thread(target=lambda: [waker.ring(r) for r in readers])
+        def ring_all() -> None:
+            for reader in readers:
+                waker.ring(reader)
+
+        ringer = threading.Thread(target=ring_all)
         ringer.start()
         ringer.join()
         assert waker.num_callbacks == 1 and not any(r.is_set() for r in readers)

@@ -20,6 +20,7 @@ import openai
 import pytest
 import torch
 from openai import OpenAI
+from openai.types.chat import ChatCompletionTokenLogprob
 
 from runtime import SamplingParams
 from runtime.engine import Engine
@@ -51,7 +52,12 @@ def test_a_poisoned_stream_fails_alone_while_healthy_streams_finish_unchanged(
 ) -> None:
     engine, client = served
     model = engine.model_id
-    healthy = {"max_tokens": 120, "temperature": 0, "logit_bias": AVOID, "extra_body": BODY}
+    healthy: dict[str, Any] = {
+        "max_tokens": 120,
+        "temperature": 0,
+        "logit_bias": AVOID,
+        "extra_body": BODY,
+    }
     alone = [stream_text(client, model, p, **healthy) for p in HEALTHY]
     started = threading.Barrier(len(HEALTHY) + 1, timeout=60)
     got: dict[int, str] = {}
@@ -220,7 +226,7 @@ def test_chat_logprobs_match_the_models_log_softmax(
     kwargs.update(logprobs=True, top_logprobs=2, temperature=0, extra_body=BODY)
     kwargs.update(logit_bias=no_special_tokens(engine))
     if stream:
-        content = []
+        content: list[ChatCompletionTokenLogprob] = []
         for chunk in client.chat.completions.create(stream=True, **kwargs):
             if chunk.choices and chunk.choices[0].logprobs is not None:
                 content += chunk.choices[0].logprobs.content or []

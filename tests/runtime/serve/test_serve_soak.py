@@ -75,7 +75,10 @@ def test_random_sigterm_and_sigkill_restarts_never_serve_a_wrong_answer(tmp_path
     greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
     refs = [reference.generate(p, greedy).text for p in prompts]
     reference.close()
-    rng, start, served, wrong, signals = random.Random(7), time.monotonic(), [], [], []
+    rng, start = random.Random(7), time.monotonic()
+    served: list[int] = []
+    wrong: list[int] = []
+    signals: list[signal.Signals] = []
     for round_ in range(ROUNDS):
         if time.monotonic() - start > BUDGET_S:
             break

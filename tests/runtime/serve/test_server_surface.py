@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal, Protocol, TypedDict
 
 import httpx
 import pytest
@@ -30,7 +30,24 @@ def chat_body(**overrides: Any) -> dict[str, Any]:
     return body
 
 
-def error_of(resp: httpx.Response, status: int) -> dict[str, Any]:
+class Reply(Protocol):
+    """What ``error_of`` reads of a response: httpx's, or the TestClient's (``httpx2``)."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    def json(self, **kwargs: Any) -> Any: ...
+
+
+class OpsKey(TypedDict, total=False):
+    """The key options of ``create_app`` that open ``/metrics``."""
+
+    admin_key: str
+    metrics_key: str
+
+
+def error_of(resp: Reply, status: int) -> dict[str, Any]:
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
@@ -224,16 +241,18 @@ def test_each_of_several_keys_is_a_tenant_and_metrics_need_the_admin_key() -> No
 
 
 @pytest.mark.parametrize("flag", ["admin_key", "metrics_key"])
-def test_the_admin_key_alone_opens_metrics(flag: str) -> None:
+def test_the_admin_key_alone_opens_metrics(flag: Literal["admin_key", "metrics_key"]) -> None:
     """``metrics_key`` (``--metrics-key``) is the admin key's older name, with its rights."""
-    client = TestClient(create_app(ScriptedEngine(), api_key="tenant", **{flag: "ops"}))
+    ops: OpsKey = {}
+    ops[flag] = "ops"
+    client = TestClient(create_app(ScriptedEngine(), api_key="tenant", **ops))
     refused = error_of(client.get("/metrics", headers=bearer("tenant")), 403)
     assert refused["type"] == "permission_error"  # a valid key, not the metrics key: not a 401
     error_of(client.get("/metrics", headers=bearer("wrong")), 401)
     text = client.get("/metrics", headers=bearer("ops")).text
     assert 'outcome="unauthorized"} 2.0' in text
     error_of(client.post("/v1/chat/completions", json=chat_body(), headers=bearer("ops")), 401)
-    open_api = TestClient(create_app(ScriptedEngine(), **{flag: "ops"}))
+    open_api = TestClient(create_app(ScriptedEngine(), **ops))
     assert open_api.post("/v1/chat/completions", json=chat_body()).status_code == 200
     error_of(open_api.get("/metrics"), 401)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from openai import BadRequestError
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionMessageFunctionToolCall
 
 from runtime.sampling.grammar import StructuralTagSpec
 from runtime.serve.constraints import grammar_spec
@@ -235,6 +235,7 @@ def test_tool_choice_auto_calls_only_declared_tools(tiny_served: Served) -> None
     done = chat(tiny_served, max_tokens=120, temperature=0, tools=TOOLS, n=2)
     for choice in done.choices:
         for call in choice.message.tool_calls or []:
+            assert isinstance(call, ChatCompletionMessageFunctionToolCall)
             check_arguments(call.function.name, call.function.arguments)
         assert (
             "<tool_call>" not in (choice.message.content or "") or choice.finish_reason == "length"
