@@ -82,9 +82,9 @@ class RequestBuilder:
             raise InvalidRequestError(
                 f"model {self.model_id!r} has no chat template; pass text or token ids instead"
             )
-        if needs_hermes_markup(str(template), messages, tools):
-            messages, tools = with_hermes_markup(messages, tools or []), None
         try:
+            if needs_hermes_markup(str(template), messages, tools):
+                messages, tools = with_hermes_markup(messages, tools or []), None
             text = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
             )

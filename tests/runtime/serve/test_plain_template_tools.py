@@ -15,6 +15,7 @@ import pytest
 from openai import OpenAI
 
 from runtime.engine import Engine
+from runtime.exceptions import InvalidRequestError
 from runtime.serve.app import create_app
 from runtime.serve.server_thread import ServerThread
 from tests.runtime.plain_chatml import plain_tiny
@@ -79,3 +80,15 @@ def test_a_tool_round_trip_is_rendered_as_hermes_text(plain_served: Served) -> N
     ))  # fmt: skip
     assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": ' in text
     assert "<|im_start|>user\n<tool_response>\n18 C, sunny\n</tool_response>" in text
+
+
+def test_a_malformed_call_given_to_the_engine_is_an_invalid_request(plain_served: Served) -> None:
+    """The server refuses it first (400); ``Engine.render_chat`` called directly says the same
+    kind of error rather than an AttributeError from the rewrite."""
+    engine, _ = plain_served
+    bad: list[Any] = [
+        *MESSAGES,
+        {"role": "assistant", "content": "", "tool_calls": [{"function": "f"}]},
+    ]
+    with pytest.raises(InvalidRequestError, match="chat template failed"):
+        engine.render_chat(bad)
