@@ -63,6 +63,11 @@ def with_hermes_markup(
         messages: OpenAI chat messages (``tool_calls`` in OpenAI's shape).
         tools: OpenAI-format tool schemas, each written as JSON with sorted keys and no spaces;
             none: only calls and results are rewritten.
+
+    Raises:
+        KeyError, AttributeError, TypeError: a tool call without ``function.name``, or whose
+            ``function`` is not an object (the server validates calls first, a 400;
+            ``RequestBuilder.render_chat`` turns these into ``InvalidRequestError``).
     """
     out = [_rewritten(m) for m in messages]
     if tools:
